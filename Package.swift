@@ -1,0 +1,71 @@
+// swift-tools-version: 6.1
+import PackageDescription
+
+let package = Package(
+    name: "stallmon",
+    products: [
+        .library(name: "StallMonitor", targets: ["StallMonitor"]),
+        .library(name: "StallJournal", targets: ["StallJournal"]),
+        .executable(name: "stallmon", targets: ["stallmon"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
+        .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
+    ],
+    targets: [
+        // libsystemd: journald (sd_journal_sendv) and service notification (sd_notify).
+        .systemLibrary(
+            name: "CSystemd",
+            pkgConfig: "libsystemd",
+            providers: [.apt(["libsystemd-dev"])]
+        ),
+        // Async-signal-safe capture: the run-loop observer callouts, the sample slot and the signal handler.
+        .target(
+            name: "CStallCapture",
+            linkerSettings: [.linkedLibrary("unwind")]
+        ),
+        // Symbolication of captured addresses through elfutils' libdw, and Swift demangling.
+        .target(
+            name: "CSymbolize",
+            linkerSettings: [.linkedLibrary("dw"), .linkedLibrary("elf")]
+        ),
+        .target(
+            name: "StallJournal",
+            dependencies: ["CSystemd"]
+        ),
+        .target(
+            name: "StallMonitor",
+            dependencies: [
+                "CStallCapture",
+                "CSymbolize",
+                "CSystemd",
+                "StallJournal",
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        .executableTarget(
+            name: "stallmon",
+            dependencies: [
+                "StallMonitor",
+                "StallJournal",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ]
+        ),
+        // A small service with a real main run loop that stalls on request; the tests drive it as a child process.
+        .executableTarget(
+            name: "StallmonFixture",
+            dependencies: ["StallMonitor", "StallJournal"]
+        ),
+        .testTarget(
+            name: "StallMonitorTests",
+            dependencies: ["StallMonitor", "StallJournal", "StallmonFixture"]
+        ),
+    ]
+)
+
+for target in package.targets where target.type != .system && target.name.first != "C" {
+    var settings = target.swiftSettings ?? []
+    settings.append(.enableUpcomingFeature("ExistentialAny"))
+    settings.append(.enableUpcomingFeature("MemberImportVisibility"))
+    target.swiftSettings = settings
+}

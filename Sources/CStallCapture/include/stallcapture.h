@@ -1,0 +1,153 @@
+#ifndef STALLMON_STALLCAPTURE_H
+#define STALLMON_STALLCAPTURE_H
+
+// The parts of stallmon that run on the monitored thread: the run-loop observer callouts
+// (a hot path inside other people's loops) and the sampling signal handler (async-signal-safe).
+// Both are C so that nothing on them allocates, locks, retains or releases behind our back.
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// MARK: - Loop state, written by the observer callouts on the monitored thread
+
+/// What the monitored loop is doing since its latest transition.
+typedef enum {
+    STALLMON_LOOP_UNKNOWN = 0,  ///< No transition seen since the observers were added.
+    STALLMON_LOOP_ACTIVE = 1,   ///< Inside a before-sources or after-waiting window: callouts run.
+    STALLMON_LOOP_ASLEEP = 2,   ///< Waiting for events (after before-waiting).
+    STALLMON_LOOP_OUTSIDE = 3,  ///< The outermost run of the loop has exited.
+} stallmon_loop_phase;
+
+/// Which window an active loop is in.
+typedef enum {
+    STALLMON_WINDOW_NONE = 0,
+    STALLMON_WINDOW_BEFORE_SOURCES = 1,
+    STALLMON_WINDOW_AFTER_WAITING = 2,
+} stallmon_window;
+
+/// One transition of the monitored loop.
+typedef struct {
+    uint64_t sequence;      ///< 1 for the first transition after the observers were added.
+    uint64_t timestamp_ns;  ///< CLOCK_MONOTONIC.
+    uint32_t phase;         ///< stallmon_loop_phase
+    uint32_t window;        ///< stallmon_window
+    uint32_t depth;         ///< Nesting depth of the run loop (1 = outermost run).
+    uint32_t allowed;       ///< Depth of `allowingStall` scopes at the time of the transition.
+} stallmon_event;
+
+typedef struct stallmon_loop stallmon_loop;
+
+/// Called (on the monitored thread) when the loop leaves an idle phase while the watchdog is parked.
+typedef void (*stallmon_wake_fn)(void *context);
+/// Called once when the loop state is freed, to release `wake_context`.
+typedef void (*stallmon_release_fn)(void *context);
+
+/// Creates loop state with a reference count of 1. CFRunLoopObserverContext's retain and release
+/// callbacks are stallmon_loop_retain and stallmon_loop_release, so the state outlives any callout
+/// that is still running when the observers are invalidated.
+stallmon_loop *stallmon_loop_create(stallmon_wake_fn wake, void *wake_context, stallmon_release_fn release);
+const void *stallmon_loop_retain(const void *loop);
+void stallmon_loop_release(const void *loop);
+
+/// Asks the observer to record when the window that began at `sequence` ends (0 stops watching).
+void stallmon_loop_watch(stallmon_loop *loop, uint64_t sequence);
+/// When the watched window has ended and the observer recorded it, stores its end and returns 1.
+int stallmon_loop_watched_end(const stallmon_loop *loop, uint64_t sequence, uint64_t *end_ns);
+
+/// CFRunLoopObserver callout for kCFRunLoopEntry | kCFRunLoopBeforeSources | kCFRunLoopAfterWaiting.
+/// Its signature matches CFRunLoopObserverCallBack; `info` is the stallmon_loop.
+void stallmon_observer_window_start(void *observer, uintptr_t activity, void *info);
+/// CFRunLoopObserver callout for kCFRunLoopBeforeWaiting | kCFRunLoopExit (added with the highest order).
+void stallmon_observer_window_end(void *observer, uintptr_t activity, void *info);
+
+/// The newest transition. Returns 0 when there is none yet.
+int stallmon_loop_latest(const stallmon_loop *loop, stallmon_event *out);
+/// The transition that followed `sequence`, if it is still in the ring. Returns 1 when found,
+/// 0 when there is none yet, -1 when it has been overwritten.
+int stallmon_loop_event_after(const stallmon_loop *loop, uint64_t sequence, stallmon_event *out);
+
+/// Watchdog side of parking: announces that the watchdog is about to wait without a timeout
+/// because the loop was idle at `seen_sequence`. Returns 1 when the watchdog should wait
+/// (possibly consuming a wake that is already on its way), 0 when the loop moved on meanwhile.
+int stallmon_loop_park(stallmon_loop *loop, uint64_t seen_sequence);
+/// Withdraws a park announcement. Returns 1 when a wake was already sent and must be consumed.
+int stallmon_loop_unpark(stallmon_loop *loop);
+
+/// Marks the start and end of work that may block the monitored loop (monitored thread only).
+/// Ending a scope starts a fresh window: the time spent inside the scope never counts.
+void stallmon_loop_allow_begin(stallmon_loop *loop);
+void stallmon_loop_allow_end(stallmon_loop *loop);
+uint32_t stallmon_loop_allowed(const stallmon_loop *loop);
+
+/// SIGRTMIN and SIGRTMAX of this process (glibc reserves the lowest real-time signals).
+int stallmon_sigrtmin(void);
+int stallmon_sigrtmax(void);
+
+/// CLOCK_MONOTONIC in nanoseconds.
+uint64_t stallmon_now_ns(void);
+/// CLOCK_BOOTTIME in nanoseconds.
+uint64_t stallmon_boottime_ns(void);
+/// CPU time consumed so far by thread `tid` of this process, in nanoseconds, or -1.
+int64_t stallmon_thread_cpu_ns(pid_t tid);
+/// The calling thread's kernel thread id.
+pid_t stallmon_gettid(void);
+
+// MARK: - Sampling another thread of this process
+
+enum { STALLMON_MAX_FRAMES = 128 };
+
+/// Result codes of stallmon_sample_thread.
+typedef enum {
+    STALLMON_SAMPLE_OK = 0,
+    STALLMON_SAMPLE_TIMEOUT = 1,        ///< The thread did not run the handler in time.
+    STALLMON_SAMPLE_SEND_FAILED = 2,    ///< The signal could not be queued (`error` holds errno).
+    STALLMON_SAMPLE_NO_SLOT = 3,        ///< No free sampler slot.
+    STALLMON_SAMPLE_UNWIND_FAILED = 4,  ///< The handler ran but libunwind could not start.
+} stallmon_sample_status;
+
+typedef struct {
+    int status;                 ///< stallmon_sample_status
+    int error;                  ///< errno for STALLMON_SAMPLE_SEND_FAILED, libunwind code for UNWIND_FAILED
+    int frame_count;
+    int truncated;              ///< 1 when the stack was deeper than the frames asked for
+    uint64_t requested_ns;      ///< CLOCK_MONOTONIC when the signal was sent
+    uint64_t handler_enter_ns;  ///< when the handler started on the sampled thread
+    uint64_t handler_exit_ns;   ///< when it finished
+    uintptr_t frames[STALLMON_MAX_FRAMES];  ///< frames[0] is the interrupted pc, the rest return addresses
+} stallmon_sample;
+
+/// Installs the sampling handler for `signo` (SA_SIGINFO | SA_RESTART) unless it is installed already.
+/// Returns 0, or -errno. Fails with -EBUSY when another handler owns the signal.
+int stallmon_sampler_install(int signo);
+/// 1 when `signo` has a handler that is not stallmon's (or is ignored), 0 when free or ours.
+int stallmon_signal_in_use(int signo);
+
+/// Claims one of the process's sampler slots for a monitor. Returns the slot index, or -1.
+int stallmon_sampler_slot_claim(void);
+void stallmon_sampler_slot_release(int slot);
+
+/// Asks thread `tid` of this process for its own backtrace: queues `signo` to it carrying the
+/// slot, and waits up to `timeout_ns` for the handler to unwind into the slot. Never hangs: a
+/// thread that has the signal blocked or never runs gives STALLMON_SAMPLE_TIMEOUT.
+void stallmon_sample_thread(int slot, pid_t tid, int signo, int max_frames, uint64_t timeout_ns,
+                            stallmon_sample *out);
+
+// MARK: - Telling a stall from a stopped process
+
+/// Installs a SIGCONT handler that counts continuations, unless the program has its own.
+/// Returns 1 when counting, 0 when the program handles SIGCONT itself.
+int stallmon_continue_watch_install(void);
+/// Times the process was continued after a stop (SIGSTOP, SIGTSTP, …) since the handler was installed.
+uint64_t stallmon_continue_count(void);
+/// CLOCK_MONOTONIC of the latest continuation.
+uint64_t stallmon_continue_time_ns(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

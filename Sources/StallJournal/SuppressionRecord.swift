@@ -1,0 +1,97 @@
+/// A summary of stall reports that rate limiting held back, as stored in the journal.
+public struct SuppressionRecord: Sendable, Hashable {
+    public var message: String
+    public var loop: String
+    public var threadID: Int
+    public var fingerprint: String
+    public var frame: String
+    /// Stalls whose reports were suppressed.
+    public var count: Int
+    public var totalDurationMicroseconds: UInt64
+    public var worstDurationMicroseconds: UInt64
+    public var rateLimitBurst: Int
+    public var rateLimitIntervalMicroseconds: UInt64
+    public var priority: Int
+    public var syslogIdentifier: String
+
+    public init(
+        message: String, loop: String, threadID: Int, fingerprint: String, frame: String, count: Int,
+        totalDurationMicroseconds: UInt64, worstDurationMicroseconds: UInt64, rateLimitBurst: Int,
+        rateLimitIntervalMicroseconds: UInt64, priority: Int, syslogIdentifier: String
+    ) {
+        self.message = message
+        self.loop = loop
+        self.threadID = threadID
+        self.fingerprint = fingerprint
+        self.frame = frame
+        self.count = count
+        self.totalDurationMicroseconds = totalDurationMicroseconds
+        self.worstDurationMicroseconds = worstDurationMicroseconds
+        self.rateLimitBurst = rateLimitBurst
+        self.rateLimitIntervalMicroseconds = rateLimitIntervalMicroseconds
+        self.priority = priority
+        self.syslogIdentifier = syslogIdentifier
+    }
+
+    public enum Field {
+        public static let count = "STALL_SUPPRESSED_COUNT"
+        public static let totalDurationMicroseconds = "STALL_SUPPRESSED_TOTAL_USEC"
+        public static let worstDurationMicroseconds = "STALL_SUPPRESSED_WORST_USEC"
+        public static let rateLimitBurst = "STALL_RATE_LIMIT_BURST"
+        public static let rateLimitIntervalMicroseconds = "STALL_RATE_LIMIT_INTERVAL_USEC"
+    }
+
+    public var fields: [JournalField] {
+        [
+            JournalField("MESSAGE_ID", MessageID.reportsSuppressed),
+            JournalField("MESSAGE", message),
+            JournalField("PRIORITY", String(priority)),
+            JournalField("SYSLOG_IDENTIFIER", syslogIdentifier),
+            JournalField(StallRecord.Field.loop, loop),
+            JournalField(StallRecord.Field.threadID, String(threadID)),
+            JournalField(StallRecord.Field.fingerprint, fingerprint),
+            JournalField(StallRecord.Field.frame, frame),
+            JournalField(Field.count, String(count)),
+            JournalField(Field.totalDurationMicroseconds, String(totalDurationMicroseconds)),
+            JournalField(Field.worstDurationMicroseconds, String(worstDurationMicroseconds)),
+            JournalField(Field.rateLimitBurst, String(rateLimitBurst)),
+            JournalField(Field.rateLimitIntervalMicroseconds, String(rateLimitIntervalMicroseconds)),
+        ]
+    }
+
+    /// Decodes an entry read from the journal.
+    /// - Throws: ``JournalDecodingError`` naming the field that is missing or malformed.
+    public init(journalFields fields: [String: String]) throws(JournalDecodingError) {
+        let reader = FieldReader(fields: fields)
+        let messageID = try reader.string("MESSAGE_ID")
+        guard messageID == MessageID.reportsSuppressed else {
+            throw JournalDecodingError(field: "MESSAGE_ID", value: messageID, reason: "not a suppression summary")
+        }
+        message = try reader.string("MESSAGE")
+        priority = try reader.integer("PRIORITY", as: Int.self)
+        syslogIdentifier = reader.optionalString("SYSLOG_IDENTIFIER") ?? ""
+        loop = reader.optionalString(StallRecord.Field.loop) ?? "main"
+        threadID = try reader.integer(StallRecord.Field.threadID, as: Int.self)
+        fingerprint = try reader.string(StallRecord.Field.fingerprint)
+        frame = reader.optionalString(StallRecord.Field.frame) ?? ""
+        count = try reader.integer(Field.count, as: Int.self)
+        totalDurationMicroseconds = try reader.integer(Field.totalDurationMicroseconds, as: UInt64.self)
+        worstDurationMicroseconds = try reader.integer(Field.worstDurationMicroseconds, as: UInt64.self)
+        rateLimitBurst = try reader.integer(Field.rateLimitBurst, as: Int.self)
+        rateLimitIntervalMicroseconds = try reader.integer(Field.rateLimitIntervalMicroseconds, as: UInt64.self)
+    }
+}
+
+/// Field names of the monitor's start and stop entries (MESSAGE_ID ``MessageID/monitorLifecycle``).
+public enum MonitorField {
+    /// `started` or `stopped`.
+    public static let event = "STALLMON_EVENT"
+    /// Every configuration value, `key=value` separated by spaces.
+    public static let configuration = "STALLMON_CONFIGURATION"
+    public static let thresholdMicroseconds = "STALLMON_THRESHOLD_USEC"
+    public static let sampleIntervalMicroseconds = "STALLMON_SAMPLE_INTERVAL_USEC"
+    public static let signal = "STALLMON_SIGNAL"
+    public static let stalls = "STALLMON_STALLS"
+    public static let suppressed = "STALLMON_SUPPRESSED"
+    public static let dropped = "STALLMON_DROPPED"
+}

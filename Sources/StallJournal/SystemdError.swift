@@ -1,0 +1,28 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A libsystemd call that failed. libsystemd returns `-errno`; ``check(_:_:)`` turns that
+/// convention into this error in one place.
+public struct SystemdError: Error, Sendable, Hashable, CustomStringConvertible {
+    /// The C function that failed, e.g. `sd_journal_sendv`.
+    public var function: String
+    /// The positive errno value.
+    public var errno: Int32
+
+    public init(function: String, errno: Int32) {
+        self.function = function
+        self.errno = errno
+    }
+
+    public var description: String {
+        "\(function): \(String(cString: strerror(errno))) (errno \(errno))"
+    }
+
+    /// Returns `result` when it is not negative, and throws for `-errno` otherwise.
+    @discardableResult
+    public static func check(_ function: String, _ result: Int32) throws(SystemdError) -> Int32 {
+        guard result >= 0 else { throw SystemdError(function: function, errno: -result) }
+        return result
+    }
+}

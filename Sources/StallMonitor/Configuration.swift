@@ -1,0 +1,129 @@
+import CStallCapture
+#if canImport(Glibc)
+import Glibc
+#endif
+
+extension StallMonitor {
+    /// How a ``StallMonitor`` detects, samples and reports stalls. Every knob has a default;
+    /// `config/stallmon.json` documents each one and holds the same defaults.
+    public struct Configuration: Sendable, Hashable {
+        /// How long the loop may stay inside one before-sources or after-waiting window before
+        /// the window is a stall. At least 10 ms.
+        public var threshold: Duration = .milliseconds(250)
+        /// How often a stalled thread is sampled while the stall lasts. At most the threshold.
+        public var sampleInterval: Duration = .milliseconds(20)
+        /// How long the watchdog waits for the stalled thread to answer a sample request.
+        public var sampleTimeout: Duration = .milliseconds(50)
+        /// Deepest stack captured per sample (1…128).
+        public var maximumFrames: Int = 64
+        /// Distinct stacks kept per stall for ranking; samples beyond it still count.
+        public var maximumStacks: Int = 64
+        /// No stall is reported until this long after ``StallMonitor/start(_:)``.
+        public var startupGracePeriod: Duration = .zero
+        /// Whether stalls are reported while a debugger or tracer is attached (`TracerPid`).
+        public var reportWhileDebuggerAttached: Bool = false
+        /// The signal used to sample the stalled thread. `nil` picks a real-time signal that has
+        /// no handler and that the thread does not block.
+        public var signal: Int32? = nil
+        /// At most ``RateLimit/burst`` reports per fingerprint in each ``RateLimit/interval``.
+        public var rateLimit: RateLimit = RateLimit()
+        /// Reports waiting for the reporting thread; beyond it reports are dropped and counted.
+        public var reportQueueCapacity: Int = 64
+        /// `SYSLOG_IDENTIFIER` of the journal entries; `nil` uses the program's name.
+        public var syslogIdentifier: String? = nil
+        /// Run-loop modes observed in addition to the common modes.
+        public var additionalModes: [String] = []
+
+        public init() {}
+
+        /// Reports per fingerprint allowed in a window of time; the rest are counted and summarized.
+        public struct RateLimit: Sendable, Hashable {
+            public var burst: Int = 5
+            public var interval: Duration = .seconds(60)
+
+            public init(burst: Int = 5, interval: Duration = .seconds(60)) {
+                self.burst = burst
+                self.interval = interval
+            }
+        }
+
+        /// Checks every value.
+        /// - Throws: ``ConfigurationError`` naming the first invalid value and why it is invalid.
+        public func validate() throws(ConfigurationError) {
+            try Self.check(threshold >= .milliseconds(10), .threshold, threshold, "must be at least 10 ms")
+            try Self.check(threshold <= .seconds(3600), .threshold, threshold, "must be at most 1 hour")
+            try Self.check(sampleInterval >= .milliseconds(1), .sampleInterval, sampleInterval, "must be at least 1 ms")
+            try Self.check(
+                sampleInterval <= threshold, .sampleInterval, sampleInterval,
+                "must not exceed the threshold (\(threshold.milliseconds) ms)"
+            )
+            try Self.check(sampleTimeout >= .milliseconds(1), .sampleTimeout, sampleTimeout, "must be at least 1 ms")
+            try Self.check(sampleTimeout <= .seconds(10), .sampleTimeout, sampleTimeout, "must be at most 10 s")
+            try Self.check(
+                (1...128).contains(maximumFrames), .maximumFrames, "\(maximumFrames)", "must be between 1 and 128"
+            )
+            try Self.check(
+                (1...4096).contains(maximumStacks), .maximumStacks, "\(maximumStacks)", "must be between 1 and 4096"
+            )
+            try Self.check(startupGracePeriod >= .zero, .startupGracePeriod, startupGracePeriod, "must not be negative")
+            if let signal {
+                let low = stallmon_sigrtmin(), high = stallmon_sigrtmax()
+                let allowed = [SIGUSR1, SIGUSR2, SIGPROF] + Array(low...high)
+                try Self.check(
+                    allowed.contains(signal), .signal, "\(signal)",
+                    "must be SIGUSR1, SIGUSR2, SIGPROF or a real-time signal (\(low)…\(high))"
+                )
+            }
+            try Self.check((1...1000).contains(rateLimit.burst), .rateLimitBurst, "\(rateLimit.burst)", "must be between 1 and 1000")
+            try Self.check(
+                rateLimit.interval >= .seconds(1), .rateLimitInterval, rateLimit.interval, "must be at least 1 s"
+            )
+            try Self.check(
+                (1...10_000).contains(reportQueueCapacity), .reportQueueCapacity, "\(reportQueueCapacity)",
+                "must be between 1 and 10000"
+            )
+            if let syslogIdentifier {
+                try Self.check(
+                    !syslogIdentifier.isEmpty && !syslogIdentifier.contains(where: { $0.isNewline || $0 == "=" }),
+                    .syslogIdentifier, syslogIdentifier, "must be non-empty, without newlines or '='"
+                )
+            }
+            for mode in additionalModes {
+                try Self.check(!mode.isEmpty, .additionalModes, mode, "mode names must not be empty")
+            }
+        }
+
+        private static func check(
+            _ condition: Bool, _ key: ConfigurationKey, _ value: Duration, _ reason: String
+        ) throws(ConfigurationError) {
+            try check(condition, key, value.formattedMilliseconds, reason)
+        }
+
+        private static func check(
+            _ condition: Bool, _ key: ConfigurationKey, _ value: String, _ reason: String
+        ) throws(ConfigurationError) {
+            guard condition else { throw ConfigurationError(key: key.rawValue, value: value, reason: reason) }
+        }
+    }
+}
+
+/// The names of configuration values, as they appear in `config/stallmon.json`.
+enum ConfigurationKey: String, CaseIterable {
+    case threshold = "threshold_ms"
+    case sampleInterval = "sample_interval_ms"
+    case sampleTimeout = "sample_timeout_ms"
+    case maximumFrames = "max_frames"
+    case maximumStacks = "max_stacks"
+    case startupGracePeriod = "startup_grace_period_ms"
+    case reportWhileDebuggerAttached = "report_while_debugger_attached"
+    case signal = "signal"
+    case rateLimitBurst = "rate_limit_burst"
+    case rateLimitInterval = "rate_limit_interval_s"
+    case reportQueueCapacity = "report_queue_capacity"
+    case syslogIdentifier = "syslog_identifier"
+    case additionalModes = "additional_modes"
+
+    /// The environment variable that overrides the key, e.g. `STALLMON_THRESHOLD_MS`.
+    var environmentVariable: String { "STALLMON_" + rawValue.uppercased() }
+}
+

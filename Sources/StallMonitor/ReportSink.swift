@@ -1,0 +1,51 @@
+/// Receives what a ``StallMonitor`` reports. Sinks run on the monitor's reporting queue, never
+/// on a monitored thread; a slow sink delays later reports (which are queued, then dropped and
+/// counted past ``StallMonitor/Configuration/reportQueueCapacity``), never the monitored loop.
+public protocol ReportSink: Sendable {
+    func emit(_ event: StallMonitorEvent)
+}
+
+/// Everything a monitor reports.
+public enum StallMonitorEvent: Sendable {
+    case started(MonitorDescription)
+    case stopped(MonitorDescription, StallMonitor.Statistics)
+    case stallDetected(StallReport)
+    case stallEnded(StallReport)
+    case suppressed(SuppressionReport)
+}
+
+/// What is being monitored, and how.
+public struct MonitorDescription: Sendable, Hashable {
+    /// `main`, or the thread's name.
+    public var loop: String
+    public var threadID: Int
+    public var configuration: StallMonitor.Configuration
+    /// The signal used for sampling, `nil` when none was free (reports then carry no stack).
+    public var signal: Int32?
+
+    /// `monitoring main run loop (tid 1234): threshold 250 ms, sample interval 20 ms, signal SIGRTMAX-4`.
+    public var message: String {
+        let loopName = loop == "main" ? "main run loop" : "run loop of thread \(loop)"
+        let signalName = signal.map(SignalName.name(of:)) ?? "none (no stacks)"
+        return "monitoring \(loopName) (tid \(threadID)): threshold \(configuration.threshold.milliseconds) ms, "
+            + "sample interval \(configuration.sampleInterval.milliseconds) ms, signal \(signalName)"
+    }
+}
+
+/// Collects events in memory, for tests and for programs that act on stalls themselves.
+public final class CollectingSink: ReportSink, @unchecked Sendable {
+    private let lock = Lock()
+    private var collected: [StallMonitorEvent] = []
+    private let onEvent: (@Sendable (StallMonitorEvent) -> Void)?
+
+    public init(onEvent: (@Sendable (StallMonitorEvent) -> Void)? = nil) {
+        self.onEvent = onEvent
+    }
+
+    public func emit(_ event: StallMonitorEvent) {
+        lock.withLock { collected.append(event) }
+        onEvent?(event)
+    }
+
+    public var events: [StallMonitorEvent] { lock.withLock { collected } }
+}

@@ -1,0 +1,246 @@
+import CStallCapture
+import Dispatch
+
+/// Turns captured stalls into reports off the monitored thread: symbolicates them, applies the
+/// rate limit and hands them to the sinks, on one serial queue. Submitting never blocks: past the
+/// queue's capacity, reports are dropped and counted.
+final class Reporter: @unchecked Sendable {
+    private let queue = DispatchQueue(label: "stallmon.reporter", qos: .utility)
+    private let sinks: [any ReportSink]
+    private let configuration: StallMonitor.Configuration
+    private let loopName: String
+    private let threadID: Int
+    private let pending = AtomicCounter()
+    let droppedReports = AtomicCounter()
+    let suppressedReports = AtomicCounter()
+
+    // Confined to `queue`.
+    private var limiter: RateLimiter
+    private var decisions: [String: Decision] = [:]
+    private var flushScheduled = false
+
+    private enum Decision {
+        case admitted
+        case suppressed(fingerprint: String)
+    }
+
+    init(configuration: StallMonitor.Configuration, loopName: String, threadID: Int, sinks: [any ReportSink]) {
+        self.configuration = configuration
+        self.loopName = loopName
+        self.threadID = threadID
+        self.sinks = sinks
+        self.limiter = RateLimiter(
+            burst: configuration.rateLimit.burst, interval: UInt64(configuration.rateLimit.interval.nanoseconds)
+        )
+    }
+
+    /// Loads symbols in the background and tells the watchdog where the run loop waits for events.
+    func prepare(_ watchdog: Watchdog) {
+        queue.async {
+            let range = SharedSymbolicator.shared.withSymbolicator { $0.functionRange(named: "__CFRunLoopServiceFileDescriptors") }
+            watchdog.setIdleWaitRange(range)
+        }
+    }
+
+    func submit(_ stall: CapturedStall) {
+        guard pending.add(1) <= configuration.reportQueueCapacity else {
+            pending.add(-1)
+            droppedReports.add(1)
+            return
+        }
+        queue.async {
+            defer { self.pending.add(-1) }
+            self.process(stall)
+        }
+    }
+
+    func emit(_ event: StallMonitorEvent) {
+        queue.async { self.send(event) }
+    }
+
+    /// Emits pending suppression summaries, then waits until everything submitted so far is out.
+    func drain() {
+        queue.sync { self.flushSuppressions(all: true) }
+    }
+
+    private func send(_ event: StallMonitorEvent) {
+        for sink in sinks { sink.emit(event) }
+    }
+
+    private func process(_ stall: CapturedStall) {
+        let report = SharedSymbolicator.shared.withSymbolicator { makeReport(stall, symbolicator: $0) }
+        switch stall.event {
+        case .detected:
+            if limiter.admit(report.fingerprint, frame: report.culprit?.summary ?? "?", now: stallmon_now_ns()) {
+                decisions[stall.stallID] = .admitted
+                send(.stallDetected(report))
+            } else {
+                decisions[stall.stallID] = .suppressed(fingerprint: report.fingerprint)
+                suppressedReports.add(1)
+                scheduleFlush()
+            }
+        case .ended:
+            switch decisions.removeValue(forKey: stall.stallID) {
+            case .suppressed(let fingerprint):
+                limiter.recordSuppressed(fingerprint, duration: stall.duration)
+            case .admitted:
+                send(.stallEnded(report))
+            case nil:
+                // Its detected report was dropped or it was never detected by this reporter.
+                if limiter.admit(report.fingerprint, frame: report.culprit?.summary ?? "?", now: stallmon_now_ns()) {
+                    send(.stallEnded(report))
+                } else {
+                    suppressedReports.add(1)
+                    limiter.recordSuppressed(report.fingerprint, duration: stall.duration)
+                    scheduleFlush()
+                }
+            }
+        }
+    }
+
+    private func scheduleFlush() {
+        guard !flushScheduled, let next = limiter.nextExpiry else { return }
+        flushScheduled = true
+        let delay = next > stallmon_now_ns() ? next - stallmon_now_ns() : 0
+        queue.asyncAfter(deadline: .now() + .nanoseconds(Int(delay) + 1_000_000)) {
+            self.flushScheduled = false
+            self.flushSuppressions(all: false)
+            self.scheduleFlush()
+        }
+    }
+
+    private func flushSuppressions(all: Bool) {
+        for summary in limiter.takeSummaries(now: stallmon_now_ns(), all: all) {
+            send(
+                .suppressed(
+                    SuppressionReport(
+                        loop: loopName, threadID: threadID, fingerprint: summary.fingerprint, frame: summary.frame,
+                        count: summary.suppressed, totalDuration: .nanoseconds(summary.totalDuration),
+                        worstDuration: .nanoseconds(summary.worstDuration), burst: configuration.rateLimit.burst,
+                        interval: configuration.rateLimit.interval
+                    )
+                )
+            )
+        }
+    }
+
+    private func makeReport(_ stall: CapturedStall, symbolicator: Symbolicator) -> StallReport {
+        let frames = symbolicator.symbolicate(stall.stack)
+        return StallReport(
+            event: stall.event,
+            stallID: stall.stallID,
+            loop: loopName,
+            threadID: threadID,
+            duration: .nanoseconds(stall.duration),
+            threshold: configuration.threshold,
+            activity: stall.activity,
+            runLoopMode: stall.runLoopMode,
+            callout: StallReport.Callout.recognize(frames),
+            threadState: String(stall.threadState),
+            syscall: stall.latestView.syscall,
+            waitChannel: stall.latestView.waitChannel,
+            cpuTime: .nanoseconds(stall.cpu),
+            samples: stall.samples,
+            unansweredSamples: stall.unansweredSamples,
+            stackSamples: stall.stackSamples,
+            stack: frames,
+            fingerprint: StallReport.fingerprint(of: frames),
+            noStackReason: stall.noStackReason,
+            startNanoseconds: stall.startNanoseconds,
+            pausedTime: .nanoseconds(stall.paused)
+        )
+    }
+}
+
+/// The process's one symbolicator: libdw is not thread-safe, and its caches are worth sharing
+/// between monitors.
+final class SharedSymbolicator: @unchecked Sendable {
+    static let shared = SharedSymbolicator()
+    private let lock = Lock()
+    private var symbolicator: Symbolicator?
+
+    func withSymbolicator<Result>(_ body: (Symbolicator) -> Result) -> Result {
+        lock.withLock {
+            let symbolicator = self.symbolicator ?? Symbolicator()
+            self.symbolicator = symbolicator
+            return body(symbolicator)
+        }
+    }
+}
+
+/// At most `burst` reports per fingerprint in each window of `interval`; the rest are counted.
+struct RateLimiter {
+    struct Window {
+        var start: UInt64
+        var admitted: Int
+        var suppressed: Int
+        var totalDuration: UInt64
+        var worstDuration: UInt64
+        var frame: String
+    }
+
+    struct Summary {
+        var fingerprint: String
+        var frame: String
+        var suppressed: Int
+        var totalDuration: UInt64
+        var worstDuration: UInt64
+    }
+
+    let burst: Int
+    let interval: UInt64
+    private var windows: [String: Window] = [:]
+    private static let maximumFingerprints = 1024
+
+    init(burst: Int, interval: UInt64) {
+        self.burst = burst
+        self.interval = interval
+    }
+
+    mutating func admit(_ fingerprint: String, frame: String, now: UInt64) -> Bool {
+        if var window = windows[fingerprint], now < window.start + interval {
+            guard window.admitted < burst else { return false }
+            window.admitted += 1
+            windows[fingerprint] = window
+            return true
+        }
+        if windows.count >= Self.maximumFingerprints {
+            // Forget the quiet fingerprints first; their summaries are already out.
+            windows = windows.filter { $0.value.suppressed > 0 && now < $0.value.start + interval }
+        }
+        windows[fingerprint] = Window(start: now, admitted: 1, suppressed: 0, totalDuration: 0, worstDuration: 0, frame: frame)
+        return true
+    }
+
+    mutating func recordSuppressed(_ fingerprint: String, duration: UInt64) {
+        guard var window = windows[fingerprint] else { return }
+        window.suppressed += 1
+        window.totalDuration += duration
+        window.worstDuration = max(window.worstDuration, duration)
+        windows[fingerprint] = window
+    }
+
+    /// When the earliest window with suppressed reports ends.
+    var nextExpiry: UInt64? {
+        windows.values.filter { $0.suppressed > 0 }.map { $0.start + interval }.min()
+    }
+
+    /// Summaries of windows that ended (or of all windows), which then start counting afresh.
+    mutating func takeSummaries(now: UInt64, all: Bool) -> [Summary] {
+        var summaries = [Summary]()
+        for (fingerprint, window) in windows where window.suppressed > 0 && (all || now >= window.start + interval) {
+            summaries.append(
+                Summary(
+                    fingerprint: fingerprint, frame: window.frame, suppressed: window.suppressed,
+                    totalDuration: window.totalDuration, worstDuration: window.worstDuration
+                )
+            )
+            var reset = window
+            reset.suppressed = 0
+            reset.totalDuration = 0
+            reset.worstDuration = 0
+            windows[fingerprint] = reset
+        }
+        return summaries.sorted { $0.fingerprint < $1.fingerprint }
+    }
+}

@@ -1,0 +1,57 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Writes reports to standard error in a readable form: the fallback where no journal exists.
+public struct StandardErrorSink: ReportSink {
+    private let prefix: String
+
+    /// - Parameter prefix: Starts every line, e.g. the program's name.
+    public init(prefix: String? = nil) {
+        self.prefix = prefix ?? "stallmon[\(getpid())]"
+    }
+
+    public func emit(_ event: StallMonitorEvent) {
+        var text = Self.render(event).split(separator: "\n", omittingEmptySubsequences: false)
+            .map { "\(prefix): \($0)" }.joined(separator: "\n")
+        text += "\n"
+        // One write per event so that lines of concurrent writers do not interleave.
+        text.withUTF8 { bytes in
+            var offset = 0
+            while offset < bytes.count {
+                let written = write(STDERR_FILENO, bytes.baseAddress! + offset, bytes.count - offset)
+                if written < 0, errno == EINTR { continue }
+                if written <= 0 { return }
+                offset += written
+            }
+        }
+    }
+
+    /// The readable form of an event: its message, then details and the backtrace indented.
+    public static func render(_ event: StallMonitorEvent) -> String {
+        switch event {
+        case .started(let description):
+            return "started: " + description.message
+        case .stopped(let description, let statistics):
+            return "stopped monitoring \(description.loop): \(statistics.stalls) stalls, "
+                + "\(statistics.suppressedReports) reports suppressed, \(statistics.droppedReports) dropped"
+        case .suppressed(let suppression):
+            return suppression.message
+        case .stallDetected(let report), .stallEnded(let report):
+            var lines = [report.message]
+            var details = "  stall \(report.stallID) \(report.event.rawValue): \(report.activity.rawValue), mode \(report.runLoopMode), "
+            details += "tid \(report.threadID) state \(report.threadState)"
+            if let syscall = report.syscall { details += " in \(syscall)" }
+            details += ", cpu \(report.cpuTime.milliseconds) ms, samples \(report.stackSamples)/\(report.samples)"
+            if report.unansweredSamples > 0 { details += " (\(report.unansweredSamples) unanswered)" }
+            details += ", fingerprint \(report.fingerprint)"
+            lines.append(details)
+            if report.stack.isEmpty {
+                lines.append("  (no stack: \(report.noStackReason ?? "unknown"))")
+            } else {
+                lines += report.stack.enumerated().map { "  #\($0.offset) \($0.element.backtraceLine)" }
+            }
+            return lines.joined(separator: "\n")
+        }
+    }
+}

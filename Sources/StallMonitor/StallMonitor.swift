@@ -1,0 +1,327 @@
+import CoreFoundation
+import CStallCapture
+import Dispatch
+import Foundation
+import Logging
+import StallJournal
+
+/// Watches a thread's run loop and reports every stall: a callout that keeps the loop inside one
+/// before-sources or after-waiting window for longer than the threshold.
+///
+/// ```swift
+/// let monitor = try StallMonitor()
+/// try monitor.start()
+/// RunLoop.main.run()
+/// ```
+///
+/// Reports go to the systemd journal when it runs, to standard error otherwise, and to any
+/// ``ReportSink`` you pass.
+public final class StallMonitor: Sendable {
+    public let configuration: Configuration
+    private let logger: Logger
+    private let sinks: [any ReportSink]
+    private let state = StateBox()
+
+    /// Which thread's run loop to monitor.
+    public enum Target: Sendable {
+        /// The main thread's run loop (`RunLoop.main`), which also drains `DispatchQueue.main` and
+        /// `@MainActor` work while it runs.
+        case mainThread
+        /// The calling thread's run loop; call ``start(_:)`` on the thread that will run it.
+        case currentThread
+    }
+
+    /// Counts since the monitor was created.
+    public struct Statistics: Sendable, Hashable {
+        /// Stalls detected (reported or not).
+        public var stalls: Int
+        /// Stall reports held back by the rate limit.
+        public var suppressedReports: Int
+        /// Reports dropped because the report queue was full.
+        public var droppedReports: Int
+    }
+
+    /// Creates a monitor; nothing runs until ``start(_:)``.
+    /// - Parameters:
+    ///   - configuration: Thresholds and limits; validated here.
+    ///   - logger: Receives the monitor's own diagnostics (not the stall reports; add a ``LoggerSink`` for those).
+    ///   - sinks: Where reports go. `nil` means the journal when journald runs, standard error otherwise.
+    /// - Throws: ``ConfigurationError`` for an invalid configuration.
+    public init(
+        configuration: Configuration = Configuration(), logger: Logger = Logger(label: "stallmon"),
+        sinks: [any ReportSink]? = nil
+    ) throws(ConfigurationError) {
+        try configuration.validate()
+        self.configuration = configuration
+        self.logger = logger
+        self.sinks = sinks ?? Self.defaultSinks(configuration)
+    }
+
+    /// The journal when journald's socket exists, standard error otherwise.
+    public static func defaultSinks(_ configuration: Configuration) -> [any ReportSink] {
+        let journal = JournalSink(syslogIdentifier: configuration.syslogIdentifier)
+        return journal.isAvailable ? [journal] : [StandardErrorSink()]
+    }
+
+    /// Starts monitoring a run loop.
+    /// - Important: With ``Target/currentThread``, call this on the thread that runs the loop.
+    /// - Throws: ``StallMonitorError`` when the monitor already runs or its signal is taken.
+    public func start(_ target: Target = .mainThread) throws(StallMonitorError) {
+        try state.withLock { (session: inout Session?) throws(StallMonitorError) in
+            guard session == nil else { throw StallMonitorError.alreadyRunning() }
+            session = try Session(target: target, monitor: self)
+        }
+    }
+
+    /// Stops monitoring: removes the observers, ends a stall in progress with its report, and
+    /// waits until every report is out. Starting again afterwards is allowed.
+    public func stop() {
+        let session = state.withLock { (session: inout Session?) in
+            defer { session = nil }
+            return session
+        }
+        guard let session else { return }
+        session.stop()
+        state.recordFinished(session.statistics)
+    }
+
+    public var isRunning: Bool { state.withLock { $0 != nil } }
+
+    /// Runs `body`, which may block the monitored loop, without reporting a stall for it. The
+    /// time inside never counts; the window starts afresh when `body` returns.
+    /// - Important: Call it on the monitored thread; elsewhere it just runs `body`.
+    public func allowingStall<Result>(_ body: () throws -> Result) rethrows -> Result {
+        guard let loop = state.withLock({ $0?.loopIfCurrentThread }) else { return try body() }
+        stallmon_loop_allow_begin(loop.pointer)
+        defer { stallmon_loop_allow_end(loop.pointer) }
+        return try body()
+    }
+
+    public var statistics: Statistics {
+        state.withLock { session in
+            session.map { state.finished + $0.statistics } ?? state.finished
+        }
+    }
+
+    /// Kernel id of the watchdog thread, for measurements (0 when not running).
+    public var watchdogThreadID: Int32 {
+        state.withLock { $0?.watchdog.threadID ?? 0 }
+    }
+
+    // MARK: - Session
+
+    fileprivate struct LoopPointer: @unchecked Sendable {
+        let pointer: OpaquePointer
+    }
+
+    /// One start…stop span: the observers, the watchdog thread and the reporter.
+    fileprivate final class Session: @unchecked Sendable {
+        let watchdog: Watchdog
+        let reporter: Reporter
+        let description: MonitorDescription
+        let observers: [CFRunLoopObserver]
+        let target: Watchdog.Target
+        let slot: Int32
+        let loop: LoopPointer
+        let logger: Logger
+
+        init(target kind: Target, monitor: StallMonitor) throws(StallMonitorError) {
+            let configuration = monitor.configuration
+            logger = monitor.logger
+            let threadID: pid_t
+            let runLoop: CFRunLoop
+            let loopName: String
+            switch kind {
+            case .mainThread:
+                threadID = getpid()
+                runLoop = CFRunLoopGetMain()
+                loopName = "main"
+            case .currentThread:
+                threadID = stallmon_gettid()
+                runLoop = CFRunLoopGetCurrent()
+                loopName = threadID == getpid() ? "main" : (ThreadInspector(threadID: threadID).name() ?? "tid-\(threadID)")
+            }
+            target = Watchdog.Target(threadID: threadID, loopName: loopName, runLoop: runLoop)
+
+            let signal = try Self.samplingSignal(configuration, threadID: threadID, logger: monitor.logger)
+            slot = stallmon_sampler_slot_claim()
+            guard slot >= 0 else { throw StallMonitorError.tooManyMonitors() }
+            _ = stallmon_continue_watch_install()
+
+            let semaphore = DispatchSemaphore(value: 0)
+            let wakeContext = Unmanaged.passRetained(semaphore).toOpaque()
+            guard let pointer = stallmon_loop_create(
+                { context in Unmanaged<DispatchSemaphore>.fromOpaque(context!).takeUnretainedValue().signal() },
+                wakeContext,
+                { context in Unmanaged<DispatchSemaphore>.fromOpaque(context!).release() }
+            ) else {
+                Unmanaged<DispatchSemaphore>.fromOpaque(wakeContext).release()
+                stallmon_sampler_slot_release(slot)
+                throw StallMonitorError.outOfMemory()
+            }
+            loop = LoopPointer(pointer: pointer)
+
+            description = MonitorDescription(loop: loopName, threadID: Int(threadID), configuration: configuration, signal: signal)
+            reporter = Reporter(configuration: configuration, loopName: loopName, threadID: Int(threadID), sinks: monitor.sinks)
+            let reporter = self.reporter
+            watchdog = Watchdog(
+                configuration: configuration, target: target, loop: pointer, semaphore: semaphore, signal: signal,
+                slot: slot, deliver: { reporter.submit($0) }
+            )
+            observers = Self.addObservers(to: runLoop, loop: pointer, additionalModes: configuration.additionalModes)
+            reporter.prepare(watchdog)
+            watchdog.start()
+            reporter.emit(.started(description))
+            logger.info(
+                "stallmon started",
+                metadata: ["stallmon.loop": "\(loopName)", "stallmon.tid": "\(threadID)", "stallmon.configuration": "\(configuration.summary)"]
+            )
+        }
+
+        var statistics: Statistics {
+            Statistics(
+                stalls: watchdog.stalls, suppressedReports: reporter.suppressedReports.load(),
+                droppedReports: reporter.droppedReports.load()
+            )
+        }
+
+        var loopIfCurrentThread: LoopPointer? {
+            stallmon_gettid() == target.threadID ? loop : nil
+        }
+
+        func stop() {
+            for observer in observers {
+                CFRunLoopObserverInvalidate(observer)
+            }
+            watchdog.stop()
+            let statistics = self.statistics
+            reporter.emit(.stopped(description, statistics))
+            reporter.drain()
+            stallmon_sampler_slot_release(slot)
+            stallmon_loop_release(UnsafeRawPointer(loop.pointer))
+            logger.info("stallmon stopped", metadata: ["stallmon.stalls": "\(statistics.stalls)"])
+        }
+
+        /// Two observers with disjoint activities: window starts at the lowest order (so that a
+        /// slow observer of someone else's counts as part of the window) and window ends at the
+        /// highest.
+        private static func addObservers(to runLoop: CFRunLoop, loop: OpaquePointer, additionalModes: [String]) -> [CFRunLoopObserver] {
+            typealias Callout = @convention(c) (UnsafeMutableRawPointer?, UInt, UnsafeMutableRawPointer?) -> Void
+            let start: Callout = stallmon_observer_window_start
+            let end: Callout = stallmon_observer_window_end
+            let specs: [(CFOptionFlags, CFIndex, Callout)] = [
+                (CFRunLoopActivity.entry.rawValue | CFRunLoopActivity.beforeSources.rawValue | CFRunLoopActivity.afterWaiting.rawValue, CFIndex.min, start),
+                (CFRunLoopActivity.beforeWaiting.rawValue | CFRunLoopActivity.exit.rawValue, CFIndex.max, end),
+            ]
+            return specs.map { activities, order, callout in
+                var context = CFRunLoopObserverContext(
+                    version: 0, info: UnsafeMutableRawPointer(loop),
+                    retain: { stallmon_loop_retain($0) }, release: { stallmon_loop_release($0) }, copyDescription: nil
+                )
+                let observer = CFRunLoopObserverCreate(
+                    kCFAllocatorDefault, activities, true, order, unsafeBitCast(callout, to: CFRunLoopObserverCallBack.self),
+                    &context
+                )!
+                CFRunLoopAddObserver(runLoop, observer, kCFRunLoopCommonModes)
+                for mode in additionalModes {
+                    CFRunLoopAddObserver(runLoop, observer, RunLoopModes.cfString(mode))
+                }
+                return observer
+            }
+        }
+
+        /// The configured signal, or the highest real-time signal that has no handler and that the
+        /// monitored thread does not block. `nil` (with a warning) when none is free.
+        private static func samplingSignal(_ configuration: Configuration, threadID: pid_t, logger: Logger) throws(StallMonitorError) -> Int32? {
+            let inspector = ThreadInspector(threadID: threadID)
+            if let signal = configuration.signal {
+                let rc = stallmon_sampler_install(signal)
+                guard rc == 0 else { throw StallMonitorError.signalUnavailable(signal, reason: rc == -EBUSY ? "another handler owns it" : "sigaction failed (\(-rc))") }
+                if inspector.blocks(signal) {
+                    logger.warning("the monitored thread blocks the sampling signal; reports will carry no stack", metadata: ["signal": "\(SignalName.name(of: signal))"])
+                }
+                return signal
+            }
+            for signal in stride(from: stallmon_sigrtmax() - 4, through: stallmon_sigrtmin() + 4, by: -1)
+            where !inspector.blocks(signal) && stallmon_sampler_install(signal) == 0 {
+                return signal
+            }
+            logger.warning("no free real-time signal for sampling; stall reports will carry no stack")
+            return nil
+        }
+    }
+
+    fileprivate final class StateBox: @unchecked Sendable {
+        private let lock = NSLock()
+        private var session: Session?
+        /// Totals of the sessions that have stopped; read inside ``withLock(_:)`` only.
+        private(set) var finished = Statistics(stalls: 0, suppressedReports: 0, droppedReports: 0)
+
+        func withLock<Result, Failure: Error>(_ body: (inout Session?) throws(Failure) -> Result) throws(Failure) -> Result {
+            lock.lock()
+            defer { lock.unlock() }
+            return try body(&session)
+        }
+
+        func recordFinished(_ statistics: Statistics) {
+            lock.lock()
+            defer { lock.unlock() }
+            finished = finished + statistics
+        }
+    }
+}
+
+extension StallMonitor.Statistics {
+    static func + (lhs: Self, rhs: Self) -> Self {
+        Self(
+            stalls: lhs.stalls + rhs.stalls, suppressedReports: lhs.suppressedReports + rhs.suppressedReports,
+            droppedReports: lhs.droppedReports + rhs.droppedReports
+        )
+    }
+}
+
+/// Why a monitor could not start.
+public struct StallMonitorError: Error, Sendable, CustomStringConvertible {
+    private enum Code: Sendable {
+        case alreadyRunning
+        case signalUnavailable(Int32, String)
+        case tooManyMonitors
+        case outOfMemory
+    }
+
+    private let code: Code
+    /// Where the error was raised.
+    public let file: String
+    public let line: Int
+
+    private init(_ code: Code, file: String, line: Int) {
+        self.code = code
+        self.file = file
+        self.line = line
+    }
+
+    static func alreadyRunning(file: String = #fileID, line: Int = #line) -> Self {
+        Self(.alreadyRunning, file: file, line: line)
+    }
+
+    static func signalUnavailable(_ signal: Int32, reason: String, file: String = #fileID, line: Int = #line) -> Self {
+        Self(.signalUnavailable(signal, reason), file: file, line: line)
+    }
+
+    static func tooManyMonitors(file: String = #fileID, line: Int = #line) -> Self {
+        Self(.tooManyMonitors, file: file, line: line)
+    }
+
+    static func outOfMemory(file: String = #fileID, line: Int = #line) -> Self {
+        Self(.outOfMemory, file: file, line: line)
+    }
+
+    public var description: String {
+        switch code {
+        case .alreadyRunning: "the monitor is already running"
+        case .signalUnavailable(let signal, let reason): "sampling signal \(SignalName.name(of: signal)) is unavailable: \(reason)"
+        case .tooManyMonitors: "too many monitors in this process (at most 32 run at once)"
+        case .outOfMemory: "out of memory"
+        }
+    }
+}

@@ -1,0 +1,213 @@
+/// What a stall looked like: when it was detected (at the threshold, with the first stack) or when
+/// it ended (with the true duration and the heaviest stack).
+public struct StallReport: Sendable, Hashable {
+    public enum Event: String, Sendable, Hashable {
+        case detected
+        case ended
+    }
+
+    /// The run-loop window the stall happened in.
+    public enum Activity: String, Sendable, Hashable {
+        /// After kCFRunLoopBeforeSources: sources, blocks and (on Linux) the main queue run here.
+        case beforeSources = "before-sources"
+        /// After kCFRunLoopAfterWaiting: timers, ports and the main queue after a wakeup.
+        case afterWaiting = "after-waiting"
+    }
+
+    /// What the run loop was calling out to, recognized from the frames.
+    public enum Callout: String, Sendable, Hashable, CaseIterable {
+        case timer
+        case source0
+        case source1
+        case mainQueue = "main-queue"
+        case observer
+        case performBlock = "perform-block"
+        case unknown
+
+        /// `timer callout`, `main-queue block`, …
+        public var phrase: String {
+            switch self {
+            case .timer: "timer callout"
+            case .source0: "source0 callout"
+            case .source1: "source1 (port) callout"
+            case .mainQueue: "main-queue block"
+            case .observer: "observer callout"
+            case .performBlock: "perform-block callout"
+            case .unknown: "unknown callout"
+            }
+        }
+
+        /// The CoreFoundation functions that call each kind out (their frames sit right above the callout).
+        static let functionNames: [String: Callout] = [
+            "__CFRUNLOOP_IS_CALLING_OUT_TO_A_TIMER_CALLBACK_FUNCTION__": .timer,
+            "__CFRUNLOOP_IS_CALLING_OUT_TO_A_SOURCE0_PERFORM_FUNCTION__": .source0,
+            "__CFRUNLOOP_IS_CALLING_OUT_TO_A_SOURCE1_PERFORM_FUNCTION__": .source1,
+            "__CFRUNLOOP_IS_SERVICING_THE_MAIN_DISPATCH_QUEUE__": .mainQueue,
+            "__CFRUNLOOP_IS_CALLING_OUT_TO_AN_OBSERVER_CALLBACK_FUNCTION__": .observer,
+            "__CFRUNLOOP_IS_CALLING_OUT_TO_A_BLOCK__": .performBlock,
+        ]
+
+        /// The innermost callout on a stack (frames innermost first).
+        static func recognize(_ frames: [StallFrame]) -> Callout {
+            for frame in frames {
+                if let symbol = frame.symbol, let kind = functionNames[symbol] { return kind }
+            }
+            return .unknown
+        }
+    }
+
+    public var event: Event
+    /// Same for the detected and the ended report of one stall.
+    public var stallID: String
+    /// `main`, or the monitored thread's name.
+    public var loop: String
+    public var threadID: Int
+    /// Time the loop spent in the window, less any time the process was stopped. For a detected
+    /// report, the time until detection.
+    public var duration: Duration
+    public var threshold: Duration
+    public var activity: Activity
+    public var runLoopMode: String
+    public var callout: Callout
+    /// The kernel's dominant state of the thread over the samples: `R`, `S`, `D`, …
+    public var threadState: String
+    /// The system call the thread was in at the latest sample.
+    public var syscall: String?
+    /// The kernel function it waited in at the latest sample.
+    public var waitChannel: String?
+    /// CPU time the thread used during the stall.
+    public var cpuTime: Duration
+    /// Samples requested, and how many the thread did not answer.
+    public var samples: Int
+    public var unansweredSamples: Int
+    /// Samples in which ``stack`` was seen.
+    public var stackSamples: Int
+    /// The first stack (detected) or the heaviest stack (ended), innermost first.
+    public var stack: [StallFrame]
+    /// Stable hash of the top frames (from ``culprit`` on): equal for the same stall across runs and hosts.
+    public var fingerprint: String
+    /// Why there is no stack, when there is none.
+    public var noStackReason: String?
+    /// CLOCK_MONOTONIC nanoseconds when the window began.
+    public var startNanoseconds: UInt64
+    /// Time the process was stopped (SIGSTOP, debugger) during the stall; not part of ``duration``.
+    public var pausedTime: Duration
+
+    public init(
+        event: Event, stallID: String, loop: String, threadID: Int, duration: Duration, threshold: Duration,
+        activity: Activity, runLoopMode: String, callout: Callout, threadState: String, syscall: String?,
+        waitChannel: String?, cpuTime: Duration, samples: Int, unansweredSamples: Int, stackSamples: Int,
+        stack: [StallFrame], fingerprint: String, noStackReason: String?, startNanoseconds: UInt64,
+        pausedTime: Duration
+    ) {
+        self.event = event
+        self.stallID = stallID
+        self.loop = loop
+        self.threadID = threadID
+        self.duration = duration
+        self.threshold = threshold
+        self.activity = activity
+        self.runLoopMode = runLoopMode
+        self.callout = callout
+        self.threadState = threadState
+        self.syscall = syscall
+        self.waitChannel = waitChannel
+        self.cpuTime = cpuTime
+        self.samples = samples
+        self.unansweredSamples = unansweredSamples
+        self.stackSamples = stackSamples
+        self.stack = stack
+        self.fingerprint = fingerprint
+        self.noStackReason = noStackReason
+        self.startNanoseconds = startNanoseconds
+        self.pausedTime = pausedTime
+    }
+
+    /// The frame a reader looks at first: the innermost frame of the program's own code (with
+    /// file:line when there is debug information), skipping the C library, runtime and frameworks.
+    public var culprit: StallFrame? {
+        StallReport.culpritIndex(in: stack).map { stack[$0] }
+    }
+
+    /// Share of the stall the thread spent on a CPU (0…1).
+    public var cpuShare: Double {
+        let total = Double(duration.nanoseconds)
+        guard total > 0 else { return 0 }
+        return min(1, Double(cpuTime.nanoseconds) / total)
+    }
+
+    /// Whether the stall burned CPU rather than waited.
+    public var isOnCPU: Bool { cpuShare >= 0.5 }
+
+    /// The one line a human reads first, e.g.
+    /// `main run loop stalled 312 ms in timer callout at Service.refresh() (Service.swift:42); 97% on CPU`.
+    public var message: String {
+        let loopName = loop == "main" ? "main run loop" : "run loop of thread \(loop)"
+        let length = "\(duration.milliseconds) ms"
+        var text = event == .detected ? "\(loopName) stalled for \(length) (threshold \(threshold.milliseconds) ms)" : "\(loopName) stalled \(length)"
+        text += " in \(callout.phrase)"
+        if let culprit {
+            text += " at \(culprit.summary)"
+        } else if let noStackReason {
+            text += " (no stack: \(noStackReason))"
+        }
+        if isOnCPU {
+            text += "; \(Int((cpuShare * 100).rounded()))% on CPU"
+        } else if let syscall {
+            text += "; blocked in \(syscall)"
+        } else {
+            text += "; waiting (\(Int((cpuShare * 100).rounded()))% on CPU)"
+        }
+        return text
+    }
+
+    /// One frame a line.
+    public var backtrace: String {
+        stack.enumerated().map { index, frame in "#\(index) \(frame.backtraceLine)" }.joined(separator: "\n")
+    }
+
+    static func culpritIndex(in stack: [StallFrame]) -> Int? {
+        if let index = stack.firstIndex(where: { !$0.isSystemFrame && $0.location != nil }) { return index }
+        if let index = stack.firstIndex(where: { !$0.isSystemFrame && $0.symbol != nil }) { return index }
+        return stack.isEmpty ? nil : 0
+    }
+
+    /// FNV-1a over the names of up to eight frames from the culprit on. Names, not addresses, so
+    /// that address-space layout does not change it; frames without a symbol use their image's name.
+    static func fingerprint(of stack: [StallFrame]) -> String {
+        guard let start = culpritIndex(in: stack) else { return "0000000000000000" }
+        var hash: UInt64 = 0xcbf2_9ce4_8422_2325
+        for frame in stack[start...].prefix(8) {
+            let name = frame.symbol ?? "?\(frame.image?.lastPathComponent ?? "?")"
+            for byte in name.utf8 {
+                hash ^= UInt64(byte)
+                hash &*= 0x100_0000_01b3
+            }
+            hash ^= 0x0a
+            hash &*= 0x100_0000_01b3
+        }
+        let hex = String(hash, radix: 16)
+        return String(repeating: "0", count: 16 - hex.count) + hex
+    }
+}
+
+/// Stalls that were not reported because their fingerprint was over the rate limit.
+public struct SuppressionReport: Sendable, Hashable {
+    public var loop: String
+    public var threadID: Int
+    public var fingerprint: String
+    /// The culprit frame of the suppressed stalls.
+    public var frame: String
+    public var count: Int
+    public var totalDuration: Duration
+    public var worstDuration: Duration
+    /// The rate limit that applied.
+    public var burst: Int
+    public var interval: Duration
+
+    public var message: String {
+        "suppressed \(count) report\(count == 1 ? "" : "s") of stall \(fingerprint) at \(frame) "
+            + "(worst \(worstDuration.milliseconds) ms, total \(totalDuration.milliseconds) ms; "
+            + "limit \(burst) per \(interval.milliseconds / 1000) s)"
+    }
+}

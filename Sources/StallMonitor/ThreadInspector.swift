@@ -1,0 +1,122 @@
+import CStallCapture
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The kernel's view of one thread of this process, read from `/proc/self/task/<tid>/`.
+struct KernelThreadView: Sendable, Hashable {
+    /// `R` running, `S` sleeping, `D` uninterruptible, `T` stopped, `t` traced, … (`?` unknown).
+    var state: Character = "?"
+    /// The system call the thread is in, `nil` when it runs in user space or it cannot be read.
+    var syscall: String?
+    /// The kernel function the thread waits in, `nil` when running or hidden.
+    var waitChannel: String?
+}
+
+/// Reads `/proc/self/task/<tid>/…` with plain system calls: it runs on the watchdog thread for every
+/// sample, so it avoids Foundation and keeps allocations to the strings it returns.
+struct ThreadInspector: Sendable {
+    let threadID: pid_t
+    private let directory: String
+
+    init(threadID: pid_t) {
+        self.threadID = threadID
+        self.directory = "/proc/self/task/\(threadID)/"
+    }
+
+    func view() -> KernelThreadView {
+        var view = KernelThreadView()
+        if let stat = Self.read(directory + "stat"), let close = stat.lastIndex(of: UInt8(ascii: ")")) {
+            // "tid (comm) S ...": comm may hold spaces and parentheses, so parse after the last ')'.
+            let stateIndex = stat.index(close, offsetBy: 2)
+            if stateIndex < stat.endIndex {
+                view.state = Character(Unicode.Scalar(stat[stateIndex]))
+            }
+        }
+        if let syscall = Self.read(directory + "syscall") {
+            // "running", "-1 sp pc" (blocked, not in a call) or "nr arg1 … arg6 sp pc".
+            let first = syscall.split(separator: UInt8(ascii: " ")).first.map { String(decoding: $0, as: UTF8.self) }
+            if let first, let number = Int(first.trimmingCharacters(in: "\n")), number >= 0 {
+                view.syscall = SyscallNames.name(number)
+            }
+        }
+        if let wchan = Self.read(directory + "wchan") {
+            let text = String(decoding: wchan, as: UTF8.self).trimmingCharacters(in: "\n")
+            if !text.isEmpty, text != "0" { view.waitChannel = text }
+        }
+        return view
+    }
+
+    /// The signal mask of the thread (`SigBlk`), or `nil` when it cannot be read.
+    func blockedSignals() -> UInt64? {
+        guard let status = Self.read(directory + "status") else { return nil }
+        return Self.hexField("SigBlk:", in: status)
+    }
+
+    /// Whether the thread blocks `signal`.
+    func blocks(_ signal: Int32) -> Bool {
+        guard let mask = blockedSignals(), signal > 0, signal <= 64 else { return false }
+        return mask & (1 << UInt64(signal - 1)) != 0
+    }
+
+    /// The thread's name (`comm`).
+    func name() -> String? {
+        Self.read(directory + "comm").map { String(decoding: $0, as: UTF8.self).trimmingCharacters(in: "\n") }
+    }
+
+    /// The pid of a tracer (debugger, strace) attached to this process, 0 when none.
+    static func tracerPID() -> Int {
+        guard let status = read("/proc/self/status") else { return 0 }
+        guard let range = firstRange(of: Array("TracerPid:".utf8), in: status) else { return 0 }
+        let digits = status[range.upperBound...].drop { $0 == UInt8(ascii: "\t") || $0 == UInt8(ascii: " ") }
+            .prefix { (UInt8(ascii: "0")...UInt8(ascii: "9")).contains($0) }
+        return Int(String(decoding: digits, as: UTF8.self)) ?? 0
+    }
+
+    static func hexField(_ name: String, in text: [UInt8]) -> UInt64? {
+        guard let range = firstRange(of: Array(name.utf8), in: text) else { return nil }
+        let digits = text[range.upperBound...].drop { $0 == UInt8(ascii: "\t") || $0 == UInt8(ascii: " ") }
+            .prefix { $0 != UInt8(ascii: "\n") }
+        return UInt64(String(decoding: digits, as: UTF8.self), radix: 16)
+    }
+
+    private static func firstRange(of needle: [UInt8], in haystack: [UInt8]) -> Range<Int>? {
+        guard needle.count <= haystack.count else { return nil }
+        var index = 0
+        while index + needle.count <= haystack.count {
+            if haystack[index] == needle[0], Array(haystack[index..<index + needle.count]) == needle {
+                return index..<index + needle.count
+            }
+            index += 1
+        }
+        return nil
+    }
+
+    /// Reads a small file in one go (proc files are generated per read).
+    static func read(_ path: String) -> [UInt8]? {
+        let descriptor = open(path, O_RDONLY | O_CLOEXEC)
+        guard descriptor >= 0 else { return nil }
+        defer { close(descriptor) }
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        var used = 0
+        while used < buffer.count {
+            let count = buffer.withUnsafeMutableBytes { bytes in
+                Glibc.read(descriptor, bytes.baseAddress! + used, bytes.count - used)
+            }
+            if count < 0, errno == EINTR { continue }
+            if count <= 0 { break }
+            used += count
+        }
+        return used > 0 ? Array(buffer[0..<used]) : nil
+    }
+}
+
+extension String {
+    fileprivate func trimmingCharacters(in characters: String) -> String {
+        var result = Substring(self)
+        while let last = result.last, characters.contains(last) { result.removeLast() }
+        while let first = result.first, characters.contains(first) { result.removeFirst() }
+        return String(result)
+    }
+}

@@ -1,0 +1,400 @@
+import CoreFoundation
+import CStallCapture
+import Dispatch
+import Foundation
+import Synchronization
+
+/// A stall as the watchdog saw it: raw addresses and kernel views, before symbolication.
+struct CapturedStall: Sendable {
+    var event: StallReport.Event
+    var stallID: String
+    var startNanoseconds: UInt64
+    var duration: UInt64
+    var paused: UInt64
+    var activity: StallReport.Activity
+    var runLoopMode: String
+    var cpu: UInt64
+    var samples: Int
+    var unansweredSamples: Int
+    /// The first stack (detected) or the heaviest (ended), innermost first.
+    var stack: [UInt]
+    var stackSamples: Int
+    var threadState: Character
+    var latestView: KernelThreadView
+    var noStackReason: String?
+    /// CLOCK_MONOTONIC when the watchdog handed it over.
+    var capturedNanoseconds: UInt64
+}
+
+/// The watchdog thread of one monitor: sleeps until the current window could become a stall,
+/// parks while the loop is idle, and samples the stalled thread while a stall lasts.
+final class Watchdog: @unchecked Sendable {
+    struct Target: @unchecked Sendable {
+        var threadID: pid_t
+        var loopName: String
+        var runLoop: CFRunLoop
+    }
+
+    let configuration: StallMonitor.Configuration
+    let target: Target
+    /// The observer's state; the watchdog holds one reference.
+    let loop: OpaquePointer
+    let semaphore: DispatchSemaphore
+    private let signal: Int32?
+    private let slot: Int32
+    private let inspector: ThreadInspector
+    private let deliver: @Sendable (CapturedStall) -> Void
+    private let startedAt: UInt64
+    private let stopping = Atomic<Bool>(false)
+    private let idleWaitRange = Mutex<Range<UInt>?>(nil)
+    private let finished = DispatchSemaphore(value: 0)
+    private let watchdogThreadID = Atomic<Int32>(0)
+    private let stallCount = Atomic<Int>(0)
+
+    // Owned by the watchdog thread.
+    private var armedSequence: UInt64 = 0
+    private var armedCPU: Int64 = -1
+    private var armedAt: UInt64 = 0
+    /// A window may not count from before this point (set after a stop, an idle sample or an allowed stall).
+    private var floor: (sequence: UInt64, time: UInt64) = (0, 0)
+    private var continueCount: UInt64 = 0
+    private var sample = stallmon_sample()
+
+    init(
+        configuration: StallMonitor.Configuration, target: Target, loop: OpaquePointer, semaphore: DispatchSemaphore,
+        signal: Int32?, slot: Int32, deliver: @escaping @Sendable (CapturedStall) -> Void
+    ) {
+        self.configuration = configuration
+        self.target = target
+        self.loop = loop
+        self.semaphore = semaphore
+        self.signal = signal
+        self.slot = slot
+        self.inspector = ThreadInspector(threadID: target.threadID)
+        self.deliver = deliver
+        self.startedAt = stallmon_now_ns()
+        self.continueCount = stallmon_continue_count()
+    }
+
+    /// The watchdog thread's kernel id (0 until it runs).
+    var threadID: pid_t { watchdogThreadID.load(ordering: .acquiring) }
+    var stalls: Int { stallCount.load(ordering: .relaxed) }
+
+    /// The address range of the run loop's own wait for events; samples inside it are idle.
+    func setIdleWaitRange(_ range: Range<UInt>?) {
+        idleWaitRange.withLock { $0 = range }
+    }
+
+    func start() {
+        let thread = Thread { [self] in
+            watchdogThreadID.store(stallmon_gettid(), ordering: .releasing)
+            run()
+            finished.signal()
+        }
+        thread.name = "stallmon-watchdog"
+        thread.stackSize = 512 * 1024
+        thread.start()
+    }
+
+    /// Stops the thread and waits for it; a stall in progress gets its ended report.
+    func stop() {
+        stopping.store(true, ordering: .releasing)
+        semaphore.signal()
+        finished.wait()
+    }
+
+    private var threshold: UInt64 { UInt64(configuration.threshold.nanoseconds) }
+    private var isStopping: Bool { stopping.load(ordering: .acquiring) }
+
+    // MARK: - Watching
+
+    private func run() {
+        while !isStopping {
+            var event = stallmon_event()
+            guard stallmon_loop_latest(loop, &event) == 1 else {
+                // No transition yet (the loop is not running, or the monitor started inside a callout).
+                _ = wait(until: stallmon_now_ns() + threshold)
+                continue
+            }
+            switch event.phase {
+            case UInt32(STALLMON_LOOP_ACTIVE.rawValue):
+                watchWindow(event)
+            default:
+                // Asleep or outside the loop: nothing can stall until the observer wakes us.
+                if stallmon_loop_park(loop, event.sequence) == 1 {
+                    semaphore.wait()
+                }
+                _ = stallmon_loop_unpark(loop)
+            }
+        }
+    }
+
+    private func watchWindow(_ event: stallmon_event) {
+        if event.sequence != armedSequence {
+            armedSequence = event.sequence
+            armedAt = stallmon_now_ns()
+            armedCPU = stallmon_thread_cpu_ns(target.threadID)
+        }
+        let windowStart = floor.sequence == event.sequence ? max(event.timestamp_ns, floor.time) : event.timestamp_ns
+        let deadline = windowStart + threshold
+        let now = stallmon_now_ns()
+        if now < deadline {
+            let woke = wait(until: deadline)
+            if processWasStopped(wokeAt: woke, deadline: deadline) {
+                floor = (event.sequence, stallmon_now_ns())
+            }
+            return
+        }
+        if stallmon_loop_allowed(loop) > 0 {
+            // Work inside allowingStall: look again later; its end starts a fresh window.
+            floor = (event.sequence, now)
+            return
+        }
+        handleStall(event, windowStart: windowStart)
+    }
+
+    /// Whether the process was stopped while the watchdog slept: a SIGCONT arrived, or the wakeup
+    /// came far later than asked for (a stop the handler could not see, such as a debugger's).
+    private func processWasStopped(wokeAt woke: UInt64, deadline: UInt64) -> Bool {
+        let count = stallmon_continue_count()
+        if count != continueCount {
+            continueCount = count
+            return true
+        }
+        return woke > deadline && woke - deadline > pauseTolerance
+    }
+
+    private var pauseTolerance: UInt64 {
+        let half = threshold / 2
+        return max(5_000_000, min(half, 25_000_000))
+    }
+
+    /// Waits on the semaphore until `deadline` (CLOCK_MONOTONIC) or a signal; returns the time it woke.
+    @discardableResult
+    private func wait(until deadline: UInt64) -> UInt64 {
+        let now = stallmon_now_ns()
+        if deadline > now {
+            _ = semaphore.wait(timeout: .now() + .nanoseconds(Int(deadline - now)))
+        }
+        return stallmon_now_ns()
+    }
+
+    // MARK: - Stalls
+
+    private func handleStall(_ event: stallmon_event, windowStart: UInt64) {
+        let sequence = event.sequence
+        stallmon_loop_watch(loop, sequence)
+        defer { stallmon_loop_watch(loop, 0) }
+        let watchedAt = stallmon_now_ns()
+        var latest = stallmon_event()
+        guard stallmon_loop_latest(loop, &latest) == 1, latest.sequence == sequence else {
+            return  // the window closed just as it crossed the threshold
+        }
+
+        let suppressed = isInGracePeriod(watchedAt) || (!configuration.reportWhileDebuggerAttached && ThreadInspector.tracerPID() != 0)
+        let activity: StallReport.Activity = event.window == UInt32(STALLMON_WINDOW_AFTER_WAITING.rawValue) ? .afterWaiting : .beforeSources
+        let mode = currentMode()
+        let blockedReason = signalProblem()
+
+        var stacks = StackAggregator(capacity: configuration.maximumStacks)
+        var samples = 0
+        var unanswered = 0
+        var states: [Character: Int] = [:]
+        var latestView = KernelThreadView()
+        var noStackReason: String?
+        var paused: UInt64 = 0
+        var firstStack: [UInt] = []
+
+        // Returns false when the sample shows the loop idle in its own wait (a nested run in a
+        // mode the observers do not see): then there is no stall.
+        func takeSample() -> Bool {
+            let view = inspector.view()
+            samples += 1
+            latestView = view
+            states[view.state, default: 0] += 1
+            if let blockedReason {
+                unanswered += 1
+                noStackReason = blockedReason
+                return true
+            }
+            let addresses = capture()
+            guard let addresses else {
+                unanswered += 1
+                return true
+            }
+            if isIdleWait(addresses) {
+                samples -= 1
+                states[view.state, default: 1] -= 1
+                return false
+            }
+            stacks.add(addresses)
+            if firstStack.isEmpty { firstStack = addresses }
+            return true
+        }
+
+        func capture() -> [UInt]? {
+            guard let signal else { return nil }
+            stallmon_sample_thread(
+                slot, target.threadID, signal, Int32(configuration.maximumFrames),
+                UInt64(configuration.sampleTimeout.nanoseconds), &sample
+            )
+            switch sample.status {
+            case Int32(STALLMON_SAMPLE_OK.rawValue):
+                return withUnsafeBytes(of: &sample.frames) { raw in
+                    Array(raw.bindMemory(to: UInt.self).prefix(Int(sample.frame_count)))
+                }
+            case Int32(STALLMON_SAMPLE_TIMEOUT.rawValue):
+                noStackReason = "thread did not answer within \(configuration.sampleTimeout.milliseconds) ms"
+            case Int32(STALLMON_SAMPLE_SEND_FAILED.rawValue):
+                noStackReason = "signal could not be sent (errno \(sample.error))"
+            default:
+                noStackReason = "unwinding failed (\(sample.error))"
+            }
+            return nil
+        }
+
+        if !takeSample() {
+            floor = (sequence, stallmon_now_ns())
+            return
+        }
+        let stallID = Self.newStallID()
+        let cpuBase = armedSequence == sequence && armedCPU >= 0 ? (cpu: armedCPU, time: armedAt) : (cpu: stallmon_thread_cpu_ns(target.threadID), time: watchedAt)
+
+        func cpuEstimate(until end: UInt64) -> UInt64 {
+            // CPU used since the watchdog armed this window, scaled to the whole window.
+            let now = stallmon_thread_cpu_ns(target.threadID)
+            guard now >= cpuBase.cpu, end > cpuBase.time else { return 0 }
+            let used = Double(now - cpuBase.cpu)
+            let observed = Double(end - cpuBase.time)
+            let whole = Double(end - windowStart)
+            return UInt64(min(whole, used * whole / observed))
+        }
+
+        func captured(_ kind: StallReport.Event, end: UInt64, stack: [UInt], stackSamples: Int) -> CapturedStall {
+            let duration = end > windowStart + paused ? end - windowStart - paused : 0
+            return CapturedStall(
+                event: kind, stallID: stallID, startNanoseconds: windowStart, duration: duration, paused: paused,
+                activity: activity, runLoopMode: mode, cpu: min(cpuEstimate(until: end), duration),
+                samples: samples, unansweredSamples: unanswered, stack: stack, stackSamples: stackSamples,
+                threadState: Self.dominantState(states),
+                latestView: latestView, noStackReason: firstStack.isEmpty ? noStackReason : nil,
+                capturedNanoseconds: stallmon_now_ns()
+            )
+        }
+
+        if !suppressed {
+            deliver(captured(.detected, end: stallmon_now_ns(), stack: firstStack, stackSamples: firstStack.isEmpty ? 0 : 1))
+        }
+
+        // Sample until the window closes.
+        var end: UInt64 = 0
+        var nextSample = stallmon_now_ns() + UInt64(configuration.sampleInterval.nanoseconds)
+        while true {
+            let woke = wait(until: nextSample)
+            if processWasStopped(wokeAt: woke, deadline: nextSample), woke > nextSample {
+                paused += woke - nextSample
+            }
+            var endTime: UInt64 = 0
+            if stallmon_loop_watched_end(loop, sequence, &endTime) == 1 {
+                end = endTime
+                break
+            }
+            var current = stallmon_event()
+            if stallmon_loop_latest(loop, &current) == 1, current.sequence != sequence {
+                // The loop moved on before the observer saw the watch: it ended by watchedAt.
+                end = watchedAt
+                break
+            }
+            if isStopping {
+                end = stallmon_now_ns()
+                break
+            }
+            if stallmon_now_ns() >= nextSample {
+                if !takeSample() {
+                    end = stallmon_now_ns()
+                    floor = (sequence, end)
+                    break
+                }
+                nextSample += UInt64(configuration.sampleInterval.nanoseconds)
+                let now = stallmon_now_ns()
+                if nextSample < now { nextSample = now + UInt64(configuration.sampleInterval.nanoseconds) }
+            }
+        }
+
+        stallCount.add(1, ordering: .relaxed)
+        if !suppressed {
+            let heaviest = stacks.heaviest
+            deliver(captured(.ended, end: end, stack: heaviest?.stack ?? [], stackSamples: heaviest?.count ?? 0))
+        }
+    }
+
+    /// The state seen in most samples; ties go to the more telling one (R before D before S).
+    private static func dominantState(_ states: [Character: Int]) -> Character {
+        let preference: [Character] = ["R", "D", "S", "T", "t", "Z"]
+        func rank(_ state: Character) -> Int { preference.firstIndex(of: state) ?? preference.count }
+        return states.filter { $0.value > 0 }.max { lhs, rhs in
+            lhs.value != rhs.value ? lhs.value < rhs.value : rank(lhs.key) > rank(rhs.key)
+        }?.key ?? "?"
+    }
+
+    private func isInGracePeriod(_ now: UInt64) -> Bool {
+        now < startedAt + UInt64(configuration.startupGracePeriod.nanoseconds)
+    }
+
+    /// Why the thread cannot be sampled at all, or `nil` when it can.
+    private func signalProblem() -> String? {
+        guard let signal else { return "no free signal for sampling" }
+        if inspector.blocks(signal) { return "thread blocks \(SignalName.name(of: signal))" }
+        return nil
+    }
+
+    private func isIdleWait(_ addresses: [UInt]) -> Bool {
+        guard let range = idleWaitRange.withLock({ $0 }) else { return false }
+        return addresses.prefix(4).contains { range.contains($0) || range.contains($0 &- 1) }
+    }
+
+    private func currentMode() -> String {
+        guard let mode = CFRunLoopCopyCurrentMode(target.runLoop) else { return "none" }
+        return RunLoopModes.string(mode)
+    }
+
+    /// 128 random bits as 32 lowercase hex digits, like a journal MESSAGE_ID.
+    static func newStallID() -> String {
+        var generator = SystemRandomNumberGenerator()
+        let high = generator.next() as UInt64
+        let low = generator.next() as UInt64
+        return [high, low].map { value in
+            let hex = String(value, radix: 16)
+            return String(repeating: "0", count: 16 - hex.count) + hex
+        }.joined()
+    }
+}
+
+/// Counts the stacks seen during one stall. Stacks are keyed by their return addresses (frames
+/// 1…), so a thread busy in one function counts as one stack wherever its program counter is.
+struct StackAggregator {
+    private var entries: [[UInt]: (stack: [UInt], count: Int, order: Int)] = [:]
+    private let capacity: Int
+    private(set) var overflow = 0
+
+    init(capacity: Int) {
+        self.capacity = capacity
+    }
+
+    mutating func add(_ stack: [UInt]) {
+        let key = Array(stack.dropFirst())
+        if let existing = entries[key] {
+            entries[key] = (existing.stack, existing.count + 1, existing.order)
+        } else if entries.count < capacity {
+            entries[key] = (stack, 1, entries.count)
+        } else {
+            overflow += 1
+        }
+    }
+
+    /// The most frequent stack; ties go to the one seen first.
+    var heaviest: (stack: [UInt], count: Int)? {
+        entries.values.max { $0.count < $1.count || ($0.count == $1.count && $0.order > $1.order) }
+            .map { ($0.stack, $0.count) }
+    }
+}
