@@ -5,6 +5,7 @@
 #include <dwarf.h>
 #include <elfutils/libdw.h>
 #include <elfutils/libdwfl.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,6 +25,132 @@ static const Dwfl_Callbacks callbacks = {
     .find_debuginfo = dwfl_standard_find_debuginfo,
     .debuginfo_path = &debuginfo_path,
 };
+
+// MARK: - CU lookup without .debug_aranges
+//
+// Swift and clang emit DWARF 5 without .debug_aranges, and elfutils 0.188's address-to-CU lookup
+// then finds nothing. This index walks the units once per module and records their ranges.
+
+typedef struct {
+    Dwarf_Addr low;
+    Dwarf_Addr high;
+    Dwarf_Off die_offset;
+} cu_range;
+
+typedef struct {
+    Dwarf *dwarf;
+    Dwarf_Addr bias;
+    cu_range *ranges;
+    size_t count;
+} cu_index;
+
+static int compare_ranges(const void *lhs, const void *rhs) {
+    const cu_range *a = lhs, *b = rhs;
+    return a->low < b->low ? -1 : a->low > b->low ? 1 : 0;
+}
+
+static cu_index *build_index(Dwfl_Module *module) {
+    cu_index *index = calloc(1, sizeof *index);
+    if (index == NULL) return NULL;
+    index->dwarf = dwfl_module_getdwarf(module, &index->bias);
+    if (index->dwarf == NULL) return index;
+    size_t capacity = 0;
+    Dwarf_Off offset = 0, next;
+    size_t header_size;
+    while (dwarf_next_unit(index->dwarf, offset, &next, &header_size, NULL, NULL, NULL, NULL, NULL, NULL) == 0) {
+        Dwarf_Die cu;
+        if (dwarf_offdie(index->dwarf, offset + header_size, &cu) != NULL) {
+            Dwarf_Addr base, low, high;
+            ptrdiff_t cursor = 0;
+            while ((cursor = dwarf_ranges(&cu, cursor, &base, &low, &high)) > 0) {
+                if (high <= low) continue;
+                if (index->count == capacity) {
+                    capacity = capacity ? capacity * 2 : 256;
+                    cu_range *grown = realloc(index->ranges, capacity * sizeof *grown);
+                    if (grown == NULL) break;
+                    index->ranges = grown;
+                }
+                index->ranges[index->count++] = (cu_range){low, high, offset + header_size};
+            }
+        }
+        offset = next;
+    }
+    qsort(index->ranges, index->count, sizeof *index->ranges, compare_ranges);
+    return index;
+}
+
+static void free_index(cu_index *index) {
+    if (index == NULL) return;
+    free(index->ranges);
+    free(index);
+}
+
+// The CU containing `address` (a module-relative address, bias already removed).
+static int find_cu(cu_index *index, Dwarf_Addr address, Dwarf_Die *out) {
+    size_t low = 0, high = index->count;
+    while (low < high) {
+        size_t middle = low + (high - low) / 2;
+        if (index->ranges[middle].low <= address) low = middle + 1; else high = middle;
+    }
+    // Ranges may nest or overlap slightly; look back a little from the last range starting before.
+    for (size_t i = low; i > 0 && low - i < 64; i--) {
+        cu_range *range = &index->ranges[i - 1];
+        if (address >= range->low && address < range->high) {
+            return dwarf_offdie(index->dwarf, range->die_offset, out) != NULL;
+        }
+    }
+    return 0;
+}
+
+static cu_index *module_index(Dwfl_Module *module) {
+    void **userdata = NULL;
+    dwfl_module_info(module, &userdata, NULL, NULL, NULL, NULL, NULL, NULL);
+    if (userdata == NULL) return NULL;
+    if (*userdata == NULL) *userdata = build_index(module);
+    return *userdata;
+}
+
+static int free_module_index(Dwfl_Module *module, void **userdata, const char *name, Dwarf_Addr base, void *arg) {
+    (void)module;
+    (void)name;
+    (void)base;
+    (void)arg;
+    free_index(*userdata);
+    *userdata = NULL;
+    return DWARF_CB_OK;
+}
+
+// Compiler-generated code (cleanups, ARC traffic) carries line 0. Attribute it to the nearest
+// earlier row of the same function that has a line, as a reader of the source would.
+static void nearest_line(Dwarf_Die *cudie, Dwarf_Addr address, Dwarf_Addr function_start, const char **file,
+                         int *line, int *column) {
+    Dwarf_Lines *lines;
+    size_t count;
+    if (dwarf_getsrclines(cudie, &lines, &count) != 0 || count == 0) return;
+    size_t low = 0, high = count;
+    while (low < high) {  // first row with an address above `address`
+        size_t middle = low + (high - low) / 2;
+        Dwarf_Addr row_address = 0;
+        dwarf_lineaddr(dwarf_onesrcline(lines, middle), &row_address);
+        if (row_address <= address) low = middle + 1; else high = middle;
+    }
+    for (size_t i = low; i > 0; i--) {
+        Dwarf_Line *row = dwarf_onesrcline(lines, i - 1);
+        Dwarf_Addr row_address = 0;
+        bool end_sequence = false;
+        dwarf_lineaddr(row, &row_address);
+        dwarf_lineendsequence(row, &end_sequence);
+        if (row_address < function_start || (end_sequence && i != low)) return;
+        int row_line = 0;
+        dwarf_lineno(row, &row_line);
+        if (row_line > 0) {
+            *file = dwarf_linesrc(row, NULL, NULL);
+            *line = row_line;
+            dwarf_linecol(row, column);
+            return;
+        }
+    }
+}
 
 static int report(stallmon_symbolizer *symbolizer) {
     dwfl_report_begin(symbolizer->dwfl);
@@ -46,11 +173,19 @@ stallmon_symbolizer *stallmon_symbolizer_create(pid_t pid) {
 
 void stallmon_symbolizer_destroy(stallmon_symbolizer *symbolizer) {
     if (symbolizer == NULL) return;
-    if (symbolizer->dwfl != NULL) dwfl_end(symbolizer->dwfl);
+    if (symbolizer->dwfl != NULL) {
+        dwfl_getmodules(symbolizer->dwfl, free_module_index, NULL, 0);
+        dwfl_end(symbolizer->dwfl);
+    }
     free(symbolizer);
 }
 
-int stallmon_symbolizer_refresh(stallmon_symbolizer *symbolizer) { return report(symbolizer); }
+int stallmon_symbolizer_refresh(stallmon_symbolizer *symbolizer) {
+    // Modules that stay mapped keep their userdata across reports; indexes of modules that go away
+    // would leak, so drop them all and rebuild lazily.
+    dwfl_getmodules(symbolizer->dwfl, free_module_index, NULL, 0);
+    return report(symbolizer);
+}
 
 static const char *die_name(Dwarf_Die *die) {
     Dwarf_Attribute attribute;
@@ -105,12 +240,26 @@ int stallmon_symbolize(stallmon_symbolizer *symbolizer, uintptr_t address, int i
 
     const char *file = NULL;
     int line = 0, column = 0;
-    Dwfl_Line *source = dwfl_module_getsrc(module, lookup);
-    if (source != NULL) file = dwfl_lineinfo(source, NULL, &line, &column, NULL, NULL);
+    Dwarf_Die *cudie = NULL;
+    Dwarf_Die found_cu;
+    Dwarf_Addr bias = 0;
+    cu_index *index = module_index(module);
+    if (index != NULL && index->dwarf != NULL && find_cu(index, lookup - index->bias, &found_cu)) {
+        cudie = &found_cu;
+        bias = index->bias;
+        Dwarf_Line *source = dwarf_getsrc_die(cudie, lookup - bias);
+        if (source != NULL) {
+            file = dwarf_linesrc(source, NULL, NULL);
+            dwarf_lineno(source, &line);
+            dwarf_linecol(source, &column);
+        }
+        if (line == 0 && symbol != NULL) {
+            Dwarf_Addr function_start = lookup - offset - bias;
+            nearest_line(cudie, lookup - bias, function_start, &file, &line, &column);
+        }
+    }
 
     int count = 0;
-    Dwarf_Addr bias = 0;
-    Dwarf_Die *cudie = dwfl_module_addrdie(module, lookup, &bias);
     Dwarf_Die *scopes = NULL;
     int scope_count = cudie != NULL ? dwarf_getscopes(cudie, lookup - bias, &scopes) : 0;
     // Walk the inline chain innermost first: each inlined subroutine is a frame located at the

@@ -125,7 +125,7 @@ final class Reporter: @unchecked Sendable {
     }
 
     private func makeReport(_ stall: CapturedStall, symbolicator: Symbolicator) -> StallReport {
-        let frames = symbolicator.symbolicate(stall.stack)
+        let (frames, stackSamples) = Self.heaviestStack(stall.stacks, symbolicator: symbolicator)
         return StallReport(
             event: stall.event,
             stallID: stall.stallID,
@@ -142,13 +142,39 @@ final class Reporter: @unchecked Sendable {
             cpuTime: .nanoseconds(stall.cpu),
             samples: stall.samples,
             unansweredSamples: stall.unansweredSamples,
-            stackSamples: stall.stackSamples,
+            stackSamples: stackSamples,
             stack: frames,
             fingerprint: StallReport.fingerprint(of: frames),
             noStackReason: stall.noStackReason,
             startNanoseconds: stall.startNanoseconds,
             pausedTime: .nanoseconds(stall.paused)
         )
+    }
+}
+
+extension Reporter {
+    /// The stack seen most often, counting stacks that share their frames from the culprit on
+    /// (the fingerprint) as one: a thread busy inside one function of the program is one stack,
+    /// whatever library code it happened to be in at each sample.
+    static func heaviestStack(
+        _ stacks: [(stack: [UInt], count: Int)], symbolicator: Symbolicator
+    ) -> (frames: [StallFrame], samples: Int) {
+        var groups: [String: (total: Int, best: [StallFrame], bestCount: Int, order: Int)] = [:]
+        for (order, entry) in stacks.enumerated() {
+            let frames = symbolicator.symbolicate(entry.stack)
+            let key = StallReport.fingerprint(of: frames)
+            if var group = groups[key] {
+                group.total += entry.count
+                if entry.count > group.bestCount { (group.best, group.bestCount) = (frames, entry.count) }
+                groups[key] = group
+            } else {
+                groups[key] = (entry.count, frames, entry.count, order)
+            }
+        }
+        guard let heaviest = groups.values.max(by: { $0.total < $1.total || ($0.total == $1.total && $0.order > $1.order) }) else {
+            return ([], 0)
+        }
+        return (heaviest.best, heaviest.total)
     }
 }
 

@@ -12,6 +12,11 @@ enum SwiftSymbolName {
         text = collapsingParameterLists(text)
         text = removingModulePrefixes(text)
         text = text.replacingAll("generic specialization ", with: "specialized ")
+        for effect in [" throws", " rethrows", " async"] {
+            text = text.replacingAll(effect + " in ", with: " in ")
+            if text.hasSuffix(effect) { text.removeLast(effect.count) }
+        }
+        if text.hasPrefix("static ") { text.removeFirst("static ".count) }
         if let range = text.range(of: " in conformance ") { text = String(text[..<range.lowerBound]) }
         return text
     }

@@ -16,9 +16,9 @@ struct CapturedStall: Sendable {
     var cpu: UInt64
     var samples: Int
     var unansweredSamples: Int
-    /// The first stack (detected) or the heaviest (ended), innermost first.
-    var stack: [UInt]
-    var stackSamples: Int
+    /// Distinct stacks (innermost first) with the samples they were seen in: the first one for a
+    /// detected report, all of them for an ended report.
+    var stacks: [(stack: [UInt], count: Int)]
     var threadState: Character
     var latestView: KernelThreadView
     var noStackReason: String?
@@ -240,9 +240,8 @@ final class Watchdog: @unchecked Sendable {
             )
             switch sample.status {
             case Int32(STALLMON_SAMPLE_OK.rawValue):
-                return withUnsafeBytes(of: &sample.frames) { raw in
-                    Array(raw.bindMemory(to: UInt.self).prefix(Int(sample.frame_count)))
-                }
+                let count = Int(sample.frame_count)
+                return withUnsafeBytes(of: sample.frames) { raw in Array(raw.bindMemory(to: UInt.self).prefix(count)) }
             case Int32(STALLMON_SAMPLE_TIMEOUT.rawValue):
                 noStackReason = "thread did not answer within \(configuration.sampleTimeout.milliseconds) ms"
             case Int32(STALLMON_SAMPLE_SEND_FAILED.rawValue):
@@ -270,12 +269,12 @@ final class Watchdog: @unchecked Sendable {
             return UInt64(min(whole, used * whole / observed))
         }
 
-        func captured(_ kind: StallReport.Event, end: UInt64, stack: [UInt], stackSamples: Int) -> CapturedStall {
+        func captured(_ kind: StallReport.Event, end: UInt64, stacks: [(stack: [UInt], count: Int)]) -> CapturedStall {
             let duration = end > windowStart + paused ? end - windowStart - paused : 0
             return CapturedStall(
                 event: kind, stallID: stallID, startNanoseconds: windowStart, duration: duration, paused: paused,
                 activity: activity, runLoopMode: mode, cpu: min(cpuEstimate(until: end), duration),
-                samples: samples, unansweredSamples: unanswered, stack: stack, stackSamples: stackSamples,
+                samples: samples, unansweredSamples: unanswered, stacks: stacks,
                 threadState: Self.dominantState(states),
                 latestView: latestView, noStackReason: firstStack.isEmpty ? noStackReason : nil,
                 capturedNanoseconds: stallmon_now_ns()
@@ -283,7 +282,7 @@ final class Watchdog: @unchecked Sendable {
         }
 
         if !suppressed {
-            deliver(captured(.detected, end: stallmon_now_ns(), stack: firstStack, stackSamples: firstStack.isEmpty ? 0 : 1))
+            deliver(captured(.detected, end: stallmon_now_ns(), stacks: firstStack.isEmpty ? [] : [(firstStack, 1)]))
         }
 
         // Sample until the window closes.
@@ -323,8 +322,7 @@ final class Watchdog: @unchecked Sendable {
 
         stallCount.add(1, ordering: .relaxed)
         if !suppressed {
-            let heaviest = stacks.heaviest
-            deliver(captured(.ended, end: end, stack: heaviest?.stack ?? [], stackSamples: heaviest?.count ?? 0))
+            deliver(captured(.ended, end: end, stacks: stacks.all))
         }
     }
 
@@ -371,7 +369,8 @@ final class Watchdog: @unchecked Sendable {
 }
 
 /// Counts the stacks seen during one stall. Stacks are keyed by their return addresses (frames
-/// 1…), so a thread busy in one function counts as one stack wherever its program counter is.
+/// 1…), so a thread busy in one function counts as one stack wherever its program counter is; the
+/// reporter merges further, by symbolicated frames.
 struct StackAggregator {
     private var entries: [[UInt]: (stack: [UInt], count: Int, order: Int)] = [:]
     private let capacity: Int
@@ -392,9 +391,8 @@ struct StackAggregator {
         }
     }
 
-    /// The most frequent stack; ties go to the one seen first.
-    var heaviest: (stack: [UInt], count: Int)? {
-        entries.values.max { $0.count < $1.count || ($0.count == $1.count && $0.order > $1.order) }
-            .map { ($0.stack, $0.count) }
+    /// Every stack with its count, in the order first seen.
+    var all: [(stack: [UInt], count: Int)] {
+        entries.values.sorted { $0.order < $1.order }.map { ($0.stack, $0.count) }
     }
 }

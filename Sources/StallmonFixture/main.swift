@@ -1,1 +1,122 @@
-print("placeholder")
+// A small service with a real main run loop that stalls on request. The tests run it as a child
+// process and read what its monitor reported from standard output (one JSON object a line) and,
+// with --journal, from the journal.
+//
+//   StallmonFixture SCENARIO [--threshold-ms N] [--sample-interval-ms N] [--journal]
+//                            [--identifier NAME] [--seconds N]
+
+import CoreFoundation
+import Dispatch
+import Foundation
+import StallJournal
+import StallMonitor
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+
+struct Options {
+    var scenario = ""
+    var threshold = 100
+    var sampleInterval = 10
+    var journal = false
+    var identifier = "stallmon-fixture"
+    var seconds = 3.0
+    var graceMilliseconds = 0
+
+    init(_ arguments: [String]) {
+        var iterator = arguments.makeIterator()
+        while let argument = iterator.next() {
+            switch argument {
+            case "--threshold-ms": threshold = Int(iterator.next() ?? "") ?? threshold
+            case "--sample-interval-ms": sampleInterval = Int(iterator.next() ?? "") ?? sampleInterval
+            case "--journal": journal = true
+            case "--identifier": identifier = iterator.next() ?? identifier
+            case "--seconds": seconds = Double(iterator.next() ?? "") ?? seconds
+            case "--grace-ms": graceMilliseconds = Int(iterator.next() ?? "") ?? graceMilliseconds
+            default: scenario = argument
+            }
+        }
+    }
+}
+
+let options = Options(Array(CommandLine.arguments.dropFirst()))
+
+/// Prints every event as one JSON line: the journal fields plus the symbolicated frames.
+struct JSONLinesSink: ReportSink {
+    let identifier: String
+
+    func emit(_ event: StallMonitorEvent) {
+        var object: [String: Any] = [:]
+        for field in JournalSink.fields(for: event, syslogIdentifier: identifier) {
+            object[field.name] = field.value
+        }
+        switch event {
+        case .started: object["type"] = "started"
+        case .stopped(_, let statistics):
+            object["type"] = "stopped"
+            object["stalls"] = statistics.stalls
+            object["suppressed"] = statistics.suppressedReports
+        case .suppressed: object["type"] = "suppressed"
+        case .stallDetected(let report), .stallEnded(let report):
+            object["type"] = report.event.rawValue
+            object["duration_ns"] = report.duration.components.seconds * 1_000_000_000 + report.duration.components.attoseconds / 1_000_000_000
+            object["paused_ns"] = report.pausedTime.components.seconds * 1_000_000_000 + report.pausedTime.components.attoseconds / 1_000_000_000
+            object["start_ns"] = report.startNanoseconds
+            object["reported_ns"] = Fixture.now()
+            object["frames"] = report.stack.map { frame in
+                ["function": frame.function ?? "", "symbol": frame.symbol ?? "", "file": frame.file ?? "", "line": frame.line, "image": frame.image ?? ""] as [String: Any]
+            }
+            object["culprit"] = report.culprit?.summary ?? ""
+        }
+        Fixture.print(object)
+    }
+}
+
+enum Fixture {
+    static func now() -> UInt64 {
+        var time = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &time)
+        return UInt64(time.tv_sec) * 1_000_000_000 + UInt64(time.tv_nsec)
+    }
+
+    static func print(_ object: [String: Any]) {
+        guard let data = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys]) else { return }
+        FileHandle.standardOutput.write(data + Data("\n".utf8))
+    }
+
+    /// Records the true extent of a stall: the tests compare it with the reported duration.
+    static func truth(_ name: String, _ body: () -> Void) {
+        let start = now()
+        body()
+        let end = now()
+        print(["type": "truth", "name": name, "start_ns": start, "end_ns": end, "duration_ns": end - start])
+    }
+
+    static func after(_ seconds: Double, _ body: @escaping @Sendable () -> Void) {
+        let timer = Timer(fire: Date(timeIntervalSinceNow: seconds), interval: 0, repeats: false) { _ in body() }
+        RunLoop.main.add(timer, forMode: .common)
+    }
+}
+
+var configuration = StallMonitor.Configuration()
+configuration.threshold = .milliseconds(options.threshold)
+configuration.sampleInterval = .milliseconds(options.sampleInterval)
+configuration.syslogIdentifier = options.identifier
+configuration.startupGracePeriod = .milliseconds(options.graceMilliseconds)
+configuration.rateLimit.burst = 1000
+
+var sinks: [any ReportSink] = [JSONLinesSink(identifier: options.identifier)]
+if options.journal { sinks.append(JournalSink(syslogIdentifier: options.identifier)) }
+let monitor = try StallMonitor(configuration: configuration, sinks: sinks)
+
+func finish(after seconds: Double) {
+    Fixture.after(seconds) {
+        monitor.stop()
+        exit(0)
+    }
+}
+
+try Scenarios.run(options.scenario, monitor: monitor, options: options)
+RunLoop.main.run()

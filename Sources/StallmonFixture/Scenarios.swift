@@ -1,0 +1,240 @@
+@preconcurrency import CoreFoundation
+import Dispatch
+import Foundation
+import StallMonitor
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// One scenario per way a loop can stall (or must not be reported as stalled).
+enum Scenarios {
+    static let stallMilliseconds = 600
+
+    static func run(_ name: String, monitor: StallMonitor, options: Options) throws {
+        switch name {
+        case "timer-cpu":
+            try monitor.start()
+            Fixture.after(0.3) { Fixture.truth(name) { Stalls.burnCPU(milliseconds: stallMilliseconds) } }
+            finish(after: 1.5)
+
+        case "main-queue-syscall":
+            try monitor.start()
+            DispatchQueue.main.asyncAfter(deadline: .now() + 0.3) {
+                Fixture.truth(name) { Stalls.sleepInSyscall(milliseconds: stallMilliseconds) }
+            }
+            finish(after: 1.5)
+
+        case "lock-wait":
+            try monitor.start()
+            let lock = NSLock()
+            Fixture.after(0.2) {
+                let holding = DispatchSemaphore(value: 0)
+                Thread.detachNewThread {
+                    lock.lock()
+                    holding.signal()
+                    usleep(UInt32(stallMilliseconds) * 1000 + 200_000)
+                    lock.unlock()
+                }
+                holding.wait()
+                DispatchQueue.main.async { Fixture.truth(name) { Stalls.waitForLock(lock) } }
+            }
+            finish(after: 1.8)
+
+        case "main-actor":
+            try monitor.start()
+            Fixture.after(0.3) {
+                Task { @MainActor in
+                    Fixture.truth(name) { MainActorWork.recompute(milliseconds: stallMilliseconds) }
+                }
+            }
+            finish(after: 1.5)
+
+        case "source0":
+            try monitor.start()
+            nonisolated(unsafe) let source = Source0.make()
+            CFRunLoopAddSource(CFRunLoopGetMain(), source, kCFRunLoopCommonModes)
+            Fixture.after(0.3) {
+                CFRunLoopSourceSignal(source)
+                CFRunLoopWakeUp(CFRunLoopGetMain())
+            }
+            finish(after: 1.5)
+
+        case "observer":
+            try monitor.start()
+            Fixture.after(0.3) {
+                // Someone else's observer that stalls once, before the loop next waits.
+                let observer = CFRunLoopObserverCreateWithHandler(kCFAllocatorDefault, CFRunLoopActivity.beforeWaiting.rawValue, false, 0) { _, _ in
+                    Fixture.truth("observer") { ObserverWork.flush(milliseconds: stallMilliseconds) }
+                }
+                CFRunLoopAddObserver(CFRunLoopGetMain(), observer, kCFRunLoopCommonModes)
+            }
+            finish(after: 1.5)
+
+        case "perform-block":
+            try monitor.start()
+            Fixture.after(0.3) {
+                RunLoop.main.perform(inModes: [.common]) {
+                    Fixture.truth("perform-block") { PerformWork.render(milliseconds: stallMilliseconds) }
+                }
+                CFRunLoopWakeUp(CFRunLoopGetMain())
+            }
+            finish(after: 1.5)
+
+        case "nested":
+            // A timer callout runs the loop again (default mode); a timer inside the nested run
+            // stalls. The nested run also idles for a while: idling there is no stall.
+            try monitor.start()
+            Fixture.after(0.2) {
+                Fixture.after(0.5) { Fixture.truth("nested") { Stalls.burnCPU(milliseconds: stallMilliseconds) } }
+                NestedLoop.runFor(seconds: 1.5, mode: .default)
+            }
+            finish(after: 2.2)
+
+        case "nested-private-mode":
+            // A callout runs the loop in a mode the monitor does not observe and idles there.
+            try monitor.start()
+            Fixture.after(0.2) { NestedLoop.runFor(seconds: 1.0, mode: RunLoop.Mode("stallmon.private")) }
+            finish(after: 1.6)
+
+        case "exit-reenter":
+            // The loop exits (and the thread does unmonitored work outside it), then re-enters and stalls.
+            try monitor.start()
+            for _ in 0..<3 {
+                RunLoop.main.run(until: Date(timeIntervalSinceNow: 0.2))
+                Stalls.sleepInSyscall(milliseconds: 300)
+            }
+            Fixture.after(0.1) { Fixture.truth(name) { Stalls.burnCPU(milliseconds: stallMilliseconds) } }
+            finish(after: 1.2)
+
+        case "restart":
+            // Stop and start again between two stalls.
+            try monitor.start()
+            Fixture.after(0.2) { Fixture.truth("restart-1") { Stalls.burnCPU(milliseconds: 300) } }
+            Fixture.after(1.0) {
+                monitor.stop()
+                do { try monitor.start() } catch { fatalError("\(error)") }
+            }
+            Fixture.after(1.5) { Fixture.truth("restart-2") { Stalls.sleepInSyscall(milliseconds: 300) } }
+            finish(after: 2.5)
+
+        case "allowed":
+            try monitor.start()
+            Fixture.after(0.2) {
+                monitor.allowingStall { Stalls.sleepInSyscall(milliseconds: 500) }
+            }
+            Fixture.after(1.0) { Fixture.truth(name) { Stalls.burnCPU(milliseconds: 400) } }
+            finish(after: 2.0)
+
+        case "grace":
+            // A stall inside the startup grace period is not reported; one after it is.
+            try monitor.start()
+            Fixture.after(0.1) { Stalls.burnCPU(milliseconds: 400) }
+            Fixture.after(1.3) { Fixture.truth(name) { Stalls.burnCPU(milliseconds: 400) } }
+            finish(after: 2.2)
+
+        case "idle":
+            try monitor.start()
+            finish(after: options.seconds)
+
+        case "busy":
+            // Many short passes: a main-queue block that re-posts itself, each pass ~0.2 ms.
+            try monitor.start()
+            let deadline = Date(timeIntervalSinceNow: options.seconds)
+            BusyLoop.pass(until: deadline)
+            finish(after: options.seconds + 0.2)
+
+        case "churn":
+            // The sampler interrupts malloc, held locks and system calls for two seconds.
+            try monitor.start()
+            Fixture.after(0.2) { Fixture.truth(name) { Stalls.churnMallocLocksAndSyscalls(milliseconds: 2000) } }
+            finish(after: 2.8)
+
+        case "thread-loop", "thread-loop-blocked":
+            // A thread of our own runs its own CFRunLoop and monitors it.
+            let blocked = name == "thread-loop-blocked"
+            Thread.detachNewThread {
+                if blocked {
+                    var all = sigset_t()
+                    sigfillset(&all)
+                    pthread_sigmask(SIG_BLOCK, &all, nil)
+                }
+                do { try monitor.start(.currentThread) } catch { fatalError("\(error)") }
+                let timer = Timer(fire: Date(timeIntervalSinceNow: 0.3), interval: 0, repeats: false) { _ in
+                    Fixture.truth(name) { Stalls.burnCPU(milliseconds: stallMilliseconds) }
+                }
+                RunLoop.current.add(timer, forMode: .default)
+                RunLoop.current.run(until: Date(timeIntervalSinceNow: 1.5))
+                monitor.stop()
+                exit(0)
+            }
+
+        default:
+            FileHandle.standardError.write(Data("unknown scenario: \(name)\n".utf8))
+            exit(64)
+        }
+    }
+}
+
+enum MainActorWork {
+    @MainActor @inline(never)
+    static func recompute(milliseconds: Int) {
+        Stalls.burnCPU(milliseconds: milliseconds)
+    }
+}
+
+enum ObserverWork {
+    nonisolated(unsafe) static var done = false
+
+    @inline(never)
+    static func flush(milliseconds: Int) {
+        guard !done else { return }
+        done = true
+        Stalls.sleepInSyscall(milliseconds: milliseconds)
+    }
+}
+
+enum PerformWork {
+    @inline(never)
+    static func render(milliseconds: Int) {
+        Stalls.burnCPU(milliseconds: milliseconds)
+    }
+}
+
+enum Source0 {
+    static func make() -> CFRunLoopSource {
+        var context = CFRunLoopSourceContext()
+        context.version = 0
+        context.perform = { _ in
+            Fixture.truth("source0") { Source0.handle(milliseconds: Scenarios.stallMilliseconds) }
+        }
+        return CFRunLoopSourceCreate(kCFAllocatorDefault, 0, &context)
+    }
+
+    @inline(never)
+    static func handle(milliseconds: Int) {
+        Stalls.sleepInSyscall(milliseconds: milliseconds)
+    }
+}
+
+enum NestedLoop {
+    @inline(never)
+    static func runFor(seconds: Double, mode: RunLoop.Mode) {
+        let end = Date(timeIntervalSinceNow: seconds)
+        // A mode without sources returns at once: give it a timer to wait for.
+        let timer = Timer(fire: end, interval: 0, repeats: false) { _ in }
+        RunLoop.current.add(timer, forMode: mode)
+        while Date() < end {
+            _ = RunLoop.current.run(mode: mode, before: end)
+        }
+    }
+}
+
+enum BusyLoop {
+    static func pass(until deadline: Date) {
+        guard Date() < deadline else { return }
+        Stalls.burnCPU(milliseconds: 0)
+        usleep(200)
+        DispatchQueue.main.async { pass(until: deadline) }
+    }
+}

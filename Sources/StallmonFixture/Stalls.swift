@@ -1,0 +1,76 @@
+import CoreFoundation
+import Foundation
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The ways the fixture blocks its loop. Each is its own non-inlined function, so that tests can
+/// look for it by name (and file:line) in the reported stack.
+enum Stalls {
+    /// Burns CPU (FNV hashing) for `milliseconds`.
+    @inline(never)
+    static func burnCPU(milliseconds: Int) {
+        let end = monotonicMilliseconds() + Double(milliseconds)
+        var hash: UInt64 = 0xcbf2_9ce4_8422_2325
+        while monotonicMilliseconds() < end {
+            for byte in 0..<UInt64(4096) {
+                hash = (hash ^ byte) &* 0x100_0000_01b3
+            }
+        }
+        blackHole(hash)
+    }
+
+    /// Sleeps in a system call (`poll` with no descriptors) for `milliseconds`.
+    @inline(never)
+    static func sleepInSyscall(milliseconds: Int) {
+        let end = monotonicMilliseconds() + Double(milliseconds)
+        while true {
+            let left = end - monotonicMilliseconds()
+            if left <= 0 { break }
+            _ = poll(nil, 0, Int32(left.rounded(.up)))
+        }
+    }
+
+    /// Waits for `lock`, which another thread holds.
+    @inline(never)
+    static func waitForLock(_ lock: NSLock) {
+        lock.lock()
+        lock.unlock()
+    }
+
+    /// Allocates, frees, locks and writes for `milliseconds`: the sampler must interrupt it inside
+    /// malloc, with a lock held, and inside system calls, and never deadlock.
+    @inline(never)
+    static func churnMallocLocksAndSyscalls(milliseconds: Int) {
+        let end = monotonicMilliseconds() + Double(milliseconds)
+        let lock = NSLock()
+        let devNull = open("/dev/null", O_WRONLY)
+        defer { close(devNull) }
+        var total = 0
+        while monotonicMilliseconds() < end {
+            lock.lock()
+            for size in stride(from: 16, to: 4096, by: 64) {
+                let pointer = malloc(size)!
+                memset(pointer, 1, size)
+                total &+= Int(pointer.load(as: UInt8.self))
+                free(pointer)
+            }
+            lock.unlock()
+            var byte: UInt8 = 0
+            _ = write(devNull, &byte, 1)
+        }
+        blackHole(UInt64(total))
+    }
+
+    @inline(never)
+    static func blackHole(_ value: UInt64) {
+        if value == 42 { print("") }
+    }
+
+    static func monotonicMilliseconds() -> Double {
+        var time = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &time)
+        return Double(time.tv_sec) * 1000 + Double(time.tv_nsec) / 1_000_000
+    }
+}
