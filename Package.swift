@@ -7,6 +7,7 @@ let package = Package(
         .library(name: "StallMonitor", targets: ["StallMonitor"]),
         .library(name: "StallJournal", targets: ["StallJournal"]),
         .executable(name: "stallmon", targets: ["stallmon"]),
+        .executable(name: "stallmon-bench", targets: ["stallmon-bench"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
@@ -50,6 +51,11 @@ let package = Package(
                 "StallJournal",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
+        ),
+        // Measures the monitor's cost against an unmonitored loop, a no-op observer and the blog design.
+        .executableTarget(
+            name: "stallmon-bench",
+            dependencies: ["StallMonitor", "CStallCapture"]
         ),
         // A small service with a real main run loop that stalls on request; the tests drive it as a child process.
         .executableTarget(

@@ -242,8 +242,13 @@ public final class StallMonitor: Sendable {
                 }
                 return signal
             }
-            for signal in stride(from: stallmon_sigrtmax() - 4, through: stallmon_sigrtmin() + 4, by: -1)
-            where !inspector.blocks(signal) && stallmon_sampler_install(signal) == 0 {
+            let candidates = Array(stride(from: stallmon_sigrtmax() - 4, through: stallmon_sigrtmin() + 4, by: -1))
+            // Prefer a signal the thread does not block; a thread that blocks them all still gets
+            // one, and its reports say that the thread blocks it.
+            for signal in candidates.filter({ !inspector.blocks($0) }) + candidates where stallmon_sampler_install(signal) == 0 {
+                if inspector.blocks(signal) {
+                    logger.warning("the monitored thread blocks every real-time signal; reports will carry no stack", metadata: ["signal": "\(SignalName.name(of: signal))"])
+                }
                 return signal
             }
             logger.warning("no free real-time signal for sampling; stall reports will carry no stack")

@@ -127,7 +127,7 @@ enum Scenarios {
             finish(after: 2.0)
 
         case "grace":
-            // A stall inside the startup grace period is not reported; one after it is.
+            // A stall inside the startup grace period (1 s here) is not reported; one after it is.
             try monitor.start()
             Fixture.after(0.1) { Stalls.burnCPU(milliseconds: 400) }
             Fixture.after(1.3) { Fixture.truth(name) { Stalls.burnCPU(milliseconds: 400) } }

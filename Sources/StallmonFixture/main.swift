@@ -104,7 +104,7 @@ var configuration = StallMonitor.Configuration()
 configuration.threshold = .milliseconds(options.threshold)
 configuration.sampleInterval = .milliseconds(options.sampleInterval)
 configuration.syslogIdentifier = options.identifier
-configuration.startupGracePeriod = .milliseconds(options.graceMilliseconds)
+configuration.startupGracePeriod = .milliseconds(options.scenario == "grace" ? 1000 : options.graceMilliseconds)
 configuration.rateLimit.burst = 1000
 
 var sinks: [any ReportSink] = [JSONLinesSink(identifier: options.identifier)]

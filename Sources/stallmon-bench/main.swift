@@ -1,0 +1,1 @@
+print("stallmon-bench: not yet written")
