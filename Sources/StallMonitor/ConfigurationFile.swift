@@ -55,23 +55,27 @@ extension StallMonitor.Configuration {
         _ environment: [String: String] = ProcessInfo.processInfo.environment
     ) throws(ConfigurationError) -> Self {
         var configuration = Self()
+        var origins: [String: String] = [:]
         if let path = environment[fileEnvironmentVariable], !path.isEmpty {
             configuration = try Self(contentsOfFile: path)
+            for key in ConfigurationKey.allCases { origins[key.rawValue] = path }
         }
         for key in ConfigurationKey.allCases {
             guard let text = environment[key.environmentVariable] else { continue }
             try configuration.set(key, to: ConfigurationValue(environment: text), source: key.environmentVariable)
+            origins[key.rawValue] = key.environmentVariable
         }
-        try configuration.validated(source: "environment")
+        try configuration.validated(source: "defaults", origins: origins)
         return configuration
     }
 
-    private func validated(source: String) throws(ConfigurationError) {
+    /// Validates, naming where the offending value came from.
+    private func validated(source: String, origins: [String: String] = [:]) throws(ConfigurationError) {
         do {
             try validate()
         } catch {
             var error = error
-            error.source = error.source ?? source
+            error.source = error.source ?? origins[error.key] ?? source
             throw error
         }
     }

@@ -231,28 +231,42 @@ public final class StallMonitor: Sendable {
         }
 
         /// The configured signal, or the highest real-time signal that has no handler and that the
-        /// monitored thread does not block. `nil` (with a warning) when none is free.
+        /// monitored thread does not block. Started on the monitored thread, the monitor unblocks
+        /// its signal there (a parent process may have spawned the service with real-time signals
+        /// blocked); the signal is the monitor's own, so nothing else changes. `nil` (with a
+        /// warning) when no signal is free.
         private static func samplingSignal(_ configuration: Configuration, threadID: pid_t, logger: Logger) throws(StallMonitorError) -> Int32? {
             let inspector = ThreadInspector(threadID: threadID)
+            let onMonitoredThread = stallmon_gettid() == threadID
+            var chosen: Int32?
             if let signal = configuration.signal {
                 let rc = stallmon_sampler_install(signal)
-                guard rc == 0 else { throw StallMonitorError.signalUnavailable(signal, reason: rc == -EBUSY ? "another handler owns it" : "sigaction failed (\(-rc))") }
-                if inspector.blocks(signal) {
-                    logger.warning("the monitored thread blocks the sampling signal; reports will carry no stack", metadata: ["signal": "\(SignalName.name(of: signal))"])
+                guard rc == 0 else {
+                    throw StallMonitorError.signalUnavailable(signal, reason: rc == -EBUSY ? "another handler owns it" : "sigaction failed (errno \(-rc))")
                 }
-                return signal
+                chosen = signal
+            } else {
+                let candidates = Array(stride(from: stallmon_sigrtmax() - 4, through: stallmon_sigrtmin() + 4, by: -1))
+                let preferred = onMonitoredThread ? candidates : candidates.filter { !inspector.blocks($0) } + candidates
+                chosen = preferred.first { stallmon_sampler_install($0) == 0 }
             }
-            let candidates = Array(stride(from: stallmon_sigrtmax() - 4, through: stallmon_sigrtmin() + 4, by: -1))
-            // Prefer a signal the thread does not block; a thread that blocks them all still gets
-            // one, and its reports say that the thread blocks it.
-            for signal in candidates.filter({ !inspector.blocks($0) }) + candidates where stallmon_sampler_install(signal) == 0 {
-                if inspector.blocks(signal) {
-                    logger.warning("the monitored thread blocks every real-time signal; reports will carry no stack", metadata: ["signal": "\(SignalName.name(of: signal))"])
-                }
-                return signal
+            guard let signal = chosen else {
+                logger.warning("no free real-time signal for sampling; stall reports will carry no stack")
+                return nil
             }
-            logger.warning("no free real-time signal for sampling; stall reports will carry no stack")
-            return nil
+            if onMonitoredThread, inspector.blocks(signal) {
+                var set = sigset_t()
+                sigemptyset(&set)
+                sigaddset(&set, signal)
+                pthread_sigmask(SIG_UNBLOCK, &set, nil)
+            }
+            if inspector.blocks(signal) {
+                logger.warning(
+                    "the monitored thread blocks the sampling signal; stall reports will carry no stack",
+                    metadata: ["signal": "\(SignalName.name(of: signal))"]
+                )
+            }
+            return signal
         }
     }
 

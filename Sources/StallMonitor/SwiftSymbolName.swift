@@ -16,6 +16,7 @@ enum SwiftSymbolName {
             text = text.replacingAll(effect + " in ", with: " in ")
             if text.hasSuffix(effect) { text.removeLast(effect.count) }
         }
+        text = text.replacingAll(" in static ", with: " in ")
         if text.hasPrefix("static ") { text.removeFirst("static ".count) }
         if let range = text.range(of: " in conformance ") { text = String(text[..<range.lowerBound]) }
         return text

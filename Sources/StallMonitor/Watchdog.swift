@@ -123,6 +123,7 @@ final class Watchdog: @unchecked Sendable {
                 // Asleep or outside the loop: nothing can stall until the observer wakes us.
                 if stallmon_loop_park(loop, event.sequence) == 1 {
                     semaphore.wait()
+                    noteLateWakeFromPark(after: event.sequence)
                 }
                 _ = stallmon_loop_unpark(loop)
             }
@@ -145,6 +146,13 @@ final class Watchdog: @unchecked Sendable {
             }
             return
         }
+        if stallmon_continue_count() != continueCount {
+            // The process was stopped and continued since the last look: the time it spent
+            // stopped is no stall, so the window counts from now.
+            continueCount = stallmon_continue_count()
+            floor = (event.sequence, now)
+            return
+        }
         if stallmon_loop_allowed(loop) > 0 {
             // Work inside allowingStall: look again later; its end starts a fresh window.
             floor = (event.sequence, now)
@@ -162,6 +170,20 @@ final class Watchdog: @unchecked Sendable {
             return true
         }
         return woke > deadline && woke - deadline > pauseTolerance
+    }
+
+    /// The observer wakes a parked watchdog within microseconds of the loop waking up. When the
+    /// first window after the park is already old, the process was stopped in between (a
+    /// debugger's stop sends no SIGCONT): that window counts from now.
+    private func noteLateWakeFromPark(after parkedSequence: UInt64) {
+        var event = stallmon_event()
+        guard stallmon_loop_event_after(loop, parkedSequence, &event) == 1,
+            event.phase == UInt32(STALLMON_LOOP_ACTIVE.rawValue)
+        else { return }
+        let now = stallmon_now_ns()
+        if now > event.timestamp_ns, now - event.timestamp_ns > pauseTolerance {
+            floor = (event.sequence, now)
+        }
     }
 
     private var pauseTolerance: UInt64 {

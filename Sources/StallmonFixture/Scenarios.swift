@@ -154,12 +154,13 @@ enum Scenarios {
             // A thread of our own runs its own CFRunLoop and monitors it.
             let blocked = name == "thread-loop-blocked"
             Thread.detachNewThread {
+                do { try monitor.start(.currentThread) } catch { fatalError("\(error)") }
                 if blocked {
+                    // After the monitor started: the thread blocks every signal, its sampler's too.
                     var all = sigset_t()
                     sigfillset(&all)
                     pthread_sigmask(SIG_BLOCK, &all, nil)
                 }
-                do { try monitor.start(.currentThread) } catch { fatalError("\(error)") }
                 let timer = Timer(fire: Date(timeIntervalSinceNow: 0.3), interval: 0, repeats: false) { _ in
                     Fixture.truth(name) { Stalls.burnCPU(milliseconds: stallMilliseconds) }
                 }

@@ -1,0 +1,64 @@
+import Foundation
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// One run of the fixture service (Sources/StallmonFixture) as a child process, and what it printed.
+struct FixtureRun {
+    /// Everything the fixture printed, one JSON object a line.
+    var lines: [[String: Any]]
+    var exitStatus: Int32
+    var standardError: String
+
+    var detected: [[String: Any]] { lines.filter { $0["type"] as? String == "detected" } }
+    var ended: [[String: Any]] { lines.filter { $0["type"] as? String == "ended" } }
+    var truths: [[String: Any]] { lines.filter { $0["type"] as? String == "truth" } }
+    var stopped: [[String: Any]] { lines.filter { $0["type"] as? String == "stopped" } }
+
+    func truth(_ name: String) -> Double? {
+        truths.first { $0["name"] as? String == name }.flatMap { ($0["duration_ns"] as? NSNumber)?.doubleValue }.map { $0 / 1e6 }
+    }
+
+    static var executable: URL {
+        URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent("StallmonFixture")
+    }
+
+    /// Runs a scenario and waits for it (killing it after `timeout` seconds).
+    /// - Parameter whileRunning: Called with the child's pid once it runs (for SIGSTOP tests).
+    static func run(
+        _ scenario: String, arguments: [String] = [], timeout: Double = 30,
+        whileRunning: ((pid_t) -> Void)? = nil
+    ) throws -> FixtureRun {
+        let process = Process()
+        process.executableURL = executable
+        process.arguments = [scenario] + arguments
+        let output = Pipe()
+        let errors = Pipe()
+        process.standardOutput = output
+        process.standardError = errors
+        try process.run()
+        let killer = DispatchWorkItem { if process.isRunning { kill(process.processIdentifier, SIGKILL) } }
+        DispatchQueue.global().asyncAfter(deadline: .now() + timeout, execute: killer)
+        whileRunning?(process.processIdentifier)
+        let outputData = output.fileHandleForReading.readDataToEndOfFile()
+        let errorData = errors.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        killer.cancel()
+        let lines = String(decoding: outputData, as: UTF8.self).split(separator: "\n").compactMap { line in
+            (try? JSONSerialization.jsonObject(with: Data(line.utf8))) as? [String: Any]
+        }
+        return FixtureRun(lines: lines, exitStatus: process.terminationStatus, standardError: String(decoding: errorData, as: UTF8.self))
+    }
+}
+
+extension Dictionary where Key == String, Value == Any {
+    func string(_ key: String) -> String { self[key] as? String ?? "" }
+    func number(_ key: String) -> Double {
+        if let number = self[key] as? NSNumber { return number.doubleValue }
+        return Double(self[key] as? String ?? "") ?? .nan
+    }
+    /// Milliseconds from a `STALL_*_USEC` field.
+    func milliseconds(_ key: String) -> Double { number(key) / 1000 }
+    var frames: [[String: Any]] { self["frames"] as? [[String: Any]] ?? [] }
+}
