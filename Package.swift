@@ -50,6 +50,7 @@ let package = Package(
                 "StallMonitor",
                 "StallJournal",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
             ]
         ),
         // Measures the monitor's cost against an unmonitored loop, a no-op observer and the blog design.

@@ -6,7 +6,9 @@ import Foundation
 enum SwiftSymbolName {
     static func simplify(_ demangled: String) -> String {
         var text = demangled
+        if text.hasPrefix("reabstraction thunk") { return "reabstraction thunk" }
         text = removingExtensionContexts(text)
+        text = removingPrivateDiscriminators(text)
         text = removingReturnTypes(text)
         text = removingClosureTypes(text)
         text = collapsingParameterLists(text)
@@ -28,6 +30,19 @@ enum SwiftSymbolName {
         while let start = result.range(of: "(extension in ") {
             guard let colon = result[start.upperBound...].firstIndex(of: ":") else { break }
             result.removeSubrange(start.lowerBound...colon)
+        }
+        return result
+    }
+
+    /// `(schedule in _D49913FB…)` → `schedule`: the discriminator of a private declaration.
+    private static func removingPrivateDiscriminators(_ text: String) -> String {
+        var result = text
+        while let marker = result.range(of: " in _"), let open = result[..<marker.lowerBound].lastIndex(of: "("),
+            let close = result[marker.upperBound...].firstIndex(of: ")"),
+            result[marker.upperBound..<close].allSatisfy({ $0.isHexDigit })
+        {
+            let name = result[result.index(after: open)..<marker.lowerBound]
+            result.replaceSubrange(open...close, with: name)
         }
         return result
     }
@@ -149,7 +164,7 @@ enum SwiftSymbolName {
                 prefix.append(first)
                 word = word.dropFirst()
             }
-            guard let first = word.first, first.isUppercase, let parenthesis = word.firstIndex(where: { "(<".contains($0) }) ?? Optional(word.endIndex) else {
+            guard let first = word.first, first.isLetter || first == "_", let parenthesis = word.firstIndex(where: { "(<".contains($0) }) ?? Optional(word.endIndex) else {
                 return prefix + word
             }
             let path = word[..<parenthesis]

@@ -13,6 +13,8 @@ struct SymbolNameTests {
         ("Swift.IndexingIterator.next() -> Swift.Optional<A.Element>", "IndexingIterator.next()"),
         ("(extension in StallDemo):Foundation.RunLoop.spin() -> ()", "RunLoop.spin()"),
         ("__CFRunLoopRun", "__CFRunLoopRun"),
+        ("closure #1 in stallmon.Demo.(schedule in _D49913FBF4B70A2C475958D7133FA7DA)(after: Swift.Double, _: @Sendable () -> ()) -> ()", "closure #1 in Demo.schedule(after:_:)"),
+        ("reabstraction thunk helper from @escaping @callee_guaranteed @Sendable () -> () to @escaping @callee_unowned @convention(block) () -> ()", "reabstraction thunk"),
     ])
     func demangledNamesAreShortenedAsPeopleWriteThem(_ demangled: String, _ expected: String) {
         #expect(SwiftSymbolName.simplify(demangled) == expected)

@@ -1,0 +1,82 @@
+import CoreFoundation
+import StallMonitor
+
+/// What watches the main run loop while a workload runs.
+enum Variant: String, CaseIterable, Sendable {
+    /// Nothing: the baseline.
+    case unmonitored
+    /// Two observers that do nothing, on the activities and orders stallmon uses: the floor any
+    /// observer-based monitor pays for being called out to.
+    case noopObserver = "noop-observer"
+    /// stallmon with its default configuration and a sink that drops every report.
+    case stallmon
+    /// The blog design (``BlogMonitor``), as a reference.
+    case blog
+}
+
+/// A sink that drops every report.
+struct DroppingSink: ReportSink {
+    func emit(_ event: StallMonitorEvent) {}
+}
+
+/// A variant installed on the main run loop for the rest of the (child) process.
+final class InstalledVariant: Sendable {
+    let variant: Variant
+    private let monitor: StallMonitor?
+    private let blog: BlogMonitor?
+
+    /// Installs `variant`; call before the main run loop runs.
+    init(
+        _ variant: Variant, configuration: StallMonitor.Configuration = StallMonitor.Configuration(),
+        sinks: [any ReportSink] = [DroppingSink()]
+    ) throws {
+        self.variant = variant
+        switch variant {
+        case .unmonitored:
+            monitor = nil
+            blog = nil
+        case .noopObserver:
+            monitor = nil
+            blog = nil
+            NoopObservers.add(to: CFRunLoopGetMain())
+        case .stallmon:
+            let monitor = try StallMonitor(configuration: configuration, sinks: sinks)
+            try monitor.start()
+            self.monitor = monitor
+            blog = nil
+        case .blog:
+            let blog = BlogMonitor(threshold: configuration.threshold)
+            blog.start(on: CFRunLoopGetMain())
+            self.blog = blog
+            monitor = nil
+        }
+    }
+
+    /// The kernel id of the variant's watchdog thread; 0 when it has none (or it has not run yet).
+    var watchdogThreadID: Int32 {
+        monitor?.watchdogThreadID ?? blog?.threadID ?? 0
+    }
+
+    var stallMonitor: StallMonitor? { monitor }
+}
+
+/// Observers that do nothing, added exactly as `StallMonitor.Session.addObservers` adds stallmon's:
+/// entry | before-sources | after-waiting at the lowest order, before-waiting | exit at the highest,
+/// in the common modes, with a C function callout (CF calls a context's retain and release only when
+/// an observer is created and freed, never per callout, so these have none).
+enum NoopObservers {
+    static func add(to runLoop: CFRunLoop) {
+        let callout: CFRunLoopObserverCallBack = { _, _, _ in }
+        let specs: [(CFOptionFlags, CFIndex)] = [
+            (
+                CFRunLoopActivity.entry.rawValue | CFRunLoopActivity.beforeSources.rawValue
+                    | CFRunLoopActivity.afterWaiting.rawValue, CFIndex.min
+            ),
+            (CFRunLoopActivity.beforeWaiting.rawValue | CFRunLoopActivity.exit.rawValue, CFIndex.max),
+        ]
+        for (activities, order) in specs {
+            let observer = CFRunLoopObserverCreate(kCFAllocatorDefault, activities, true, order, callout, nil)
+            CFRunLoopAddObserver(runLoop, observer, kCFRunLoopCommonModes)
+        }
+    }
+}
