@@ -1,7 +1,7 @@
 import CSystemd
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// One entry read from the journal.
@@ -78,7 +78,8 @@ public final class JournalReader {
 
     /// Positions the reader at entries received since `realtimeMicroseconds`.
     public func seek(realtimeMicroseconds: UInt64) throws(SystemdError) {
-        try SystemdError.check("sd_journal_seek_realtime_usec", sd_journal_seek_realtime_usec(journal, realtimeMicroseconds))
+        try SystemdError.check(
+            "sd_journal_seek_realtime_usec", sd_journal_seek_realtime_usec(journal, realtimeMicroseconds))
     }
 
     /// The next matching entry, or `nil` at the end.
@@ -116,7 +117,9 @@ public final class JournalReader {
         var data: UnsafeRawPointer?
         var length = 0
         sd_journal_restart_data(journal)
-        while try SystemdError.check("sd_journal_enumerate_data", sd_journal_enumerate_data(journal, &data, &length)) > 0 {
+        while try SystemdError.check("sd_journal_enumerate_data", sd_journal_enumerate_data(journal, &data, &length))
+            > 0
+        {
             guard let data else { continue }
             let bytes = UnsafeRawBufferPointer(start: data, count: length)
             guard let equals = bytes.firstIndex(of: UInt8(ascii: "=")) else { continue }
@@ -125,7 +128,9 @@ public final class JournalReader {
         }
         var cursorPointer: UnsafeMutablePointer<CChar>?
         try SystemdError.check("sd_journal_get_cursor", sd_journal_get_cursor(journal, &cursorPointer))
-        let cursor = cursorPointer.map { String(decoding: UnsafeRawBufferPointer(start: $0, count: strlen($0)), as: UTF8.self) } ?? ""
+        let cursor =
+            cursorPointer.map { String(decoding: UnsafeRawBufferPointer(start: $0, count: strlen($0)), as: UTF8.self) }
+            ?? ""
         free(cursorPointer)
         var realtime: UInt64 = 0
         _ = sd_journal_get_realtime_usec(journal, &realtime)

@@ -1,6 +1,7 @@
 import CStallCapture
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 extension StallMonitor {
@@ -74,7 +75,9 @@ extension StallMonitor {
                     "must be SIGUSR1, SIGUSR2, SIGPROF or a real-time signal (\(low)…\(high))"
                 )
             }
-            try Self.check((1...1000).contains(rateLimit.burst), .rateLimitBurst, "\(rateLimit.burst)", "must be between 1 and 1000")
+            try Self.check(
+                (1...1000).contains(rateLimit.burst), .rateLimitBurst, "\(rateLimit.burst)",
+                "must be between 1 and 1000")
             try Self.check(
                 rateLimit.interval >= .seconds(1), .rateLimitInterval, rateLimit.interval, "must be at least 1 s"
             )
@@ -126,4 +129,3 @@ enum ConfigurationKey: String, CaseIterable {
     /// The environment variable that overrides the key, e.g. `STALLMON_THRESHOLD_MS`.
     var environmentVariable: String { "STALLMON_" + rawValue.uppercased() }
 }
-

@@ -2,7 +2,7 @@ import CStallCapture
 import Foundation
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 extension StallMonitor.Configuration {
@@ -21,15 +21,18 @@ extension StallMonitor.Configuration {
         do {
             object = try JSONSerialization.jsonObject(with: json)
         } catch {
-            throw ConfigurationError(key: "(file)", value: "", reason: "not valid JSON: \(error.localizedDescription)", source: source)
+            throw ConfigurationError(
+                key: "(file)", value: "", reason: "not valid JSON: \(error.localizedDescription)", source: source)
         }
         guard let dictionary = object as? [String: Any] else {
-            throw ConfigurationError(key: "(file)", value: "", reason: "the top level must be a JSON object", source: source)
+            throw ConfigurationError(
+                key: "(file)", value: "", reason: "the top level must be a JSON object", source: source)
         }
         for name in dictionary.keys.sorted() {
             guard let key = ConfigurationKey(rawValue: name) else {
                 let known = ConfigurationKey.allCases.map(\.rawValue).joined(separator: ", ")
-                throw ConfigurationError(key: name, value: "", reason: "unknown key (known keys: \(known))", source: source)
+                throw ConfigurationError(
+                    key: name, value: "", reason: "unknown key (known keys: \(known))", source: source)
             }
             try set(key, to: ConfigurationValue(json: dictionary[name]!), source: source)
         }
@@ -43,7 +46,8 @@ extension StallMonitor.Configuration {
         do {
             data = try Data(contentsOf: URL(fileURLWithPath: path))
         } catch {
-            throw ConfigurationError(key: "(file)", value: path, reason: "cannot be read: \(error.localizedDescription)", source: path)
+            throw ConfigurationError(
+                key: "(file)", value: path, reason: "cannot be read: \(error.localizedDescription)", source: path)
         }
         try self.init(json: data, source: path)
     }
@@ -80,7 +84,9 @@ extension StallMonitor.Configuration {
         }
     }
 
-    private mutating func set(_ key: ConfigurationKey, to value: ConfigurationValue, source: String) throws(ConfigurationError) {
+    private mutating func set(_ key: ConfigurationKey, to value: ConfigurationValue, source: String)
+        throws(ConfigurationError)
+    {
         func fail(_ reason: String) -> ConfigurationError {
             ConfigurationError(key: key.rawValue, value: value.description, reason: reason, source: source)
         }
@@ -187,7 +193,8 @@ enum SignalName {
         if let number = Int32(name) { return Parsed(number: number) }
         let fixed: [String: Int32] = ["SIGUSR1": SIGUSR1, "SIGUSR2": SIGUSR2, "SIGPROF": SIGPROF]
         if let number = fixed[name] { return Parsed(number: number) }
-        for (prefix, base) in [("SIGRTMIN", stallmon_sigrtmin()), ("SIGRTMAX", stallmon_sigrtmax())] where name.hasPrefix(prefix) {
+        for (prefix, base) in [("SIGRTMIN", stallmon_sigrtmin()), ("SIGRTMAX", stallmon_sigrtmax())]
+        where name.hasPrefix(prefix) {
             let rest = name.dropFirst(prefix.count)
             if rest.isEmpty { return Parsed(number: base) }
             guard let offset = Int32(rest) else { return nil }  // "+4" and "-2" parse as signed integers

@@ -37,7 +37,9 @@ final class Reporter: @unchecked Sendable {
     /// Loads symbols in the background and tells the watchdog where the run loop waits for events.
     func prepare(_ watchdog: Watchdog) {
         queue.async {
-            let range = SharedSymbolicator.shared.withSymbolicator { $0.functionRange(named: "__CFRunLoopServiceFileDescriptors") }
+            let range = SharedSymbolicator.shared.withSymbolicator {
+                $0.functionRange(named: "__CFRunLoopServiceFileDescriptors")
+            }
             watchdog.setIdleWaitRange(range)
         }
     }
@@ -171,7 +173,11 @@ extension Reporter {
                 groups[key] = (entry.count, frames, entry.count, order)
             }
         }
-        guard let heaviest = groups.values.max(by: { $0.total < $1.total || ($0.total == $1.total && $0.order > $1.order) }) else {
+        guard
+            let heaviest = groups.values.max(by: {
+                $0.total < $1.total || ($0.total == $1.total && $0.order > $1.order)
+            })
+        else {
             return ([], 0)
         }
         return (heaviest.best, heaviest.total)
@@ -234,7 +240,8 @@ struct RateLimiter {
             // Forget the quiet fingerprints first; their summaries are already out.
             windows = windows.filter { $0.value.suppressed > 0 && now < $0.value.start + interval }
         }
-        windows[fingerprint] = Window(start: now, admitted: 1, suppressed: 0, totalDuration: 0, worstDuration: 0, frame: frame)
+        windows[fingerprint] = Window(
+            start: now, admitted: 1, suppressed: 0, totalDuration: 0, worstDuration: 0, frame: frame)
         return true
     }
 

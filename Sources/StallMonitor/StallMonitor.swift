@@ -1,5 +1,5 @@
-import CoreFoundation
 import CStallCapture
+import CoreFoundation
 import Dispatch
 import Foundation
 import Logging
@@ -139,7 +139,8 @@ public final class StallMonitor: Sendable {
             case .currentThread:
                 threadID = stallmon_gettid()
                 runLoop = CFRunLoopGetCurrent()
-                loopName = threadID == getpid() ? "main" : (ThreadInspector(threadID: threadID).name() ?? "tid-\(threadID)")
+                loopName =
+                    threadID == getpid() ? "main" : (ThreadInspector(threadID: threadID).name() ?? "tid-\(threadID)")
             }
             target = Watchdog.Target(threadID: threadID, loopName: loopName, runLoop: runLoop)
 
@@ -150,19 +151,23 @@ public final class StallMonitor: Sendable {
 
             let semaphore = DispatchSemaphore(value: 0)
             let wakeContext = Unmanaged.passRetained(semaphore).toOpaque()
-            guard let pointer = stallmon_loop_create(
-                { context in Unmanaged<DispatchSemaphore>.fromOpaque(context!).takeUnretainedValue().signal() },
-                wakeContext,
-                { context in Unmanaged<DispatchSemaphore>.fromOpaque(context!).release() }
-            ) else {
+            guard
+                let pointer = stallmon_loop_create(
+                    { context in Unmanaged<DispatchSemaphore>.fromOpaque(context!).takeUnretainedValue().signal() },
+                    wakeContext,
+                    { context in Unmanaged<DispatchSemaphore>.fromOpaque(context!).release() }
+                )
+            else {
                 Unmanaged<DispatchSemaphore>.fromOpaque(wakeContext).release()
                 stallmon_sampler_slot_release(slot)
                 throw StallMonitorError.outOfMemory()
             }
             loop = LoopPointer(pointer: pointer)
 
-            description = MonitorDescription(loop: loopName, threadID: Int(threadID), configuration: configuration, signal: signal)
-            reporter = Reporter(configuration: configuration, loopName: loopName, threadID: Int(threadID), sinks: monitor.sinks)
+            description = MonitorDescription(
+                loop: loopName, threadID: Int(threadID), configuration: configuration, signal: signal)
+            reporter = Reporter(
+                configuration: configuration, loopName: loopName, threadID: Int(threadID), sinks: monitor.sinks)
             let reporter = self.reporter
             watchdog = Watchdog(
                 configuration: configuration, target: target, loop: pointer, semaphore: semaphore, signal: signal,
@@ -174,7 +179,10 @@ public final class StallMonitor: Sendable {
             reporter.emit(.started(description))
             logger.info(
                 "stallmon started",
-                metadata: ["stallmon.loop": "\(loopName)", "stallmon.tid": "\(threadID)", "stallmon.configuration": "\(configuration.summary)"]
+                metadata: [
+                    "stallmon.loop": "\(loopName)", "stallmon.tid": "\(threadID)",
+                    "stallmon.configuration": "\(configuration.summary)",
+                ]
             )
         }
 
@@ -205,12 +213,17 @@ public final class StallMonitor: Sendable {
         /// Two observers with disjoint activities: window starts at the lowest order (so that a
         /// slow observer of someone else's counts as part of the window) and window ends at the
         /// highest.
-        private static func addObservers(to runLoop: CFRunLoop, loop: OpaquePointer, additionalModes: [String]) -> [CFRunLoopObserver] {
+        private static func addObservers(to runLoop: CFRunLoop, loop: OpaquePointer, additionalModes: [String])
+            -> [CFRunLoopObserver]
+        {
             typealias Callout = @convention(c) (UnsafeMutableRawPointer?, UInt, UnsafeMutableRawPointer?) -> Void
             let start: Callout = stallmon_observer_window_start
             let end: Callout = stallmon_observer_window_end
             let specs: [(CFOptionFlags, CFIndex, Callout)] = [
-                (CFRunLoopActivity.entry.rawValue | CFRunLoopActivity.beforeSources.rawValue | CFRunLoopActivity.afterWaiting.rawValue, CFIndex.min, start),
+                (
+                    CFRunLoopActivity.entry.rawValue | CFRunLoopActivity.beforeSources.rawValue
+                        | CFRunLoopActivity.afterWaiting.rawValue, CFIndex.min, start
+                ),
                 (CFRunLoopActivity.beforeWaiting.rawValue | CFRunLoopActivity.exit.rawValue, CFIndex.max, end),
             ]
             return specs.map { activities, order, callout in
@@ -219,7 +232,8 @@ public final class StallMonitor: Sendable {
                     retain: { stallmon_loop_retain($0) }, release: { stallmon_loop_release($0) }, copyDescription: nil
                 )
                 let observer = CFRunLoopObserverCreate(
-                    kCFAllocatorDefault, activities, true, order, unsafeBitCast(callout, to: CFRunLoopObserverCallBack.self),
+                    kCFAllocatorDefault, activities, true, order,
+                    unsafeBitCast(callout, to: CFRunLoopObserverCallBack.self),
                     &context
                 )!
                 CFRunLoopAddObserver(runLoop, observer, kCFRunLoopCommonModes)
@@ -235,19 +249,23 @@ public final class StallMonitor: Sendable {
         /// its signal there (a parent process may have spawned the service with real-time signals
         /// blocked); the signal is the monitor's own, so nothing else changes. `nil` (with a
         /// warning) when no signal is free.
-        private static func samplingSignal(_ configuration: Configuration, threadID: pid_t, logger: Logger) throws(StallMonitorError) -> Int32? {
+        private static func samplingSignal(_ configuration: Configuration, threadID: pid_t, logger: Logger)
+            throws(StallMonitorError) -> Int32?
+        {
             let inspector = ThreadInspector(threadID: threadID)
             let onMonitoredThread = stallmon_gettid() == threadID
             var chosen: Int32?
             if let signal = configuration.signal {
                 let rc = stallmon_sampler_install(signal)
                 guard rc == 0 else {
-                    throw StallMonitorError.signalUnavailable(signal, reason: rc == -EBUSY ? "another handler owns it" : "sigaction failed (errno \(-rc))")
+                    throw StallMonitorError.signalUnavailable(
+                        signal, reason: rc == -EBUSY ? "another handler owns it" : "sigaction failed (errno \(-rc))")
                 }
                 chosen = signal
             } else {
                 let candidates = Array(stride(from: stallmon_sigrtmax() - 4, through: stallmon_sigrtmin() + 4, by: -1))
-                let preferred = onMonitoredThread ? candidates : candidates.filter { !inspector.blocks($0) } + candidates
+                let preferred =
+                    onMonitoredThread ? candidates : candidates.filter { !inspector.blocks($0) } + candidates
                 chosen = preferred.first { stallmon_sampler_install($0) == 0 }
             }
             guard let signal = chosen else {
@@ -276,7 +294,9 @@ public final class StallMonitor: Sendable {
         /// Totals of the sessions that have stopped; read inside ``withLock(_:)`` only.
         private(set) var finished = Statistics(stalls: 0, suppressedReports: 0, droppedReports: 0)
 
-        func withLock<Result, Failure: Error>(_ body: (inout Session?) throws(Failure) -> Result) throws(Failure) -> Result {
+        func withLock<Result, Failure: Error>(_ body: (inout Session?) throws(Failure) -> Result) throws(Failure)
+            -> Result
+        {
             lock.lock()
             defer { lock.unlock() }
             return try body(&session)
@@ -338,7 +358,8 @@ public struct StallMonitorError: Error, Sendable, CustomStringConvertible {
     public var description: String {
         switch code {
         case .alreadyRunning: "the monitor is already running"
-        case .signalUnavailable(let signal, let reason): "sampling signal \(SignalName.name(of: signal)) is unavailable: \(reason)"
+        case .signalUnavailable(let signal, let reason):
+            "sampling signal \(SignalName.name(of: signal)) is unavailable: \(reason)"
         case .tooManyMonitors: "too many monitors in this process (at most 32 run at once)"
         case .outOfMemory: "out of memory"
         }

@@ -144,7 +144,10 @@ public struct StallReport: Sendable, Hashable {
     public var message: String {
         let loopName = loop == "main" ? "main run loop" : "run loop of thread \(loop)"
         let length = "\(duration.milliseconds) ms"
-        var text = event == .detected ? "\(loopName) stalled for \(length) (threshold \(threshold.milliseconds) ms)" : "\(loopName) stalled \(length)"
+        var text =
+            event == .detected
+            ? "\(loopName) stalled for \(length) (threshold \(threshold.milliseconds) ms)"
+            : "\(loopName) stalled \(length)"
         text += " in \(callout.phrase)"
         if let culprit {
             text += " at \(culprit.summary)"

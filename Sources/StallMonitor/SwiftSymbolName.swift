@@ -123,8 +123,10 @@ enum SwiftSymbolName {
         var index = 0
         while index < characters.count {
             let character = characters[index]
-            let follows = index > 0 && (characters[index - 1].isLetter || characters[index - 1].isNumber
-                || characters[index - 1] == "_" || characters[index - 1] == ">" || characters[index - 1] == "`")
+            let follows =
+                index > 0
+                && (characters[index - 1].isLetter || characters[index - 1].isNumber
+                    || characters[index - 1] == "_" || characters[index - 1] == ">" || characters[index - 1] == "`")
             guard character == "(", follows, let close = matchingParenthesis(characters, from: index) else {
                 result.append(character)
                 index += 1
@@ -164,11 +166,14 @@ enum SwiftSymbolName {
                 prefix.append(first)
                 word = word.dropFirst()
             }
-            guard let first = word.first, first.isLetter || first == "_", let parenthesis = word.firstIndex(where: { "(<".contains($0) }) ?? Optional(word.endIndex) else {
+            guard let first = word.first, first.isLetter || first == "_",
+                let parenthesis = word.firstIndex(where: { "(<".contains($0) }) ?? Optional(word.endIndex)
+            else {
                 return prefix + word
             }
             let path = word[..<parenthesis]
-            guard let dot = path.firstIndex(of: "."), path[path.index(after: dot)...].contains(where: { $0 != "." }) else {
+            guard let dot = path.firstIndex(of: "."), path[path.index(after: dot)...].contains(where: { $0 != "." })
+            else {
                 return prefix + word
             }
             return prefix + word[word.index(after: dot)...]

@@ -3,7 +3,7 @@
 enum SyscallNames {
     static func name(_ number: Int) -> String {
         #if arch(x86_64)
-        if number >= 0, number < x86_64.count, let name = x86_64[number] { return name }
+            if number >= 0, number < x86_64.count, let name = x86_64[number] { return name }
         #endif
         return "syscall \(number)"
     }
@@ -33,7 +33,8 @@ enum SyscallNames {
         "capset", "rt_sigpending", "rt_sigtimedwait", "rt_sigqueueinfo", "rt_sigsuspend", "sigaltstack",
         "utime", "mknod", "uselib", "personality", "ustat", "statfs",
         "fstatfs", "sysfs", "getpriority", "setpriority", "sched_setparam", "sched_getparam",
-        "sched_setscheduler", "sched_getscheduler", "sched_get_priority_max", "sched_get_priority_min", "sched_rr_get_interval", "mlock",
+        "sched_setscheduler", "sched_getscheduler", "sched_get_priority_max", "sched_get_priority_min",
+        "sched_rr_get_interval", "mlock",
         "munlock", "mlockall", "munlockall", "vhangup", "modify_ldt", "pivot_root",
         "_sysctl", "prctl", "arch_prctl", "adjtimex", "setrlimit", "chroot",
         "sync", "acct", "settimeofday", "mount", "umount2", "swapon",
@@ -83,7 +84,8 @@ enum SyscallNames {
         "io_uring_enter", "io_uring_register", "open_tree", "move_mount", "fsopen", "fsconfig",
         "fsmount", "fspick", "pidfd_open", "clone3", "close_range", "openat2",
         "pidfd_getfd", "faccessat2", "process_madvise", "epoll_pwait2", "mount_setattr", "quotactl_fd",
-        "landlock_create_ruleset", "landlock_add_rule", "landlock_restrict_self", "memfd_secret", "process_mrelease", "futex_waitv",
+        "landlock_create_ruleset", "landlock_add_rule", "landlock_restrict_self", "memfd_secret", "process_mrelease",
+        "futex_waitv",
         "set_mempolicy_home_node",
     ]
 }

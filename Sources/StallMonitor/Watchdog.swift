@@ -1,5 +1,5 @@
-import CoreFoundation
 import CStallCapture
+import CoreFoundation
 import Dispatch
 import Foundation
 import Synchronization
@@ -213,8 +213,11 @@ final class Watchdog: @unchecked Sendable {
             return  // the window closed just as it crossed the threshold
         }
 
-        let suppressed = isInGracePeriod(watchedAt) || (!configuration.reportWhileDebuggerAttached && ThreadInspector.tracerPID() != 0)
-        let activity: StallReport.Activity = event.window == UInt32(STALLMON_WINDOW_AFTER_WAITING.rawValue) ? .afterWaiting : .beforeSources
+        let suppressed =
+            isInGracePeriod(watchedAt)
+            || (!configuration.reportWhileDebuggerAttached && ThreadInspector.tracerPID() != 0)
+        let activity: StallReport.Activity =
+            event.window == UInt32(STALLMON_WINDOW_AFTER_WAITING.rawValue) ? .afterWaiting : .beforeSources
         let mode = currentMode()
         let blockedReason = signalProblem()
 
@@ -279,7 +282,9 @@ final class Watchdog: @unchecked Sendable {
             return
         }
         let stallID = Self.newStallID()
-        let cpuBase = armedSequence == sequence && armedCPU >= 0 ? (cpu: armedCPU, time: armedAt) : (cpu: stallmon_thread_cpu_ns(target.threadID), time: watchedAt)
+        let cpuBase =
+            armedSequence == sequence && armedCPU >= 0
+            ? (cpu: armedCPU, time: armedAt) : (cpu: stallmon_thread_cpu_ns(target.threadID), time: watchedAt)
 
         func cpuEstimate(until end: UInt64) -> UInt64 {
             // CPU used since the watchdog armed this window, scaled to the whole window.

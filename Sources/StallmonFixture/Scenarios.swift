@@ -4,7 +4,7 @@ import Foundation
 import StallMonitor
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// One scenario per way a loop can stall (or must not be reported as stalled).
@@ -64,7 +64,9 @@ enum Scenarios {
             try monitor.start()
             Fixture.after(0.3) {
                 // Someone else's observer that stalls once, before the loop next waits.
-                let observer = CFRunLoopObserverCreateWithHandler(kCFAllocatorDefault, CFRunLoopActivity.beforeWaiting.rawValue, false, 0) { _, _ in
+                let observer = CFRunLoopObserverCreateWithHandler(
+                    kCFAllocatorDefault, CFRunLoopActivity.beforeWaiting.rawValue, false, 0
+                ) { _, _ in
                     Fixture.truth("observer") { ObserverWork.flush(milliseconds: stallMilliseconds) }
                 }
                 CFRunLoopAddObserver(CFRunLoopGetMain(), observer, kCFRunLoopCommonModes)

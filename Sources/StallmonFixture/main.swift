@@ -12,9 +12,8 @@ import StallJournal
 import StallMonitor
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
-
 
 struct Options {
     var scenario = ""
@@ -61,12 +60,19 @@ struct JSONLinesSink: ReportSink {
         case .suppressed: object["type"] = "suppressed"
         case .stallDetected(let report), .stallEnded(let report):
             object["type"] = report.event.rawValue
-            object["duration_ns"] = report.duration.components.seconds * 1_000_000_000 + report.duration.components.attoseconds / 1_000_000_000
-            object["paused_ns"] = report.pausedTime.components.seconds * 1_000_000_000 + report.pausedTime.components.attoseconds / 1_000_000_000
+            object["duration_ns"] =
+                report.duration.components.seconds * 1_000_000_000 + report.duration.components.attoseconds
+                / 1_000_000_000
+            object["paused_ns"] =
+                report.pausedTime.components.seconds * 1_000_000_000 + report.pausedTime.components.attoseconds
+                / 1_000_000_000
             object["start_ns"] = report.startNanoseconds
             object["reported_ns"] = Fixture.now()
             object["frames"] = report.stack.map { frame in
-                ["function": frame.function ?? "", "symbol": frame.symbol ?? "", "file": frame.file ?? "", "line": frame.line, "image": frame.image ?? ""] as [String: Any]
+                [
+                    "function": frame.function ?? "", "symbol": frame.symbol ?? "", "file": frame.file ?? "",
+                    "line": frame.line, "image": frame.image ?? "",
+                ] as [String: Any]
             }
             object["culprit"] = report.culprit?.summary ?? ""
         }

@@ -6,7 +6,7 @@ import StallJournal
 import StallMonitor
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// Runs a small service on the main run loop under the monitor, stalls it three ways, and prints
@@ -45,7 +45,10 @@ struct Demo: ParsableCommand {
             throw ExitStatus.configuration
         }
         guard Duration.milliseconds(stallMilliseconds) > configuration.threshold else {
-            FileHandle.standardError.write(Data("stallmon demo: --stall-ms \(stallMilliseconds) does not exceed the threshold (\(configuration.threshold)); nothing would be reported\n".utf8))
+            FileHandle.standardError.write(
+                Data(
+                    "stallmon demo: --stall-ms \(stallMilliseconds) does not exceed the threshold (\(configuration.threshold)); nothing would be reported\n"
+                        .utf8))
             throw ExitCode.validationFailure
         }
         configuration.syslogIdentifier = configuration.syslogIdentifier ?? "stallmon-demo"
@@ -56,7 +59,8 @@ struct Demo: ParsableCommand {
         var logger = Logger(label: "stallmon.demo")
         logger.logLevel = .warning
         let monitor = try StallMonitor(
-            configuration: configuration, logger: logger, sinks: journal.isAvailable ? [journal, collected] : [collected]
+            configuration: configuration, logger: logger,
+            sinks: journal.isAvailable ? [journal, collected] : [collected]
         )
         let stall = stallMilliseconds
         let gap = Double(stall) / 1000 + 0.4
@@ -94,7 +98,9 @@ struct Demo: ParsableCommand {
     }
 
     private func schedule(after seconds: Double, _ body: @escaping @Sendable () -> Void) {
-        RunLoop.main.add(Timer(fire: Date(timeIntervalSinceNow: seconds), interval: 0, repeats: false) { _ in body() }, forMode: .common)
+        RunLoop.main.add(
+            Timer(fire: Date(timeIntervalSinceNow: seconds), interval: 0, repeats: false) { _ in body() },
+            forMode: .common)
     }
 
     /// Prints the ended reports, from the journal when there is one. Returns the exit status.
@@ -115,7 +121,9 @@ struct Demo: ParsableCommand {
             }
         } else {
             do {
-                records = try reports.map { try StallRecord.decode(JournalSink.fields(for: .stallEnded($0), syslogIdentifier: identifier)) }
+                records = try reports.map {
+                    try StallRecord.decode(JournalSink.fields(for: .stallEnded($0), syslogIdentifier: identifier))
+                }
             } catch {
                 FileHandle.standardError.write(Data("stallmon demo: \(error)\n".utf8))
                 return ExitStatus.software.rawValue
@@ -128,9 +136,11 @@ struct Demo: ParsableCommand {
                 continue
             }
             print("\(index + 1). \(record.message)")
-            print("   callout \(record.callout), \(record.activity), mode \(record.runLoopMode), thread \(record.threadState)"
-                + (record.threadSyscall.isEmpty ? "" : " in \(record.threadSyscall)")
-                + ", cpu \(record.cpuMicroseconds / 1000) ms, \(record.stackSamples)/\(record.samples) samples, fingerprint \(record.fingerprint)")
+            print(
+                "   callout \(record.callout), \(record.activity), mode \(record.runLoopMode), thread \(record.threadState)"
+                    + (record.threadSyscall.isEmpty ? "" : " in \(record.threadSyscall)")
+                    + ", cpu \(record.cpuMicroseconds / 1000) ms, \(record.stackSamples)/\(record.samples) samples, fingerprint \(record.fingerprint)"
+            )
             let lines = record.backtrace.split(separator: "\n")
             let culprit = lines.firstIndex { $0.contains(record.frame.split(separator: " (").first ?? "") } ?? 0
             for line in lines[culprit...].prefix(4) { print("   \(line)") }
@@ -173,7 +183,9 @@ enum JSONLines {
     static func encode(_ fields: [JournalField]) -> String {
         var object: [String: String] = [:]
         for field in fields { object[field.name] = field.value }
-        guard let data = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys]) else { return "{}" }
+        guard let data = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys]) else {
+            return "{}"
+        }
         return String(decoding: data, as: UTF8.self)
     }
 }

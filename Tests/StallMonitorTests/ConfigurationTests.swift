@@ -5,7 +5,8 @@ import Testing
 
 struct ConfigurationTests {
     static var shippedFile: String {
-        URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .deletingLastPathComponent()
             .appendingPathComponent("config/stallmon.json").path
     }
 
@@ -28,18 +29,34 @@ struct ConfigurationTests {
 
     static let invalid: [Invalid] = [
         Invalid(key: "threshold_ms", value: "0 ms", reason: "must be at least 10 ms") { $0.threshold = .zero },
-        Invalid(key: "threshold_ms", value: "-5 ms", reason: "must be at least 10 ms") { $0.threshold = .milliseconds(-5) },
-        Invalid(key: "threshold_ms", value: "9 ms", reason: "must be at least 10 ms") { $0.threshold = .milliseconds(9) },
-        Invalid(key: "sample_interval_ms", value: "300 ms", reason: "must not exceed the threshold (250 ms)") { $0.sampleInterval = .milliseconds(300) },
-        Invalid(key: "sample_interval_ms", value: "0 ms", reason: "must be at least 1 ms") { $0.sampleInterval = .zero },
+        Invalid(key: "threshold_ms", value: "-5 ms", reason: "must be at least 10 ms") {
+            $0.threshold = .milliseconds(-5)
+        },
+        Invalid(key: "threshold_ms", value: "9 ms", reason: "must be at least 10 ms") {
+            $0.threshold = .milliseconds(9)
+        },
+        Invalid(key: "sample_interval_ms", value: "300 ms", reason: "must not exceed the threshold (250 ms)") {
+            $0.sampleInterval = .milliseconds(300)
+        },
+        Invalid(key: "sample_interval_ms", value: "0 ms", reason: "must be at least 1 ms") {
+            $0.sampleInterval = .zero
+        },
         Invalid(key: "sample_timeout_ms", value: "0 ms", reason: "must be at least 1 ms") { $0.sampleTimeout = .zero },
         Invalid(key: "max_frames", value: "0", reason: "must be between 1 and 128") { $0.maximumFrames = 0 },
         Invalid(key: "max_frames", value: "500", reason: "must be between 1 and 128") { $0.maximumFrames = 500 },
-        Invalid(key: "startup_grace_period_ms", value: "-1 ms", reason: "must not be negative") { $0.startupGracePeriod = .milliseconds(-1) },
-        Invalid(key: "signal", value: "9", reason: "must be SIGUSR1, SIGUSR2, SIGPROF or a real-time signal") { $0.signal = SIGKILL },
+        Invalid(key: "startup_grace_period_ms", value: "-1 ms", reason: "must not be negative") {
+            $0.startupGracePeriod = .milliseconds(-1)
+        },
+        Invalid(key: "signal", value: "9", reason: "must be SIGUSR1, SIGUSR2, SIGPROF or a real-time signal") {
+            $0.signal = SIGKILL
+        },
         Invalid(key: "rate_limit_burst", value: "0", reason: "must be between 1 and 1000") { $0.rateLimit.burst = 0 },
-        Invalid(key: "report_queue_capacity", value: "0", reason: "must be between 1 and 10000") { $0.reportQueueCapacity = 0 },
-        Invalid(key: "syslog_identifier", value: "a=b", reason: "must be non-empty, without newlines or '='") { $0.syslogIdentifier = "a=b" },
+        Invalid(key: "report_queue_capacity", value: "0", reason: "must be between 1 and 10000") {
+            $0.reportQueueCapacity = 0
+        },
+        Invalid(key: "syslog_identifier", value: "a=b", reason: "must be non-empty, without newlines or '='") {
+            $0.syslogIdentifier = "a=b"
+        },
     ]
 
     @Test(arguments: invalid)
@@ -87,7 +104,8 @@ struct ConfigurationTests {
     }
 
     @Test func fileValuesAreRead() throws {
-        let json = #"{"threshold_ms": 500, "sample_interval_ms": 12.5, "signal": "SIGRTMIN+3", "additional_modes": ["a"], "report_while_debugger_attached": true, "rate_limit_interval_s": 30}"#
+        let json =
+            #"{"threshold_ms": 500, "sample_interval_ms": 12.5, "signal": "SIGRTMIN+3", "additional_modes": ["a"], "report_while_debugger_attached": true, "rate_limit_interval_s": 30}"#
         let configuration = try StallMonitor.Configuration(json: Data(json.utf8), source: "test")
         #expect(configuration.threshold == .milliseconds(500))
         #expect(configuration.sampleInterval == .microseconds(12_500))
@@ -111,7 +129,8 @@ struct ConfigurationTests {
         #expect {
             _ = try StallMonitor.Configuration.fromEnvironment(["STALLMON_THRESHOLD_MS": "5"])
         } throws: { error in
-            (error as? ConfigurationError)?.description == "STALLMON_THRESHOLD_MS: threshold_ms = 5 ms: must be at least 10 ms"
+            (error as? ConfigurationError)?.description
+                == "STALLMON_THRESHOLD_MS: threshold_ms = 5 ms: must be at least 10 ms"
         }
         #expect(throws: ConfigurationError.self) {
             _ = try StallMonitor.Configuration.fromEnvironment(["STALLMON_CONFIG": "/nonexistent/stallmon.json"])

@@ -12,9 +12,12 @@ struct JournalEndToEndTests {
         #expect(run.exitStatus == 0)
         let printed = try #require(run.ended.first)
 
-        let detected = try Journald.entries(["SYSLOG_IDENTIFIER=\(identifier)", "MESSAGE_ID=\(MessageID.stallDetected)"])
+        let detected = try Journald.entries([
+            "SYSLOG_IDENTIFIER=\(identifier)", "MESSAGE_ID=\(MessageID.stallDetected)",
+        ])
         let ended = try Journald.entries(["SYSLOG_IDENTIFIER=\(identifier)", "MESSAGE_ID=\(MessageID.stallEnded)"])
-        let lifecycle = try Journald.entries(["SYSLOG_IDENTIFIER=\(identifier)", "MESSAGE_ID=\(MessageID.monitorLifecycle)"], atLeast: 2)
+        let lifecycle = try Journald.entries(
+            ["SYSLOG_IDENTIFIER=\(identifier)", "MESSAGE_ID=\(MessageID.monitorLifecycle)"], atLeast: 2)
         try #require(detected.count == 1)
         try #require(ended.count == 1)
         #expect(lifecycle.map { $0["STALLMON_EVENT"] } == ["started", "stopped"])

@@ -3,7 +3,7 @@ import Foundation
 import Testing
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// The signal handler interrupts a thread wherever it is; it must never deadlock it, and a thread
@@ -18,7 +18,8 @@ struct SamplerSafetyTests {
         let ended = try #require(run.ended.first)
         #expect(ended.number("STALL_SAMPLES") >= 100)
         #expect(ended.number("STALL_SAMPLES_UNANSWERED") == 0)
-        #expect(ended.frames.contains { $0["function"] as? String == "Stalls.churnMallocLocksAndSyscalls(milliseconds:)" })
+        #expect(
+            ended.frames.contains { $0["function"] as? String == "Stalls.churnMallocLocksAndSyscalls(milliseconds:)" })
     }
 
     @Test func threadThatBlocksTheSignalGetsANoStackReport() throws {

@@ -13,8 +13,13 @@ struct SchemaTests {
             runLoopMode: "kCFRunLoopDefaultMode", callout: .timer, threadState: "R", syscall: nil, waitChannel: nil,
             cpuTime: .milliseconds(300), samples: 15, unansweredSamples: 0, stackSamples: 14,
             stack: stack ?? [
-                StallFrame(address: 0x1000, image: "/usr/bin/service", symbol: "Service.Service.refresh() -> ()", function: "Service.refresh()", offset: 12, file: "/src/Service.swift", line: 42),
-                StallFrame(address: 0x2000, image: "/usr/lib/libFoundation.so", symbol: "__CFRUNLOOP_IS_CALLING_OUT_TO_A_TIMER_CALLBACK_FUNCTION__", function: "__CFRUNLOOP_IS_CALLING_OUT_TO_A_TIMER_CALLBACK_FUNCTION__"),
+                StallFrame(
+                    address: 0x1000, image: "/usr/bin/service", symbol: "Service.Service.refresh() -> ()",
+                    function: "Service.refresh()", offset: 12, file: "/src/Service.swift", line: 42),
+                StallFrame(
+                    address: 0x2000, image: "/usr/lib/libFoundation.so",
+                    symbol: "__CFRUNLOOP_IS_CALLING_OUT_TO_A_TIMER_CALLBACK_FUNCTION__",
+                    function: "__CFRUNLOOP_IS_CALLING_OUT_TO_A_TIMER_CALLBACK_FUNCTION__"),
             ],
             fingerprint: "00000000deadbeef", noStackReason: nil, startNanoseconds: 1, pausedTime: .zero
         )
@@ -23,9 +28,14 @@ struct SchemaTests {
     @Test func everyFieldNameIsOneJournaldKeeps() {
         let events: [StallMonitorEvent] = [
             .stallDetected(Self.report(event: .detected)), .stallEnded(Self.report()),
-            .suppressed(SuppressionReport(loop: "main", threadID: 1, fingerprint: "f", frame: "x", count: 3, totalDuration: .seconds(1), worstDuration: .milliseconds(400), burst: 5, interval: .seconds(60))),
+            .suppressed(
+                SuppressionReport(
+                    loop: "main", threadID: 1, fingerprint: "f", frame: "x", count: 3, totalDuration: .seconds(1),
+                    worstDuration: .milliseconds(400), burst: 5, interval: .seconds(60))),
             .started(MonitorDescription(loop: "main", threadID: 1, configuration: .init(), signal: 60)),
-            .stopped(MonitorDescription(loop: "main", threadID: 1, configuration: .init(), signal: nil), .init(stalls: 1, suppressedReports: 0, droppedReports: 0)),
+            .stopped(
+                MonitorDescription(loop: "main", threadID: 1, configuration: .init(), signal: nil),
+                .init(stalls: 1, suppressedReports: 0, droppedReports: 0)),
         ]
         for event in events {
             for field in JournalSink.fields(for: event, syslogIdentifier: "svc") {
@@ -45,16 +55,22 @@ struct SchemaTests {
         for field in fields { dictionary[field.name] = field.value }
         let record = try StallRecord(journalFields: dictionary)
         #expect(record.fields == fields)
-        #expect(record.message == "main run loop stalled 312 ms in timer callout at Service.refresh() (Service.swift:42); 96% on CPU")
+        #expect(
+            record.message
+                == "main run loop stalled 312 ms in timer callout at Service.refresh() (Service.swift:42); 96% on CPU")
         #expect(record.frame == "Service.refresh() (Service.swift:42)")
         #expect(record.messageID == MessageID.stallEnded)
     }
 
     @Test func decodingNamesTheBrokenField() {
         var dictionary: [String: String] = [:]
-        for field in JournalSink.fields(for: .stallEnded(Self.report()), syslogIdentifier: "svc") { dictionary[field.name] = field.value }
+        for field in JournalSink.fields(for: .stallEnded(Self.report()), syslogIdentifier: "svc") {
+            dictionary[field.name] = field.value
+        }
         dictionary["STALL_DURATION_USEC"] = "soon"
-        #expect(throws: JournalDecodingError(field: "STALL_DURATION_USEC", value: "soon", reason: "not an integer in range")) {
+        #expect(
+            throws: JournalDecodingError(field: "STALL_DURATION_USEC", value: "soon", reason: "not an integer in range")
+        ) {
             try StallRecord(journalFields: dictionary)
         }
         dictionary.removeValue(forKey: "STALL_ID")
@@ -66,7 +82,9 @@ struct SchemaTests {
 
     @Test func backtraceIsCutAtALineToFitFourKilobytes() {
         let frames = (0..<200).map { index in
-            StallFrame(address: UInt(0x5555_0000 + index), image: "/usr/bin/service", symbol: "s", function: "Module.Type.function\(index)(argument:other:)", file: "/src/File.swift", line: index + 1)
+            StallFrame(
+                address: UInt(0x5555_0000 + index), image: "/usr/bin/service", symbol: "s",
+                function: "Module.Type.function\(index)(argument:other:)", file: "/src/File.swift", line: index + 1)
         }
         let fields = JournalSink.fields(for: .stallEnded(Self.report(stack: frames)), syslogIdentifier: "svc")
         let backtrace = fields.first { $0.name == "STALL_BACKTRACE" }!.value
@@ -92,8 +110,14 @@ struct SchemaTests {
 
     @Test func calloutIsRecognizedFromTheInnermostRunLoopFrame() {
         func frame(_ symbol: String) -> StallFrame { StallFrame(address: 1, symbol: symbol) }
-        #expect(StallReport.Callout.recognize([frame("f"), frame("__CFRUNLOOP_IS_SERVICING_THE_MAIN_DISPATCH_QUEUE__"), frame("__CFRUNLOOP_IS_CALLING_OUT_TO_A_TIMER_CALLBACK_FUNCTION__")]) == .mainQueue)
-        #expect(StallReport.Callout.recognize([frame("__CFRUNLOOP_IS_CALLING_OUT_TO_A_SOURCE1_PERFORM_FUNCTION__")]) == .source1)
+        #expect(
+            StallReport.Callout.recognize([
+                frame("f"), frame("__CFRUNLOOP_IS_SERVICING_THE_MAIN_DISPATCH_QUEUE__"),
+                frame("__CFRUNLOOP_IS_CALLING_OUT_TO_A_TIMER_CALLBACK_FUNCTION__"),
+            ]) == .mainQueue)
+        #expect(
+            StallReport.Callout.recognize([frame("__CFRUNLOOP_IS_CALLING_OUT_TO_A_SOURCE1_PERFORM_FUNCTION__")])
+                == .source1)
         #expect(StallReport.Callout.recognize([frame("main")]) == .unknown)
     }
 

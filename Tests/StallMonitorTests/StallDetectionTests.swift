@@ -21,15 +21,32 @@ struct StallDetectionTests {
 
     static let cases: [Case] = [
         Case(scenario: "timer-cpu", callout: "timer", functions: ["Stalls.burnCPU(milliseconds:)"], onCPU: true),
-        Case(scenario: "main-queue-syscall", callout: "main-queue", functions: ["Stalls.sleepInSyscall(milliseconds:)"], onCPU: false, syscall: "poll"),
-        Case(scenario: "lock-wait", callout: "main-queue", functions: ["Stalls.waitForLock(_:)"], onCPU: false, syscall: "futex"),
-        Case(scenario: "main-actor", callout: "main-queue", functions: ["MainActorWork.recompute(milliseconds:)", "Stalls.burnCPU(milliseconds:)"], onCPU: true),
-        Case(scenario: "source0", callout: "source0", functions: ["Source0.handle(milliseconds:)", "Stalls.sleepInSyscall(milliseconds:)"], onCPU: false, syscall: "poll"),
-        Case(scenario: "observer", callout: "observer", functions: ["ObserverWork.flush(milliseconds:)"], onCPU: false, syscall: "poll"),
-        Case(scenario: "perform-block", callout: "perform-block", functions: ["PerformWork.render(milliseconds:)"], onCPU: true),
-        Case(scenario: "nested", callout: "timer", functions: ["Stalls.burnCPU(milliseconds:)", "NestedLoop.runFor(seconds:mode:)"], onCPU: true),
+        Case(
+            scenario: "main-queue-syscall", callout: "main-queue", functions: ["Stalls.sleepInSyscall(milliseconds:)"],
+            onCPU: false, syscall: "poll"),
+        Case(
+            scenario: "lock-wait", callout: "main-queue", functions: ["Stalls.waitForLock(_:)"], onCPU: false,
+            syscall: "futex"),
+        Case(
+            scenario: "main-actor", callout: "main-queue",
+            functions: ["MainActorWork.recompute(milliseconds:)", "Stalls.burnCPU(milliseconds:)"], onCPU: true),
+        Case(
+            scenario: "source0", callout: "source0",
+            functions: ["Source0.handle(milliseconds:)", "Stalls.sleepInSyscall(milliseconds:)"], onCPU: false,
+            syscall: "poll"),
+        Case(
+            scenario: "observer", callout: "observer", functions: ["ObserverWork.flush(milliseconds:)"], onCPU: false,
+            syscall: "poll"),
+        Case(
+            scenario: "perform-block", callout: "perform-block", functions: ["PerformWork.render(milliseconds:)"],
+            onCPU: true),
+        Case(
+            scenario: "nested", callout: "timer",
+            functions: ["Stalls.burnCPU(milliseconds:)", "NestedLoop.runFor(seconds:mode:)"], onCPU: true),
         Case(scenario: "exit-reenter", callout: "timer", functions: ["Stalls.burnCPU(milliseconds:)"], onCPU: true),
-        Case(scenario: "thread-loop", callout: "timer", functions: ["Stalls.burnCPU(milliseconds:)"], onCPU: true, loop: "StallmonFixture"),
+        Case(
+            scenario: "thread-loop", callout: "timer", functions: ["Stalls.burnCPU(milliseconds:)"], onCPU: true,
+            loop: "StallmonFixture"),
     ]
 
     @Test(arguments: cases)

@@ -45,11 +45,14 @@ public struct JournalSink: ReportSink {
                 priority: Priority.notice, syslogIdentifier: syslogIdentifier
             ).fields
         case .started(let description):
-            return lifecycleFields(description, syslogIdentifier: syslogIdentifier, event: "started", message: "stallmon started: " + description.message)
+            return lifecycleFields(
+                description, syslogIdentifier: syslogIdentifier, event: "started",
+                message: "stallmon started: " + description.message)
         case .stopped(let description, let statistics):
             var fields = lifecycleFields(
                 description, syslogIdentifier: syslogIdentifier, event: "stopped",
-                message: "stallmon stopped monitoring \(description.loop == "main" ? "the main run loop" : "thread \(description.loop)"): "
+                message:
+                    "stallmon stopped monitoring \(description.loop == "main" ? "the main run loop" : "thread \(description.loop)"): "
                     + "\(statistics.stalls) stalls, \(statistics.suppressedReports) reports suppressed, "
                     + "\(statistics.droppedReports) dropped"
             )

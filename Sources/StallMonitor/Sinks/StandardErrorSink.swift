@@ -1,5 +1,5 @@
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// Writes reports to standard error in a readable form: the fallback where no journal exists.
@@ -39,7 +39,8 @@ public struct StandardErrorSink: ReportSink {
             return suppression.message
         case .stallDetected(let report), .stallEnded(let report):
             var lines = [report.message]
-            var details = "  stall \(report.stallID) \(report.event.rawValue): \(report.activity.rawValue), mode \(report.runLoopMode), "
+            var details =
+                "  stall \(report.stallID) \(report.event.rawValue): \(report.activity.rawValue), mode \(report.runLoopMode), "
             details += "tid \(report.threadID) state \(report.threadState)"
             if let syscall = report.syscall { details += " in \(syscall)" }
             details += ", cpu \(report.cpuTime.milliseconds) ms, samples \(report.stackSamples)/\(report.samples)"

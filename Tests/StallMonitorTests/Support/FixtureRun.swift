@@ -1,7 +1,7 @@
 import Foundation
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// One run of the fixture service (Sources/StallmonFixture) as a child process, and what it printed.
@@ -17,11 +17,14 @@ struct FixtureRun {
     var stopped: [[String: Any]] { lines.filter { $0["type"] as? String == "stopped" } }
 
     func truth(_ name: String) -> Double? {
-        truths.first { $0["name"] as? String == name }.flatMap { ($0["duration_ns"] as? NSNumber)?.doubleValue }.map { $0 / 1e6 }
+        truths.first { $0["name"] as? String == name }.flatMap { ($0["duration_ns"] as? NSNumber)?.doubleValue }.map {
+            $0 / 1e6
+        }
     }
 
     static var executable: URL {
-        URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent("StallmonFixture")
+        URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent(
+            "StallmonFixture")
     }
 
     /// Runs a scenario and waits for it (killing it after `timeout` seconds).
@@ -48,7 +51,9 @@ struct FixtureRun {
         let lines = String(decoding: outputData, as: UTF8.self).split(separator: "\n").compactMap { line in
             (try? JSONSerialization.jsonObject(with: Data(line.utf8))) as? [String: Any]
         }
-        return FixtureRun(lines: lines, exitStatus: process.terminationStatus, standardError: String(decoding: errorData, as: UTF8.self))
+        return FixtureRun(
+            lines: lines, exitStatus: process.terminationStatus,
+            standardError: String(decoding: errorData, as: UTF8.self))
     }
 }
 

@@ -1,7 +1,7 @@
 import Foundation
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// A real journald for the tests: the one that runs, or one started here
@@ -25,7 +25,8 @@ enum Journald {
     }
 
     /// `journalctl -o json` for the matches, polled until `count` entries appear or `timeout` passes.
-    static func entries(_ matches: [String], atLeast count: Int = 1, timeout: Double = 10) throws -> [[String: String]] {
+    static func entries(_ matches: [String], atLeast count: Int = 1, timeout: Double = 10) throws -> [[String: String]]
+    {
         let deadline = Date(timeIntervalSinceNow: timeout)
         var entries: [[String: String]] = []
         repeat {
@@ -47,7 +48,9 @@ enum Journald {
         let data = output.fileHandleForReading.readDataToEndOfFile()
         process.waitUntilExit()
         return String(decoding: data, as: UTF8.self).split(separator: "\n").compactMap { line in
-            guard let object = (try? JSONSerialization.jsonObject(with: Data(line.utf8))) as? [String: Any] else { return nil }
+            guard let object = (try? JSONSerialization.jsonObject(with: Data(line.utf8))) as? [String: Any] else {
+                return nil
+            }
             // journalctl prints binary or oversized fields as arrays or null; keep the text ones.
             return object.compactMapValues { $0 as? String }
         }
