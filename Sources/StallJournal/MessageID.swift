@@ -10,6 +10,12 @@ public enum MessageID {
     /// The monitor started (with its configuration) or stopped.
     public static let monitorLifecycle = "d73ddae2d6c44436813f07f52018475b"
 
+    /// A stall that outlasted the service's `WatchdogSec=`: written with the current backtrace just
+    /// before systemd kills the service, so the journal says why it died.
+    public static let watchdogStall = "6111fbc730f244c8897baf9d136e610c"
+    /// stallmond's periodic digest of the stalls it collected.
+    public static let collectorDigest = "7836eefd2ec44eddb4acc5b97a7da338"
+
     /// Every stall report identifier, for readers that follow all of them.
-    public static let stallReports = [stallDetected, stallEnded]
+    public static let stallReports = [stallDetected, stallEnded, watchdogStall]
 }
