@@ -6,6 +6,8 @@ public struct StallRecord: Sendable, Hashable {
         case detected
         /// Written when the loop moves on, with the true duration and the heaviest stack.
         case ended
+        /// Written when a stall outlasts the service's `WatchdogSec=`, just before systemd kills it.
+        case watchdog
     }
 
     public var event: Event
@@ -43,6 +45,8 @@ public struct StallRecord: Sendable, Hashable {
     public var backtrace: String
     public var priority: Int
     public var syslogIdentifier: String
+    /// The service's watchdog interval (`WatchdogSec=`) for ``Event/watchdog`` entries, 0 otherwise.
+    public var watchdogMicroseconds: UInt64 = 0
 
     /// `journalctl -o json` prints `null` for fields over 4096 bytes unless `--all` is given.
     public static let maximumBacktraceBytes = 4096
@@ -82,6 +86,7 @@ public struct StallRecord: Sendable, Hashable {
         switch event {
         case .detected: MessageID.stallDetected
         case .ended: MessageID.stallEnded
+        case .watchdog: MessageID.watchdogStall
         }
     }
 
@@ -111,7 +116,7 @@ public struct StallRecord: Sendable, Hashable {
             JournalField(Field.fingerprint, fingerprint),
             JournalField(Field.frame, frame),
             JournalField(Field.backtrace, Self.clampBacktrace(backtrace)),
-        ]
+        ] + (event == .watchdog ? [JournalField(Field.watchdogMicroseconds, String(watchdogMicroseconds))] : [])
     }
 
     /// Field names of stall entries.
@@ -135,6 +140,7 @@ public struct StallRecord: Sendable, Hashable {
         public static let fingerprint = "STALL_FINGERPRINT"
         public static let frame = "STALL_FRAME"
         public static let backtrace = "STALL_BACKTRACE"
+        public static let watchdogMicroseconds = "STALL_WATCHDOG_USEC"
     }
 
     /// Cuts a backtrace at a line boundary so that it fits ``maximumBacktraceBytes``.
@@ -169,6 +175,7 @@ extension StallRecord {
         switch messageID {
         case MessageID.stallDetected: event = .detected
         case MessageID.stallEnded: event = .ended
+        case MessageID.watchdogStall: event = .watchdog
         default: throw JournalDecodingError(field: "MESSAGE_ID", value: messageID, reason: "not a stall report")
         }
         message = try reader.string("MESSAGE")
@@ -192,6 +199,7 @@ extension StallRecord {
         fingerprint = try reader.string(Field.fingerprint)
         frame = reader.optionalString(Field.frame) ?? ""
         backtrace = reader.optionalString(Field.backtrace) ?? ""
+        watchdogMicroseconds = try reader.optionalInteger(Field.watchdogMicroseconds, as: UInt64.self) ?? 0
     }
 }
 

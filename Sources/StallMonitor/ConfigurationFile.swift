@@ -115,6 +115,9 @@ extension StallMonitor.Configuration {
         case .reportWhileDebuggerAttached:
             guard let flag = value.bool else { throw fail("must be true or false") }
             reportWhileDebuggerAttached = flag
+        case .notifyStatus:
+            guard let flag = value.bool else { throw fail("must be true or false") }
+            notifyStatus = flag
         case .signal:
             guard let text = value.string ?? value.number.map({ String(Int($0)) }) else {
                 throw fail("must be \"auto\", a signal name such as \"SIGRTMIN+4\", or a number")
@@ -238,6 +241,7 @@ extension StallMonitor.Configuration {
         case .rateLimitBurst: return "\(rateLimit.burst)"
         case .rateLimitInterval: return "\(Double(rateLimit.interval.nanoseconds) / 1e9)"
         case .reportWhileDebuggerAttached: return "\(reportWhileDebuggerAttached)"
+        case .notifyStatus: return "\(notifyStatus)"
         case .signal: return signal.map(SignalName.name(of:)) ?? "auto"
         case .syslogIdentifier: return syslogIdentifier ?? ProgramName.current
         case .additionalModes: return additionalModes.joined(separator: ",")

@@ -11,6 +11,8 @@ public enum StallMonitorEvent: Sendable {
     case stopped(MonitorDescription, StallMonitor.Statistics)
     case stallDetected(StallReport)
     case stallEnded(StallReport)
+    /// A stall outlasted the service's `WatchdogSec=`; systemd is about to kill the service.
+    case watchdogStall(StallReport)
     case suppressed(SuppressionReport)
 }
 

@@ -18,6 +18,9 @@ final class Reporter: @unchecked Sendable {
     private var limiter: RateLimiter
     private var decisions: [String: Decision] = [:]
     private var flushScheduled = false
+    /// Stalls that ended in the last hour (end time, duration), and whether one is in progress.
+    private var recentStalls: [(end: UInt64, duration: UInt64)] = []
+    private var stallInProgress: UInt64?
 
     private enum Decision {
         case admitted
@@ -56,6 +59,15 @@ final class Reporter: @unchecked Sendable {
         }
     }
 
+    /// Reports a stall that outlasted the service watchdog and returns once the sinks have it:
+    /// systemd kills the service moments later.
+    func submitNow(_ stall: CapturedStall) {
+        queue.sync {
+            let report = SharedSymbolicator.shared.withSymbolicator { makeReport(stall, symbolicator: $0) }
+            send(.watchdogStall(report))
+        }
+    }
+
     func emit(_ event: StallMonitorEvent) {
         queue.async { self.send(event) }
     }
@@ -69,7 +81,34 @@ final class Reporter: @unchecked Sendable {
         for sink in sinks { sink.emit(event) }
     }
 
+    /// A one-line health summary for systemd's `STATUS=`, e.g.
+    /// `main loop healthy; 3 stalls in 1h, worst 540 ms`.
+    func statusLine() -> String {
+        queue.sync { currentStatus() }
+    }
+
+    private func currentStatus() -> String {
+        let now = stallmon_now_ns()
+        recentStalls.removeAll { now - $0.end > 3_600_000_000_000 }
+        let loop = loopName == "main" ? "main loop" : "loop of \(loopName)"
+        if let start = stallInProgress {
+            return "\(loop) stalled for \((now - start) / 1_000_000) ms"
+        }
+        guard let worst = recentStalls.map(\.duration).max() else { return "\(loop) healthy; no stalls in 1h" }
+        let count = recentStalls.count
+        return "\(loop) healthy; \(count) stall\(count == 1 ? "" : "s") in 1h, worst \(worst / 1_000_000) ms"
+    }
+
     private func process(_ stall: CapturedStall) {
+        switch stall.event {
+        case .detected: stallInProgress = stall.startNanoseconds
+        case .ended:
+            stallInProgress = nil
+            recentStalls.append((stall.startNanoseconds + stall.duration, stall.duration))
+            if recentStalls.count > 10_000 { recentStalls.removeFirst(recentStalls.count - 10_000) }
+        case .watchdog: break
+        }
+        if configuration.notifyStatus { ServiceNotifier.notify("STATUS=\(currentStatus())") }
         let report = SharedSymbolicator.shared.withSymbolicator { makeReport(stall, symbolicator: $0) }
         switch stall.event {
         case .detected:
@@ -81,6 +120,8 @@ final class Reporter: @unchecked Sendable {
                 suppressedReports.add(1)
                 scheduleFlush()
             }
+        case .watchdog:
+            send(.watchdogStall(report))
         case .ended:
             switch decisions.removeValue(forKey: stall.stallID) {
             case .suppressed(let fingerprint):
@@ -149,7 +190,8 @@ final class Reporter: @unchecked Sendable {
             fingerprint: StallReport.fingerprint(of: frames),
             noStackReason: stall.noStackReason,
             startNanoseconds: stall.startNanoseconds,
-            pausedTime: .nanoseconds(stall.paused)
+            pausedTime: .nanoseconds(stall.paused),
+            watchdogInterval: stall.watchdogInterval.map { .nanoseconds($0) }
         )
     }
 }

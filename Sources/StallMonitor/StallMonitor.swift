@@ -97,6 +97,25 @@ public final class StallMonitor: Sendable {
         return try body()
     }
 
+    /// A one-line health summary, e.g. `main loop healthy; 3 stalls in 1h, worst 540 ms`.
+    public var status: String {
+        state.withLock { $0?.reporter.statusLine() } ?? "stall monitor not running"
+    }
+
+    /// Tells the service manager that the service is ready (`READY=1`), with the monitor's
+    /// ``status`` as `STATUS=`. Without `$NOTIFY_SOCKET` it does nothing and returns false.
+    /// The corresponding C function is `sd_notify`.
+    @discardableResult
+    public func notifyReady() -> Bool {
+        ServiceNotifier.notify("READY=1\nSTATUS=\(status)")
+    }
+
+    /// Sends the monitor's ``status`` as `STATUS=`, shown by `systemctl status`.
+    @discardableResult
+    public func notifyStatus() -> Bool {
+        ServiceNotifier.notify("STATUS=\(status)")
+    }
+
     public var statistics: Statistics {
         state.withLock { session in
             session.map { state.finished + $0.statistics } ?? state.finished
@@ -171,7 +190,7 @@ public final class StallMonitor: Sendable {
             let reporter = self.reporter
             watchdog = Watchdog(
                 configuration: configuration, target: target, loop: pointer, semaphore: semaphore, signal: signal,
-                slot: slot, deliver: { reporter.submit($0) }
+                slot: slot, deliver: { reporter.submit($0) }, deliverNow: { reporter.submitNow($0) }
             )
             observers = Self.addObservers(to: runLoop, loop: pointer, additionalModes: configuration.additionalModes)
             reporter.prepare(watchdog)

@@ -4,6 +4,8 @@ public struct StallReport: Sendable, Hashable {
     public enum Event: String, Sendable, Hashable {
         case detected
         case ended
+        /// The stall outlasted the service's `WatchdogSec=`: the last report before systemd kills it.
+        case watchdog
     }
 
     /// The run-loop window the stall happened in.
@@ -92,13 +94,15 @@ public struct StallReport: Sendable, Hashable {
     public var startNanoseconds: UInt64
     /// Time the process was stopped (SIGSTOP, debugger) during the stall; not part of ``duration``.
     public var pausedTime: Duration
+    /// The service's watchdog interval, for ``Event/watchdog`` reports.
+    public var watchdogInterval: Duration?
 
     public init(
         event: Event, stallID: String, loop: String, threadID: Int, duration: Duration, threshold: Duration,
         activity: Activity, runLoopMode: String, callout: Callout, threadState: String, syscall: String?,
         waitChannel: String?, cpuTime: Duration, samples: Int, unansweredSamples: Int, stackSamples: Int,
         stack: [StallFrame], fingerprint: String, noStackReason: String?, startNanoseconds: UInt64,
-        pausedTime: Duration
+        pausedTime: Duration, watchdogInterval: Duration? = nil
     ) {
         self.event = event
         self.stallID = stallID
@@ -121,6 +125,7 @@ public struct StallReport: Sendable, Hashable {
         self.noStackReason = noStackReason
         self.startNanoseconds = startNanoseconds
         self.pausedTime = pausedTime
+        self.watchdogInterval = watchdogInterval
     }
 
     /// The frame a reader looks at first: the innermost frame of the program's own code (with
@@ -144,10 +149,15 @@ public struct StallReport: Sendable, Hashable {
     public var message: String {
         let loopName = loop == "main" ? "main run loop" : "run loop of thread \(loop)"
         let length = "\(duration.milliseconds) ms"
-        var text =
-            event == .detected
-            ? "\(loopName) stalled for \(length) (threshold \(threshold.milliseconds) ms)"
-            : "\(loopName) stalled \(length)"
+        var text: String
+        switch event {
+        case .detected: text = "\(loopName) stalled for \(length) (threshold \(threshold.milliseconds) ms)"
+        case .ended: text = "\(loopName) stalled \(length)"
+        case .watchdog:
+            let interval = watchdogInterval.map { "\($0.milliseconds) ms" } ?? "?"
+            text =
+                "\(loopName) stalled for \(length), past the service watchdog (\(interval)): systemd will kill the service;"
+        }
         text += " in \(callout.phrase)"
         if let culprit {
             text += " at \(culprit.summary)"

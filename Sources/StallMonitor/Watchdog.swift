@@ -24,6 +24,8 @@ struct CapturedStall: Sendable {
     var noStackReason: String?
     /// CLOCK_MONOTONIC when the watchdog handed it over.
     var capturedNanoseconds: UInt64
+    /// The service's `WatchdogSec=` in nanoseconds, for a watchdog report.
+    var watchdogInterval: UInt64?
 }
 
 /// The watchdog thread of one monitor: sleeps until the current window could become a stall,
@@ -44,6 +46,8 @@ final class Watchdog: @unchecked Sendable {
     private let slot: Int32
     private let inspector: ThreadInspector
     private let deliver: @Sendable (CapturedStall) -> Void
+    /// Hands a report over and returns once it is written (for the report before a watchdog kill).
+    private let deliverNow: @Sendable (CapturedStall) -> Void
     private let startedAt: UInt64
     private let stopping = Atomic<Bool>(false)
     private let idleWaitRange = Mutex<Range<UInt>?>(nil)
@@ -59,10 +63,13 @@ final class Watchdog: @unchecked Sendable {
     private var floor: (sequence: UInt64, time: UInt64) = (0, 0)
     private var continueCount: UInt64 = 0
     private var sample = stallmon_sample()
+    /// Pings of the service manager's watchdog, when the service runs with `WatchdogSec=`.
+    private var serviceWatchdog: ServiceWatchdogSchedule?
 
     init(
         configuration: StallMonitor.Configuration, target: Target, loop: OpaquePointer, semaphore: DispatchSemaphore,
-        signal: Int32?, slot: Int32, deliver: @escaping @Sendable (CapturedStall) -> Void
+        signal: Int32?, slot: Int32, deliver: @escaping @Sendable (CapturedStall) -> Void,
+        deliverNow: @escaping @Sendable (CapturedStall) -> Void
     ) {
         self.configuration = configuration
         self.target = target
@@ -72,7 +79,11 @@ final class Watchdog: @unchecked Sendable {
         self.slot = slot
         self.inspector = ThreadInspector(threadID: target.threadID)
         self.deliver = deliver
+        self.deliverNow = deliverNow
         self.startedAt = stallmon_now_ns()
+        self.serviceWatchdog = ServiceNotifier.watchdogInterval().map {
+            ServiceWatchdogSchedule(interval: $0, now: stallmon_now_ns())
+        }
         self.continueCount = stallmon_continue_count()
     }
 
@@ -113,21 +124,49 @@ final class Watchdog: @unchecked Sendable {
             var event = stallmon_event()
             guard stallmon_loop_latest(loop, &event) == 1 else {
                 // No transition yet (the loop is not running, or the monitor started inside a callout).
-                _ = wait(until: stallmon_now_ns() + threshold)
+                pingServiceWatchdog(nil)
+                _ = wait(until: cappedByPing(stallmon_now_ns() + threshold))
                 continue
             }
+            pingServiceWatchdog(event)
             switch event.phase {
             case UInt32(STALLMON_LOOP_ACTIVE.rawValue):
                 watchWindow(event)
             default:
-                // Asleep or outside the loop: nothing can stall until the observer wakes us.
+                // Asleep or outside the loop: nothing can stall until the observer wakes us (or
+                // the service manager's watchdog wants its next ping).
                 if stallmon_loop_park(loop, event.sequence) == 1 {
-                    semaphore.wait()
+                    if let nextPing = serviceWatchdog?.nextPing {
+                        _ = wait(until: nextPing)
+                    } else {
+                        semaphore.wait()
+                    }
                     noteLateWakeFromPark(after: event.sequence)
                 }
                 _ = stallmon_loop_unpark(loop)
             }
         }
+    }
+
+    // MARK: - Service watchdog
+
+    /// Pings `WATCHDOG=1` when one is due and the loop is healthy: idle, outside the loop, inside
+    /// `allowingStall`, or in a window younger than the threshold.
+    private func pingServiceWatchdog(_ event: stallmon_event?) {
+        guard serviceWatchdog != nil else { return }
+        let now = stallmon_now_ns()
+        var healthy = true
+        if let event, event.phase == UInt32(STALLMON_LOOP_ACTIVE.rawValue), stallmon_loop_allowed(loop) == 0 {
+            let start = floor.sequence == event.sequence ? max(event.timestamp_ns, floor.time) : event.timestamp_ns
+            healthy = now < start + threshold
+        }
+        serviceWatchdog?.pingIfDue(now: now, healthy: healthy)
+    }
+
+    /// `deadline`, or the next ping of the service watchdog when that comes first.
+    private func cappedByPing(_ deadline: UInt64) -> UInt64 {
+        guard let nextPing = serviceWatchdog?.nextPing, nextPing > stallmon_now_ns() else { return deadline }
+        return min(deadline, nextPing)
     }
 
     private func watchWindow(_ event: stallmon_event) {
@@ -140,8 +179,9 @@ final class Watchdog: @unchecked Sendable {
         let deadline = windowStart + threshold
         let now = stallmon_now_ns()
         if now < deadline {
-            let woke = wait(until: deadline)
-            if processWasStopped(wokeAt: woke, deadline: deadline) {
+            let target = cappedByPing(deadline)
+            let woke = wait(until: target)
+            if processWasStopped(wokeAt: woke, deadline: target) {
                 floor = (event.sequence, stallmon_now_ns())
             }
             return
@@ -312,13 +352,23 @@ final class Watchdog: @unchecked Sendable {
             deliver(captured(.detected, end: stallmon_now_ns(), stacks: firstStack.isEmpty ? [] : [(firstStack, 1)]))
         }
 
-        // Sample until the window closes.
+        // Sample until the window closes. With a service watchdog, no pings go out meanwhile, and a
+        // stall that outlasts most of its interval gets a final report before systemd kills us.
         var end: UInt64 = 0
         var nextSample = stallmon_now_ns() + UInt64(configuration.sampleInterval.nanoseconds)
+        var finalReportWritten = false
         while true {
-            let woke = wait(until: nextSample)
-            if processWasStopped(wokeAt: woke, deadline: nextSample), woke > nextSample {
-                paused += woke - nextSample
+            var target = nextSample
+            if let schedule = serviceWatchdog, !finalReportWritten { target = min(target, schedule.finalReportTime) }
+            let woke = wait(until: target)
+            if processWasStopped(wokeAt: woke, deadline: target), woke > target {
+                paused += woke - target
+            }
+            if let schedule = serviceWatchdog, !finalReportWritten, stallmon_now_ns() >= schedule.finalReportTime {
+                finalReportWritten = true
+                var report = captured(.watchdog, end: stallmon_now_ns(), stacks: stacks.all)
+                report.watchdogInterval = schedule.interval
+                deliverNow(report)
             }
             var endTime: UInt64 = 0
             if stallmon_loop_watched_end(loop, sequence, &endTime) == 1 {

@@ -135,6 +135,25 @@ enum Scenarios {
             Fixture.after(1.3) { Fixture.truth(name) { Stalls.burnCPU(milliseconds: 400) } }
             finish(after: 2.2)
 
+        case "watchdog":
+            // Under a service watchdog ($WATCHDOG_USEC, $NOTIFY_SOCKET): a stall longer than the
+            // interval stops the pings and gets a final report; the pings resume after it.
+            try monitor.start()
+            monitor.notifyReady()
+            Fixture.after(1.2) { Fixture.truth(name) { Stalls.sleepInSyscall(milliseconds: 1500) } }
+            finish(after: options.seconds)
+
+        case "service":
+            // A long-running service for the systemd tests: brief stalls every two seconds
+            // (--stall-ms), and with --block-after N, a loop blocked for good after N seconds.
+            try monitor.start()
+            monitor.notifyReady()
+            let stall = options.stallMilliseconds
+            Timer.scheduledRepeating(every: 2.0) { ServiceWork.handleRequest(milliseconds: stall) }
+            if let blockAfter = options.blockAfter {
+                Fixture.after(blockAfter) { ServiceWork.deadlock() }
+            }
+
         case "idle":
             try monitor.start()
             finish(after: options.seconds)
@@ -176,6 +195,26 @@ enum Scenarios {
             FileHandle.standardError.write(Data("unknown scenario: \(name)\n".utf8))
             exit(64)
         }
+    }
+}
+
+enum ServiceWork {
+    @inline(never)
+    static func handleRequest(milliseconds: Int) {
+        Stalls.sleepInSyscall(milliseconds: milliseconds)
+    }
+
+    /// Never returns: the loop is blocked for good.
+    @inline(never)
+    static func deadlock() {
+        while true { Stalls.sleepInSyscall(milliseconds: 1000) }
+    }
+}
+
+extension Timer {
+    static func scheduledRepeating(every seconds: Double, _ body: @escaping @Sendable () -> Void) {
+        let timer = Timer(fire: Date(timeIntervalSinceNow: seconds), interval: seconds, repeats: true) { _ in body() }
+        RunLoop.main.add(timer, forMode: .common)
     }
 }
 

@@ -23,6 +23,8 @@ struct Options {
     var identifier = "stallmon-fixture"
     var seconds = 3.0
     var graceMilliseconds = 0
+    var stallMilliseconds = 300
+    var blockAfter: Double?
 
     init(_ arguments: [String]) {
         var iterator = arguments.makeIterator()
@@ -34,6 +36,8 @@ struct Options {
             case "--identifier": identifier = iterator.next() ?? identifier
             case "--seconds": seconds = Double(iterator.next() ?? "") ?? seconds
             case "--grace-ms": graceMilliseconds = Int(iterator.next() ?? "") ?? graceMilliseconds
+            case "--stall-ms": stallMilliseconds = Int(iterator.next() ?? "") ?? stallMilliseconds
+            case "--block-after": blockAfter = Double(iterator.next() ?? "")
             default: scenario = argument
             }
         }
@@ -58,7 +62,7 @@ struct JSONLinesSink: ReportSink {
             object["stalls"] = statistics.stalls
             object["suppressed"] = statistics.suppressedReports
         case .suppressed: object["type"] = "suppressed"
-        case .stallDetected(let report), .stallEnded(let report):
+        case .stallDetected(let report), .stallEnded(let report), .watchdogStall(let report):
             object["type"] = report.event.rawValue
             object["duration_ns"] =
                 report.duration.components.seconds * 1_000_000_000 + report.duration.components.attoseconds
@@ -106,15 +110,22 @@ enum Fixture {
     }
 }
 
-var configuration = StallMonitor.Configuration()
-configuration.threshold = .milliseconds(options.threshold)
-configuration.sampleInterval = .milliseconds(options.sampleInterval)
-configuration.syslogIdentifier = options.identifier
+var configuration: StallMonitor.Configuration
+if options.scenario == "service" {
+    // As a real service would: the defaults, the drop-in's STALLMON_* environment on top.
+    configuration = try StallMonitor.Configuration.fromEnvironment()
+} else {
+    configuration = StallMonitor.Configuration()
+    configuration.threshold = .milliseconds(options.threshold)
+    configuration.sampleInterval = .milliseconds(options.sampleInterval)
+    configuration.syslogIdentifier = options.identifier
+}
 configuration.startupGracePeriod = .milliseconds(options.scenario == "grace" ? 1000 : options.graceMilliseconds)
 configuration.rateLimit.burst = 1000
 
 var sinks: [any ReportSink] = [JSONLinesSink(identifier: options.identifier)]
 if options.journal { sinks.append(JournalSink(syslogIdentifier: options.identifier)) }
+if options.scenario == "service" { sinks = StallMonitor.defaultSinks(configuration) }
 let monitor = try StallMonitor(configuration: configuration, sinks: sinks)
 
 func finish(after seconds: Double) {

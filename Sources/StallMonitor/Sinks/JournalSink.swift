@@ -32,7 +32,7 @@ public struct JournalSink: ReportSink {
     /// The journal fields of an event: the one mapping from reports to the schema.
     public static func fields(for event: StallMonitorEvent, syslogIdentifier: String) -> [JournalField] {
         switch event {
-        case .stallDetected(let report), .stallEnded(let report):
+        case .stallDetected(let report), .stallEnded(let report), .watchdogStall(let report):
             return StallRecord(report: report, syslogIdentifier: syslogIdentifier).fields
         case .suppressed(let suppression):
             return SuppressionRecord(
@@ -85,6 +85,7 @@ public struct JournalSink: ReportSink {
 
 /// syslog(3) priorities used by stallmon's entries.
 enum Priority {
+    static let critical = 2
     static let error = 3
     static let warning = 4
     static let notice = 5
@@ -103,7 +104,7 @@ extension StallRecord {
     init(report: StallReport, syslogIdentifier: String) {
         let stallDuration = report.duration
         self.init(
-            event: report.event == .detected ? .detected : .ended,
+            event: StallRecord.Event(rawValue: report.event.rawValue)!,
             message: report.message,
             stallID: report.stallID,
             durationMicroseconds: UInt64(clamping: stallDuration.microseconds),
@@ -123,9 +124,11 @@ extension StallRecord {
             fingerprint: report.fingerprint,
             frame: report.culprit?.summary ?? report.noStackReason.map { "(no stack: \($0))" } ?? "",
             backtrace: report.stack.isEmpty ? "(no stack: \(report.noStackReason ?? "unknown"))" : report.backtrace,
-            priority: stallDuration >= report.threshold * 8 ? Priority.error : Priority.warning,
+            priority: report.event == .watchdog
+                ? Priority.critical : stallDuration >= report.threshold * 8 ? Priority.error : Priority.warning,
             syslogIdentifier: syslogIdentifier
         )
+        watchdogMicroseconds = UInt64(clamping: report.watchdogInterval?.microseconds ?? 0)
     }
 }
 

@@ -19,7 +19,7 @@ public struct LoggerSink: ReportSink {
             )
         case .suppressed(let suppression):
             logger.notice("\(suppression.message)", metadata: ["stall.fingerprint": "\(suppression.fingerprint)"])
-        case .stallDetected(let report), .stallEnded(let report):
+        case .stallDetected(let report), .stallEnded(let report), .watchdogStall(let report):
             logger.warning(
                 "\(report.message)",
                 metadata: [

@@ -37,7 +37,7 @@ public struct StandardErrorSink: ReportSink {
                 + "\(statistics.suppressedReports) reports suppressed, \(statistics.droppedReports) dropped"
         case .suppressed(let suppression):
             return suppression.message
-        case .stallDetected(let report), .stallEnded(let report):
+        case .stallDetected(let report), .stallEnded(let report), .watchdogStall(let report):
             var lines = [report.message]
             var details =
                 "  stall \(report.stallID) \(report.event.rawValue): \(report.activity.rawValue), mode \(report.runLoopMode), "

@@ -30,12 +30,13 @@ struct FixtureRun {
     /// Runs a scenario and waits for it (killing it after `timeout` seconds).
     /// - Parameter whileRunning: Called with the child's pid once it runs (for SIGSTOP tests).
     static func run(
-        _ scenario: String, arguments: [String] = [], timeout: Double = 30,
+        _ scenario: String, arguments: [String] = [], environment: [String: String] = [:], timeout: Double = 30,
         whileRunning: ((pid_t) -> Void)? = nil
     ) throws -> FixtureRun {
         let process = Process()
         process.executableURL = executable
         process.arguments = [scenario] + arguments
+        process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
         let output = Pipe()
         let errors = Pipe()
         process.standardOutput = output

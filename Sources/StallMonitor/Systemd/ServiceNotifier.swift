@@ -1,0 +1,57 @@
+import CSystemd
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// Talks to the service manager through `$NOTIFY_SOCKET`. Without a socket every call does nothing.
+///
+/// The corresponding C functions are `sd_notify` and `sd_watchdog_enabled` (`sd_notifyf` is
+/// variadic and cannot be called from Swift; the state string is formatted in Swift instead).
+enum ServiceNotifier {
+    /// Sends newline-separated `KEY=value` assignments. Returns whether anything was sent.
+    @discardableResult
+    static func notify(_ state: String) -> Bool {
+        sd_notify(0, state) > 0
+    }
+
+    /// The service's watchdog interval (`WatchdogSec=`, from `$WATCHDOG_USEC` when `$WATCHDOG_PID`
+    /// is this process), or `nil` when the service manager expects no pings.
+    static func watchdogInterval() -> UInt64? {
+        var microseconds: UInt64 = 0
+        guard sd_watchdog_enabled(0, &microseconds) > 0, microseconds > 0 else { return nil }
+        return microseconds * 1_000
+    }
+}
+
+/// When and whether a monitor pings the service manager's watchdog: every half interval, and only
+/// while the monitored loop makes progress, so a stuck loop gets the service killed (and restarted
+/// with `Restart=on-watchdog`).
+struct ServiceWatchdogSchedule {
+    /// `WatchdogSec=` in nanoseconds.
+    let interval: UInt64
+    private(set) var lastPing: UInt64
+    private(set) var nextPing: UInt64
+
+    init(interval: UInt64, now: UInt64) {
+        self.interval = interval
+        self.lastPing = now
+        self.nextPing = now
+    }
+
+    /// When the final stall report must be written: early enough to land before systemd's
+    /// deadline (`lastPing + interval`), late enough that the stall has outlasted most of it.
+    var finalReportTime: UInt64 {
+        let margin = min(max(interval / 4, 100_000_000), 1_000_000_000)
+        return lastPing + interval - min(margin, interval / 2)
+    }
+
+    /// Pings when one is due and the loop is healthy; an unhealthy loop leaves the ping overdue,
+    /// so that it goes out the moment the loop recovers.
+    mutating func pingIfDue(now: UInt64, healthy: Bool) {
+        guard now >= nextPing, healthy else { return }
+        ServiceNotifier.notify("WATCHDOG=1")
+        lastPing = now
+        nextPing = now + interval / 2
+    }
+}
