@@ -17,24 +17,10 @@ extension StallMonitor.Configuration {
     /// - Throws: ``ConfigurationError`` naming the key, the value and why it is invalid.
     public init(json: Data, source: String) throws(ConfigurationError) {
         self.init()
-        let object: Any
-        do {
-            object = try JSONSerialization.jsonObject(with: json)
-        } catch {
-            throw ConfigurationError(
-                key: "(file)", value: "", reason: "not valid JSON: \(error.localizedDescription)", source: source)
-        }
-        guard let dictionary = object as? [String: Any] else {
-            throw ConfigurationError(
-                key: "(file)", value: "", reason: "the top level must be a JSON object", source: source)
-        }
-        for name in dictionary.keys.sorted() {
-            guard let key = ConfigurationKey(rawValue: name) else {
-                let known = ConfigurationKey.allCases.map(\.rawValue).joined(separator: ", ")
-                throw ConfigurationError(
-                    key: name, value: "", reason: "unknown key (known keys: \(known))", source: source)
-            }
-            try set(key, to: ConfigurationValue(json: dictionary[name]!), source: source)
+        let entries = try ConfigurationDocument.parseJSON(
+            json, source: source, knownKeys: ConfigurationKey.allCases.map(\.rawValue))
+        for entry in entries {
+            try set(ConfigurationKey(rawValue: entry.key)!, to: entry.value, source: entry.source)
         }
         try validated(source: source)
     }
@@ -42,14 +28,7 @@ extension StallMonitor.Configuration {
     /// Reads a JSON configuration file.
     /// - Throws: ``ConfigurationError`` when the file cannot be read or holds an invalid value.
     public init(contentsOfFile path: String) throws(ConfigurationError) {
-        let data: Data
-        do {
-            data = try Data(contentsOf: URL(fileURLWithPath: path))
-        } catch {
-            throw ConfigurationError(
-                key: "(file)", value: path, reason: "cannot be read: \(error.localizedDescription)", source: path)
-        }
-        try self.init(json: data, source: path)
+        try self.init(json: ConfigurationDocument.read(path), source: path)
     }
 
     /// The defaults, overridden by the file named in `STALLMON_CONFIG` (if set), overridden in turn
@@ -64,10 +43,11 @@ extension StallMonitor.Configuration {
             configuration = try Self(contentsOfFile: path)
             for key in ConfigurationKey.allCases { origins[key.rawValue] = path }
         }
-        for key in ConfigurationKey.allCases {
-            guard let text = environment[key.environmentVariable] else { continue }
-            try configuration.set(key, to: ConfigurationValue(environment: text), source: key.environmentVariable)
-            origins[key.rawValue] = key.environmentVariable
+        let overrides = ConfigurationDocument.environment(
+            environment, prefix: "STALLMON_", knownKeys: ConfigurationKey.allCases.map(\.rawValue))
+        for entry in overrides {
+            try configuration.set(ConfigurationKey(rawValue: entry.key)!, to: entry.value, source: entry.source)
+            origins[entry.key] = entry.source
         }
         try configuration.validated(source: "defaults", origins: origins)
         return configuration
@@ -91,14 +71,10 @@ extension StallMonitor.Configuration {
             ConfigurationError(key: key.rawValue, value: value.description, reason: reason, source: source)
         }
         func milliseconds() throws(ConfigurationError) -> Duration {
-            guard let number = value.number, number.isFinite else { throw fail("must be a number of milliseconds") }
-            return .nanoseconds(Int64((number * 1_000_000).rounded()))
+            try value.milliseconds(key: key.rawValue, source: source)
         }
         func integer() throws(ConfigurationError) -> Int {
-            guard let number = value.number, number.isFinite, number == number.rounded(), abs(number) < 1e15 else {
-                throw fail("must be a whole number")
-            }
-            return Int(number)
+            try value.integer(key: key.rawValue, source: source)
         }
         switch key {
         case .threshold: threshold = try milliseconds()
@@ -109,15 +85,9 @@ extension StallMonitor.Configuration {
         case .maximumStacks: maximumStacks = try integer()
         case .reportQueueCapacity: reportQueueCapacity = try integer()
         case .rateLimitBurst: rateLimit.burst = try integer()
-        case .rateLimitInterval:
-            guard let number = value.number, number.isFinite else { throw fail("must be a number of seconds") }
-            rateLimit.interval = .nanoseconds(Int64((number * 1_000_000_000).rounded()))
-        case .reportWhileDebuggerAttached:
-            guard let flag = value.bool else { throw fail("must be true or false") }
-            reportWhileDebuggerAttached = flag
-        case .notifyStatus:
-            guard let flag = value.bool else { throw fail("must be true or false") }
-            notifyStatus = flag
+        case .rateLimitInterval: rateLimit.interval = try value.seconds(key: key.rawValue, source: source)
+        case .reportWhileDebuggerAttached: reportWhileDebuggerAttached = try value.flag(key: key.rawValue, source: source)
+        case .notifyStatus: notifyStatus = try value.flag(key: key.rawValue, source: source)
         case .signal:
             guard let text = value.string ?? value.number.map({ String(Int($0)) }) else {
                 throw fail("must be \"auto\", a signal name such as \"SIGRTMIN+4\", or a number")
@@ -133,53 +103,6 @@ extension StallMonitor.Configuration {
             guard let list = value.strings else { throw fail("must be a list of run-loop mode names") }
             additionalModes = list
         }
-    }
-}
-
-/// A value from a JSON file or an environment variable, before it is checked against its key.
-struct ConfigurationValue: CustomStringConvertible {
-    var number: Double?
-    var bool: Bool?
-    var string: String?
-    var strings: [String]?
-    var isNull = false
-    var description: String
-
-    init(json: Any) {
-        switch json {
-        case let value as NSNumber where String(cString: value.objCType) == "c":
-            bool = value.boolValue
-            description = value.boolValue ? "true" : "false"
-        case let value as NSNumber:
-            number = value.doubleValue
-            description = "\(value)"
-        case let value as String:
-            string = value
-            description = "\"\(value)\""
-        case let value as [Any]:
-            let list = value.compactMap { $0 as? String }
-            strings = list.count == value.count ? list : nil
-            description = "[\(value.map { "\($0)" }.joined(separator: ", "))]"
-        case is NSNull:
-            isNull = true
-            string = ""
-            description = "null"
-        default:
-            description = "\(json)"
-        }
-    }
-
-    init(environment text: String) {
-        let trimmed = text.trimmingCharacters(in: .whitespaces)
-        number = Double(trimmed)
-        switch trimmed.lowercased() {
-        case "1", "true", "yes", "on": bool = true
-        case "0", "false", "no", "off": bool = false
-        default: bool = nil
-        }
-        string = trimmed
-        strings = trimmed.isEmpty ? [] : trimmed.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }
-        description = "\"\(text)\""
     }
 }
 
