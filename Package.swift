@@ -7,6 +7,7 @@ let package = Package(
         .library(name: "StallMonitor", targets: ["StallMonitor"]),
         .library(name: "StallJournal", targets: ["StallJournal"]),
         .executable(name: "stallmon", targets: ["stallmon"]),
+        .executable(name: "stallmond", targets: ["stallmond"]),
         .executable(name: "stallmon-bench", targets: ["stallmon-bench"]),
     ],
     dependencies: [
@@ -44,9 +45,29 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
+        // The collector's logic: journal following, aggregation, state, metrics, digest.
+        .target(
+            name: "StallCollector",
+            dependencies: [
+                "StallJournal",
+                "StallMonitor",
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        .executableTarget(
+            name: "stallmond",
+            dependencies: [
+                "StallCollector",
+                "StallMonitor",
+                "StallJournal",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
         .executableTarget(
             name: "stallmon",
             dependencies: [
+                "StallCollector",
                 "StallMonitor",
                 "StallJournal",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
@@ -65,7 +86,7 @@ let package = Package(
         ),
         .testTarget(
             name: "StallMonitorTests",
-            dependencies: ["StallMonitor", "StallJournal", "StallmonFixture"]
+            dependencies: ["StallMonitor", "StallJournal", "StallCollector", "StallmonFixture"]
         ),
     ]
 )

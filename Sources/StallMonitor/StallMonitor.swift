@@ -110,6 +110,13 @@ public final class StallMonitor: Sendable {
         ServiceNotifier.notify("READY=1\nSTATUS=\(status)")
     }
 
+    /// Sends `KEY=value` assignments (newline-separated) to the service manager, e.g. `RELOADING=1`.
+    /// Without `$NOTIFY_SOCKET` it does nothing and returns false. The corresponding C function is `sd_notify`.
+    @discardableResult
+    public static func notifyServiceManager(_ state: String) -> Bool {
+        ServiceNotifier.notify(state)
+    }
+
     /// Sends the monitor's ``status`` as `STATUS=`, shown by `systemctl status`.
     @discardableResult
     public func notifyStatus() -> Bool {
