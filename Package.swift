@@ -86,7 +86,7 @@ let package = Package(
         ),
         .testTarget(
             name: "StallMonitorTests",
-            dependencies: ["StallMonitor", "StallJournal", "StallCollector", "StallmonFixture"]
+            dependencies: ["StallMonitor", "StallJournal", "StallCollector", "StallmonFixture", "stallmon", "stallmond"]
         ),
     ]
 )

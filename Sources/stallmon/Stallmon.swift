@@ -9,7 +9,7 @@ struct Stallmon: ParsableCommand {
             Exit codes: 0 success, 64 usage error, 65 malformed journal data, 69 journal unavailable, \
             70 internal error, 78 invalid configuration.
             """,
-        subcommands: [Demo.self]
+        subcommands: [Demo.self, Report.self, Follow.self]
     )
 }
 

@@ -1,0 +1,50 @@
+/// Stalls grouped by unit × fingerprint, as `stallmon report` shows them.
+public struct StallGroup: Sendable, Hashable, Codable {
+    public var unit: String
+    public var fingerprint: String
+    public var count: Int
+    public var p50Microseconds: UInt64
+    public var maxMicroseconds: UInt64
+    /// The callout kind seen most often.
+    public var callout: String
+    /// The frame of the longest stall.
+    public var heaviestFrame: String
+    /// How many of them outlasted the service watchdog.
+    public var watchdogKills: Int
+
+    /// Groups stalls; a stall with both a watchdog and an ended report counts once, at its longer duration.
+    public static func group(_ stalls: [StallObservation]) -> [StallGroup] {
+        var unique: [String: StallObservation] = [:]
+        var order: [String] = []
+        for stall in stalls {
+            if let existing = unique[stall.stallID] {
+                var merged = existing.durationMicroseconds >= stall.durationMicroseconds ? existing : stall
+                merged.isWatchdog = existing.isWatchdog || stall.isWatchdog
+                unique[stall.stallID] = merged
+            } else {
+                unique[stall.stallID] = stall
+                order.append(stall.stallID)
+            }
+        }
+        var byKey: [String: [StallObservation]] = [:]
+        var keys: [String] = []
+        for id in order {
+            let stall = unique[id]!
+            let key = stall.unit + "\u{0}" + stall.fingerprint
+            if byKey[key] == nil { keys.append(key) }
+            byKey[key, default: []].append(stall)
+        }
+        return keys.map { key in
+            let members = byKey[key]!
+            let durations = members.map(\.durationMicroseconds).sorted()
+            let worst = members.max { $0.durationMicroseconds < $1.durationMicroseconds }!
+            var callouts: [String: Int] = [:]
+            for member in members { callouts[member.callout, default: 0] += 1 }
+            return StallGroup(
+                unit: worst.unit, fingerprint: worst.fingerprint, count: members.count,
+                p50Microseconds: durations[(durations.count - 1) / 2], maxMicroseconds: durations.last!,
+                callout: callouts.max { ($0.value, $1.key) < ($1.value, $0.key) }!.key, heaviestFrame: worst.frame,
+                watchdogKills: members.filter(\.isWatchdog).count)
+        }.sorted { ($0.count, $0.maxMicroseconds, $1.unit) > ($1.count, $1.maxMicroseconds, $0.unit) }
+    }
+}

@@ -1,0 +1,129 @@
+import ArgumentParser
+import Foundation
+import StallCollector
+import StallJournal
+
+/// Groups the journal's stall reports by unit and fingerprint.
+struct Report: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Summarize the journal's stall reports by unit and fingerprint.",
+        discussion: """
+            Reads the ended (and watchdog) stall entries through the journal schema and prints one \
+            row per unit and fingerprint: count, median and longest duration, callout and the \
+            frame of the longest stall. Entries that do not match the schema are named on standard \
+            error and make the exit status 65.
+            """
+    )
+
+    @Option(help: "Only this systemd unit (e.g. foo.service).")
+    var unit: String?
+
+    @Option(help: "Only entries since this time: 30s, 15m, 2h, 7d, today, yesterday, or YYYY-MM-DD[ HH:MM[:SS]].")
+    var since: String?
+
+    @Flag(help: "Print JSON instead of a table.")
+    var json = false
+
+    func validate() throws {
+        if let since, TimeSpec.parse(since, now: Date()) == nil {
+            throw ValidationError("--since '\(since)' is not a time: use 30s, 15m, 2h, 7d, today, yesterday or YYYY-MM-DD[ HH:MM[:SS]].")
+        }
+    }
+
+    func run() throws {
+        let reader: JournalReader
+        var stalls: [StallObservation] = []
+        var malformed: [String] = []
+        do {
+            reader = try JournalReader()
+            for messageID in [MessageID.stallEnded, MessageID.watchdogStall] {
+                try reader.addMatch("MESSAGE_ID", messageID)
+                if let unit { try reader.addMatch("_SYSTEMD_UNIT", unit) }
+                if messageID == MessageID.stallEnded { try reader.addDisjunction() }
+            }
+            if let since, let date = TimeSpec.parse(since, now: Date()) {
+                try reader.seek(realtimeMicroseconds: UInt64(max(0, date.timeIntervalSince1970) * 1_000_000))
+            } else {
+                try reader.seekHead()
+            }
+            while let entry = try reader.next() {
+                do {
+                    let record = try StallRecord(journalFields: entry.fields)
+                    stalls.append(
+                        StallObservation(record: record, unit: StallObservation.unit(of: entry.fields), realtimeMicroseconds: entry.realtimeMicroseconds))
+                } catch {
+                    malformed.append("entry \(entry.cursor): \(error)")
+                }
+            }
+        } catch {
+            FileHandle.standardError.write(Data("stallmon report: cannot read the journal: \(error)\n".utf8))
+            throw ExitStatus.unavailable
+        }
+        let groups = StallGroup.group(stalls)
+        if json {
+            let encoder = JSONEncoder()
+            encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
+            print(String(decoding: try encoder.encode(groups), as: UTF8.self))
+        } else {
+            print(Self.table(groups))
+        }
+        for problem in malformed.prefix(20) {
+            FileHandle.standardError.write(Data("stallmon report: skipped malformed \(problem)\n".utf8))
+        }
+        if !malformed.isEmpty {
+            FileHandle.standardError.write(Data("stallmon report: \(malformed.count) malformed entries skipped\n".utf8))
+            throw ExitStatus.dataError
+        }
+    }
+
+    static func table(_ groups: [StallGroup]) -> String {
+        guard !groups.isEmpty else { return "no stalls" }
+        let header = ["UNIT", "FINGERPRINT", "COUNT", "P50", "MAX", "CALLOUT", "HEAVIEST FRAME"]
+        let rows = groups.map { group in
+            [
+                group.unit, group.fingerprint, String(group.count), milliseconds(group.p50Microseconds),
+                milliseconds(group.maxMicroseconds) + (group.watchdogKills > 0 ? " (\(group.watchdogKills) killed)" : ""),
+                group.callout, group.heaviestFrame,
+            ]
+        }
+        let widths = header.indices.map { column in ([header] + rows).map { $0[column].count }.max() ?? 0 }
+        let numeric: Set<Int> = [2, 3, 4]
+        func line(_ cells: [String]) -> String {
+            cells.enumerated().map { column, cell in
+                if column == cells.count - 1 { return cell }
+                let padding = String(repeating: " ", count: widths[column] - cell.count)
+                return numeric.contains(column) ? padding + cell : cell + padding
+            }.joined(separator: "  ")
+        }
+        return ([line(header)] + rows.map(line)).joined(separator: "\n")
+    }
+
+    static func milliseconds(_ microseconds: UInt64) -> String {
+        microseconds >= 10_000_000 ? String(format: "%.1f s", Double(microseconds) / 1e6) : "\(microseconds / 1000) ms"
+    }
+}
+
+/// `--since` values.
+enum TimeSpec {
+    static func parse(_ text: String, now: Date) -> Date? {
+        let trimmed = text.trimmingCharacters(in: .whitespaces).lowercased()
+        let calendar = Calendar.current
+        switch trimmed {
+        case "today": return calendar.startOfDay(for: now)
+        case "yesterday": return calendar.date(byAdding: .day, value: -1, to: calendar.startOfDay(for: now))
+        default: break
+        }
+        if let unit = trimmed.last, let value = Double(trimmed.dropLast()), value >= 0 {
+            let seconds: Double? = ["s": 1, "m": 60, "h": 3600, "d": 86400][unit]
+            if let seconds { return now.addingTimeInterval(-value * seconds) }
+        }
+        let formatter = DateFormatter()
+        formatter.locale = Locale(identifier: "en_US_POSIX")
+        formatter.timeZone = TimeZone.current
+        for format in ["yyyy-MM-dd HH:mm:ss", "yyyy-MM-dd HH:mm", "yyyy-MM-dd", "yyyy-MM-dd'T'HH:mm:ss"] {
+            formatter.dateFormat = format
+            if let date = formatter.date(from: text.trimmingCharacters(in: .whitespaces)) { return date }
+        }
+        return nil
+    }
+}
