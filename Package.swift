@@ -86,7 +86,9 @@ let package = Package(
         ),
         .testTarget(
             name: "StallMonitorTests",
-            dependencies: ["StallMonitor", "StallJournal", "StallCollector", "StallmonFixture", "stallmon", "stallmond"]
+            dependencies: [
+                "StallMonitor", "StallJournal", "StallCollector", "StallmonFixture", "stallmon", "stallmond",
+            ]
         ),
     ]
 )

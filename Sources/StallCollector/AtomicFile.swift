@@ -33,10 +33,16 @@ enum AtomicFile {
                 offset += written
             }
         }
-        if failure == nil, fchmod(descriptor, mode) != 0 { failure = WriteError(path: temporary, operation: "fchmod", errno: errno) }
-        if failure == nil, fsync(descriptor) != 0 { failure = WriteError(path: temporary, operation: "fsync", errno: errno) }
+        if failure == nil, fchmod(descriptor, mode) != 0 {
+            failure = WriteError(path: temporary, operation: "fchmod", errno: errno)
+        }
+        if failure == nil, fsync(descriptor) != 0 {
+            failure = WriteError(path: temporary, operation: "fsync", errno: errno)
+        }
         close(descriptor)
-        if failure == nil, rename(temporary, path) != 0 { failure = WriteError(path: path, operation: "rename", errno: errno) }
+        if failure == nil, rename(temporary, path) != 0 {
+            failure = WriteError(path: path, operation: "rename", errno: errno)
+        }
         if let failure {
             unlink(temporary)
             throw failure

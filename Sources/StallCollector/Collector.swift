@@ -66,7 +66,9 @@ public final class Collector {
                 case .stall, .stallUpdated, .suppressed: counted += 1
                 case .ignored: break
                 case .malformed(let error):
-                    logger.warning("skipping a malformed stall entry", metadata: ["cursor": "\(entry.cursor)", "error": "\(error)"])
+                    logger.warning(
+                        "skipping a malformed stall entry",
+                        metadata: ["cursor": "\(entry.cursor)", "error": "\(error)"])
                 }
             }
         } catch {
@@ -100,12 +102,15 @@ public final class Collector {
     private func writeMetrics() {
         let now = Self.realtimeMicroseconds()
         aggregator.trim(now: now)
-        let text = PrometheusTextfile.render(aggregator.state, windows: configuration.windows, now: now, aggregator: aggregator)
+        let text = PrometheusTextfile.render(
+            aggregator.state, windows: configuration.windows, now: now, aggregator: aggregator)
         do {
             try PrometheusTextfile.write(text, to: configuration.metricsPath)
             metricsStale = false
         } catch {
-            logger.warning("writing the metrics file failed", metadata: ["path": "\(configuration.metricsPath)", "error": "\(error)"])
+            logger.warning(
+                "writing the metrics file failed",
+                metadata: ["path": "\(configuration.metricsPath)", "error": "\(error)"])
         }
     }
 
@@ -127,7 +132,8 @@ public final class Collector {
     public var statusLine: String {
         let window = configuration.windows.first { $0 >= .seconds(3600) } ?? configuration.windows.max()!
         let digest = aggregator.digest(window: window, now: Self.realtimeMicroseconds())
-        var line = "collecting: \(digest.stalls) stall\(digest.stalls == 1 ? "" : "s") in \(StallAggregator.describe(window)) from \(digest.units) unit\(digest.units == 1 ? "" : "s")"
+        var line =
+            "collecting: \(digest.stalls) stall\(digest.stalls == 1 ? "" : "s") in \(StallAggregator.describe(window)) from \(digest.units) unit\(digest.units == 1 ? "" : "s")"
         if digest.stalls > 0 { line += "; worst \(digest.worstMicroseconds / 1000) ms in \(digest.worstUnit)" }
         return line
     }

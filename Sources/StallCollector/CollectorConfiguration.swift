@@ -52,20 +52,23 @@ public struct CollectorConfiguration: Sendable, Hashable {
         let keys = Key.allCases.map(\.rawValue)
         var entries: [ConfigurationDocument.Entry] = []
         if required || FileManager.default.fileExists(atPath: path) {
-            entries = try ConfigurationDocument.parseJSON(ConfigurationDocument.read(path), source: path, knownKeys: keys)
+            entries = try ConfigurationDocument.parseJSON(
+                ConfigurationDocument.read(path), source: path, knownKeys: keys)
         }
         entries += ConfigurationDocument.environment(environment, prefix: "STALLMOND_", knownKeys: keys)
         var configuration = Self()
-        var origins: [String: String] = [:]
+        var origins: [String: ConfigurationDocument.Entry] = [:]
         for entry in entries {
             try configuration.set(Key(rawValue: entry.key)!, to: entry.value, source: entry.source)
-            origins[entry.key] = entry.source
+            origins[entry.key] = entry
         }
         do {
             try configuration.validate()
         } catch {
+            // Name the value as the operator wrote it, and where.
             var error = error
-            error.source = origins[error.key] ?? "defaults"
+            error.source = origins[error.key]?.source ?? "defaults"
+            error.value = origins[error.key]?.value.description ?? error.value
             throw error
         }
         return configuration
@@ -95,34 +98,47 @@ public struct CollectorConfiguration: Sendable, Hashable {
         func check(_ condition: Bool, _ key: Key, _ value: String, _ reason: String) throws(ConfigurationError) {
             guard condition else { throw ConfigurationError(key: key.rawValue, value: value, reason: reason) }
         }
-        func seconds(_ duration: Duration) -> String { "\(Double(duration.components.seconds) + Double(duration.components.attoseconds) / 1e18)" }
+        func seconds(_ duration: Duration) -> String {
+            "\(Double(duration.components.seconds) + Double(duration.components.attoseconds) / 1e18)"
+        }
         try check(
             metricsPath.isEmpty || (metricsPath.hasPrefix("/") && metricsPath.hasSuffix(".prom")), .metricsPath,
-            metricsPath, "must be an absolute path ending in .prom (node_exporter's textfile collector reads only those), or empty")
+            metricsPath,
+            "must be an absolute path ending in .prom (node_exporter's textfile collector reads only those), or empty")
         try check(metricsInterval >= .seconds(1), .metricsInterval, seconds(metricsInterval), "must be at least 1 s")
-        try check(!windows.isEmpty && windows.count <= 8, .windows, "\(windows.map(seconds))", "must list 1 to 8 windows")
-        try check(windows.allSatisfy { $0 >= .seconds(10) && $0 <= .seconds(30 * 86400) }, .windows,
+        try check(
+            !windows.isEmpty && windows.count <= 8, .windows, "\(windows.map(seconds))", "must list 1 to 8 windows")
+        try check(
+            windows.allSatisfy { $0 >= .seconds(10) && $0 <= .seconds(30 * 86400) }, .windows,
             "\(windows.map(seconds))", "each window must be between 10 s and 30 days")
-        try check((1...1000).contains(maximumFingerprintsPerUnit), .maximumFingerprintsPerUnit,
+        try check(
+            (1...1000).contains(maximumFingerprintsPerUnit), .maximumFingerprintsPerUnit,
             "\(maximumFingerprintsPerUnit)", "must be between 1 and 1000")
-        try check(!histogramBuckets.isEmpty && histogramBuckets.count <= 30, .histogramBuckets,
+        try check(
+            !histogramBuckets.isEmpty && histogramBuckets.count <= 30, .histogramBuckets,
             "\(histogramBuckets.count) buckets", "must list 1 to 30 bucket bounds")
-        try check(zip(histogramBuckets, histogramBuckets.dropFirst()).allSatisfy { $0 < $1 } && histogramBuckets[0] > .zero,
-            .histogramBuckets, "\(histogramBuckets.map { $0.components.seconds * 1000 + $0.components.attoseconds / 1_000_000_000_000_000 })",
+        try check(
+            zip(histogramBuckets, histogramBuckets.dropFirst()).allSatisfy { $0 < $1 } && histogramBuckets[0] > .zero,
+            .histogramBuckets,
+            "\(histogramBuckets.map { $0.components.seconds * 1000 + $0.components.attoseconds / 1_000_000_000_000_000 })",
             "bounds must be positive and strictly increasing")
-        try check(digestInterval == .zero || digestInterval >= .seconds(10), .digestInterval, seconds(digestInterval),
+        try check(
+            digestInterval == .zero || digestInterval >= .seconds(10), .digestInterval, seconds(digestInterval),
             "must be 0 (off) or at least 10 s")
         if let stateDirectory {
             try check(stateDirectory.hasPrefix("/"), .stateDirectory, stateDirectory, "must be an absolute path")
         }
-        try check(monitorThreshold >= .milliseconds(10), .monitorThreshold, "\(monitorThreshold)", "must be at least 10 ms")
-        try check((100...10_000_000).contains(maximumTrackedStalls), .maximumTrackedStalls, "\(maximumTrackedStalls)",
+        try check(
+            monitorThreshold >= .milliseconds(10), .monitorThreshold, "\(monitorThreshold)", "must be at least 10 ms")
+        try check(
+            (100...10_000_000).contains(maximumTrackedStalls), .maximumTrackedStalls, "\(maximumTrackedStalls)",
             "must be between 100 and 10000000")
     }
 
     /// The state directory in force: the configured one, `$STATE_DIRECTORY` (set by systemd's
     /// `StateDirectory=`), or `/var/lib/stallmond`.
-    public func resolvedStateDirectory(_ environment: [String: String] = ProcessInfo.processInfo.environment) -> String {
+    public func resolvedStateDirectory(_ environment: [String: String] = ProcessInfo.processInfo.environment) -> String
+    {
         if let stateDirectory { return stateDirectory }
         if let fromSystemd = environment["STATE_DIRECTORY"]?.split(separator: ":").first { return String(fromSystemd) }
         return "/var/lib/stallmond"

@@ -4,7 +4,9 @@ import Foundation
 public enum PrometheusTextfile {
     /// Renders every metric. Counters only ever grow: a fingerprint keeps its own series once it
     /// has one, and fingerprints past the per-unit limit count under `fingerprint="other"`.
-    public static func render(_ state: CollectorState, windows: [Duration], now: UInt64, aggregator: StallAggregator) -> String {
+    public static func render(_ state: CollectorState, windows: [Duration], now: UInt64, aggregator: StallAggregator)
+        -> String
+    {
         var lines: [String] = []
         func family(_ name: String, _ type: String, _ help: String) {
             lines.append("# HELP \(name) \(help)")
@@ -13,7 +15,9 @@ public enum PrometheusTextfile {
         let units = state.units.keys.sorted()
 
         family("stallmon_stalls_total", "counter", "Stalls of monitored run loops, by systemd unit.")
-        for unit in units { lines.append("stallmon_stalls_total{unit=\"\(escape(unit))\"} \(state.units[unit]!.stalls)") }
+        for unit in units {
+            lines.append("stallmon_stalls_total{unit=\"\(escape(unit))\"} \(state.units[unit]!.stalls)")
+        }
 
         family("stallmon_stall_duration_seconds", "histogram", "Durations of stalls, by systemd unit.")
         for unit in units {
@@ -21,47 +25,74 @@ public enum PrometheusTextfile {
             var cumulative = 0
             for (index, bound) in state.bucketBounds.enumerated() {
                 cumulative += index < stats.buckets.count ? stats.buckets[index] : 0
-                lines.append("stallmon_stall_duration_seconds_bucket{unit=\"\(escape(unit))\",le=\"\(seconds(bound))\"} \(cumulative)")
+                lines.append(
+                    "stallmon_stall_duration_seconds_bucket{unit=\"\(escape(unit))\",le=\"\(seconds(bound))\"} \(cumulative)"
+                )
             }
             lines.append("stallmon_stall_duration_seconds_bucket{unit=\"\(escape(unit))\",le=\"+Inf\"} \(stats.stalls)")
-            lines.append("stallmon_stall_duration_seconds_sum{unit=\"\(escape(unit))\"} \(seconds(stats.totalMicroseconds))")
+            lines.append(
+                "stallmon_stall_duration_seconds_sum{unit=\"\(escape(unit))\"} \(seconds(stats.totalMicroseconds))")
             lines.append("stallmon_stall_duration_seconds_count{unit=\"\(escape(unit))\"} \(stats.stalls)")
         }
 
-        family("stallmon_fingerprint_stalls_total", "counter", "Stalls by unit and fingerprint (the same stall in code); bounded per unit, the rest under fingerprint=\"other\".")
+        family(
+            "stallmon_fingerprint_stalls_total", "counter",
+            "Stalls by unit and fingerprint (the same stall in code); bounded per unit, the rest under fingerprint=\"other\"."
+        )
         for unit in units {
             let stats = state.units[unit]!
             for (key, fingerprint) in stats.fingerprints.sorted(by: { $0.key < $1.key }) where fingerprint.labeled {
-                lines.append("stallmon_fingerprint_stalls_total{unit=\"\(escape(unit))\",fingerprint=\"\(escape(key))\",frame=\"\(escape(fingerprint.frame))\"} \(fingerprint.stalls)")
+                lines.append(
+                    "stallmon_fingerprint_stalls_total{unit=\"\(escape(unit))\",fingerprint=\"\(escape(key))\",frame=\"\(escape(fingerprint.frame))\"} \(fingerprint.stalls)"
+                )
             }
             if stats.otherStalls > 0 {
-                lines.append("stallmon_fingerprint_stalls_total{unit=\"\(escape(unit))\",fingerprint=\"other\",frame=\"\"} \(stats.otherStalls)")
+                lines.append(
+                    "stallmon_fingerprint_stalls_total{unit=\"\(escape(unit))\",fingerprint=\"other\",frame=\"\"} \(stats.otherStalls)"
+                )
             }
         }
 
         family("stallmon_fingerprint_worst_stall_seconds", "gauge", "The longest stall seen per unit and fingerprint.")
         for unit in units {
-            for (key, fingerprint) in state.units[unit]!.fingerprints.sorted(by: { $0.key < $1.key }) where fingerprint.labeled {
-                lines.append("stallmon_fingerprint_worst_stall_seconds{unit=\"\(escape(unit))\",fingerprint=\"\(escape(key))\"} \(seconds(fingerprint.worstMicroseconds))")
+            for (key, fingerprint) in state.units[unit]!.fingerprints.sorted(by: { $0.key < $1.key })
+            where fingerprint.labeled {
+                lines.append(
+                    "stallmon_fingerprint_worst_stall_seconds{unit=\"\(escape(unit))\",fingerprint=\"\(escape(key))\"} \(seconds(fingerprint.worstMicroseconds))"
+                )
             }
         }
 
-        family("stallmon_watchdog_stalls_total", "counter", "Stalls that outlasted WatchdogSec= (systemd killed the service).")
-        for unit in units { lines.append("stallmon_watchdog_stalls_total{unit=\"\(escape(unit))\"} \(state.units[unit]!.watchdogStalls)") }
+        family(
+            "stallmon_watchdog_stalls_total", "counter",
+            "Stalls that outlasted WatchdogSec= (systemd killed the service).")
+        for unit in units {
+            lines.append(
+                "stallmon_watchdog_stalls_total{unit=\"\(escape(unit))\"} \(state.units[unit]!.watchdogStalls)")
+        }
 
-        family("stallmon_suppressed_reports_total", "counter", "Stall reports held back by rate limiting in the monitored services.")
-        for unit in units { lines.append("stallmon_suppressed_reports_total{unit=\"\(escape(unit))\"} \(state.units[unit]!.suppressedReports)") }
+        family(
+            "stallmon_suppressed_reports_total", "counter",
+            "Stall reports held back by rate limiting in the monitored services.")
+        for unit in units {
+            lines.append(
+                "stallmon_suppressed_reports_total{unit=\"\(escape(unit))\"} \(state.units[unit]!.suppressedReports)")
+        }
 
         family("stallmon_window_stalls", "gauge", "Stalls received in the trailing window, by unit.")
         for window in windows {
             var perUnit: [String: Int] = [:]
             for group in aggregator.groups(window: window, now: now) { perUnit[group.unit, default: 0] += group.stalls }
             for unit in units {
-                lines.append("stallmon_window_stalls{unit=\"\(escape(unit))\",window=\"\(StallAggregator.describe(window))\"} \(perUnit[unit] ?? 0)")
+                lines.append(
+                    "stallmon_window_stalls{unit=\"\(escape(unit))\",window=\"\(StallAggregator.describe(window))\"} \(perUnit[unit] ?? 0)"
+                )
             }
         }
 
-        family("stallmond_malformed_entries_total", "counter", "Journal entries with a stall MESSAGE_ID that did not match the schema.")
+        family(
+            "stallmond_malformed_entries_total", "counter",
+            "Journal entries with a stall MESSAGE_ID that did not match the schema.")
         lines.append("stallmond_malformed_entries_total \(state.malformedEntries)")
         family("stallmond_last_entry_timestamp_seconds", "gauge", "When the newest counted entry reached the journal.")
         lines.append("stallmond_last_entry_timestamp_seconds \(seconds(state.lastEntryMicroseconds))")

@@ -32,14 +32,16 @@ public struct StallObservation: Sendable, Hashable {
 
     /// The unit an entry came from.
     public static func unit(of fields: [String: String]) -> String {
-        fields["_SYSTEMD_UNIT"] ?? fields["_SYSTEMD_USER_UNIT"] ?? fields["SYSLOG_IDENTIFIER"].map { "(\($0))" } ?? "(unknown)"
+        fields["_SYSTEMD_UNIT"] ?? fields["_SYSTEMD_USER_UNIT"] ?? fields["SYSLOG_IDENTIFIER"].map { "(\($0))" }
+            ?? "(unknown)"
     }
 
     public init(record: StallRecord, unit: String, realtimeMicroseconds: UInt64) {
         self.init(
             unit: unit, stallID: record.stallID, fingerprint: record.fingerprint, frame: record.frame,
             callout: record.callout, durationMicroseconds: record.durationMicroseconds,
-            realtimeMicroseconds: realtimeMicroseconds, backtrace: record.backtrace, isWatchdog: record.event == .watchdog
+            realtimeMicroseconds: realtimeMicroseconds, backtrace: record.backtrace,
+            isWatchdog: record.event == .watchdog
         )
     }
 }
@@ -108,7 +110,9 @@ public struct StallAggregator: Sendable {
     /// Takes a new configuration; histograms counted with other bounds start again.
     public mutating func apply(_ configuration: CollectorConfiguration) {
         self.configuration = configuration
-        let bounds = configuration.histogramBuckets.map { UInt64($0.components.seconds) * 1_000_000 + UInt64($0.components.attoseconds / 1_000_000_000_000) }
+        let bounds = configuration.histogramBuckets.map {
+            UInt64($0.components.seconds) * 1_000_000 + UInt64($0.components.attoseconds / 1_000_000_000_000)
+        }
         if state.bucketBounds != bounds {
             state.bucketBounds = bounds
             for unit in state.units.keys { state.units[unit]?.buckets = Array(repeating: 0, count: bounds.count + 1) }
@@ -145,7 +149,8 @@ public struct StallAggregator: Sendable {
         case MessageID.stallEnded, MessageID.watchdogStall:
             do {
                 let record = try StallRecord(journalFields: entry.fields)
-                return count(StallObservation(record: record, unit: unit, realtimeMicroseconds: entry.realtimeMicroseconds))
+                return count(
+                    StallObservation(record: record, unit: unit, realtimeMicroseconds: entry.realtimeMicroseconds))
             } catch {
                 state.malformedEntries += 1
                 return .malformed(error)
@@ -184,7 +189,8 @@ public struct StallAggregator: Sendable {
 
         var fingerprint = unit.fingerprints[stall.fingerprint] ?? CollectorState.FingerprintStats()
         if fingerprint.stalls == 0 {
-            fingerprint.labeled = unit.fingerprints.values.filter(\.labeled).count < configuration.maximumFingerprintsPerUnit
+            fingerprint.labeled =
+                unit.fingerprints.values.filter(\.labeled).count < configuration.maximumFingerprintsPerUnit
         }
         if !fingerprint.labeled { unit.otherStalls += 1 }
         fingerprint.stalls += 1
@@ -196,7 +202,8 @@ public struct StallAggregator: Sendable {
             fingerprint.worstMicroseconds = stall.durationMicroseconds
             fingerprint.heaviestBacktrace = stall.backtrace
         }
-        fingerprint.recent.append(CollectorState.Recent(time: stall.realtimeMicroseconds, duration: stall.durationMicroseconds))
+        fingerprint.recent.append(
+            CollectorState.Recent(time: stall.realtimeMicroseconds, duration: stall.durationMicroseconds))
         unit.fingerprints[stall.fingerprint] = fingerprint
         state.units[stall.unit] = unit
         trim(now: stall.realtimeMicroseconds)
@@ -209,7 +216,8 @@ public struct StallAggregator: Sendable {
         let horizon = now > longest ? now - longest : 0
         var tracked = 0
         for (unitName, unit) in state.units {
-            for (key, fingerprint) in unit.fingerprints where fingerprint.recent.first.map({ $0.time < horizon }) == true {
+            for (key, fingerprint) in unit.fingerprints
+            where fingerprint.recent.first.map({ $0.time < horizon }) == true {
                 state.units[unitName]?.fingerprints[key]?.recent.removeAll { $0.time < horizon }
             }
             tracked += unit.fingerprints.values.reduce(0) { $0 + $1.recent.count }
@@ -219,7 +227,9 @@ public struct StallAggregator: Sendable {
             var oldest: (unit: String, key: String, time: UInt64)?
             for (unitName, unit) in state.units {
                 for (key, fingerprint) in unit.fingerprints {
-                    if let first = fingerprint.recent.first, first.time < oldest?.time ?? .max { oldest = (unitName, key, first.time) }
+                    if let first = fingerprint.recent.first, first.time < oldest?.time ?? .max {
+                        oldest = (unitName, key, first.time)
+                    }
                 }
             }
             guard let oldest else { break }
@@ -256,7 +266,9 @@ public struct StallAggregator: Sendable {
                         callout: fingerprint.callout))
             }
         }
-        return groups.sorted { ($0.worstMicroseconds, $0.unit, $0.fingerprint) > ($1.worstMicroseconds, $1.unit, $1.fingerprint) }
+        return groups.sorted {
+            ($0.worstMicroseconds, $0.unit, $0.fingerprint) > ($1.worstMicroseconds, $1.unit, $1.fingerprint)
+        }
     }
 
     /// The digest of the last `window`.
@@ -266,14 +278,16 @@ public struct StallAggregator: Sendable {
         let units = Set(groups.map(\.unit)).count
         let worst = groups.first
         let windowText = Self.describe(window)
-        var message = "stall digest for the last \(windowText): \(stalls) stall\(stalls == 1 ? "" : "s") in \(units) unit\(units == 1 ? "" : "s")"
+        var message =
+            "stall digest for the last \(windowText): \(stalls) stall\(stalls == 1 ? "" : "s") in \(units) unit\(units == 1 ? "" : "s")"
         if let worst {
             message += "; worst \(worst.worstMicroseconds / 1000) ms in \(worst.unit) at \(worst.frame)"
         }
         return DigestRecord(
             message: message, stalls: stalls, units: units,
             windowMicroseconds: UInt64(window.components.seconds) * 1_000_000,
-            worstMicroseconds: worst?.worstMicroseconds ?? 0, worstUnit: worst?.unit ?? "", worstFrame: worst?.frame ?? "")
+            worstMicroseconds: worst?.worstMicroseconds ?? 0, worstUnit: worst?.unit ?? "",
+            worstFrame: worst?.frame ?? "")
     }
 
     static func describe(_ window: Duration) -> String {

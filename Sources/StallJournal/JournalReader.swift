@@ -13,6 +13,12 @@ public struct JournalEntry: Sendable, Hashable {
     /// Microseconds since the epoch when journald received it.
     public var realtimeMicroseconds: UInt64
 
+    public init(fields: [String: String], cursor: String, realtimeMicroseconds: UInt64) {
+        self.fields = fields
+        self.cursor = cursor
+        self.realtimeMicroseconds = realtimeMicroseconds
+    }
+
     public subscript(_ name: String) -> String? { fields[name] }
 }
 

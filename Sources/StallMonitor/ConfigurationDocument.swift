@@ -24,7 +24,9 @@ public enum ConfigurationDocument {
 
     /// The entries of a JSON object whose keys must all be among `knownKeys`, sorted by key.
     /// - Throws: ``ConfigurationError`` for invalid JSON, a top level that is not an object, or an unknown key.
-    public static func parseJSON(_ data: Data, source: String, knownKeys: [String]) throws(ConfigurationError) -> [Entry] {
+    public static func parseJSON(_ data: Data, source: String, knownKeys: [String]) throws(ConfigurationError)
+        -> [Entry]
+    {
         let object: Any
         do {
             object = try JSONSerialization.jsonObject(with: data)
@@ -52,7 +54,9 @@ public enum ConfigurationDocument {
     public static func environment(_ environment: [String: String], prefix: String, knownKeys: [String]) -> [Entry] {
         knownKeys.compactMap { key in
             let variable = prefix + key.uppercased()
-            return environment[variable].map { Entry(key: key, value: ConfigurationValue(environment: $0), source: variable) }
+            return environment[variable].map {
+                Entry(key: key, value: ConfigurationValue(environment: $0), source: variable)
+            }
         }
     }
 }
@@ -124,7 +128,9 @@ public struct ConfigurationValue: Sendable, CustomStringConvertible {
 
     /// A number of seconds as a `Duration`.
     public func seconds(key: String, source: String) throws(ConfigurationError) -> Duration {
-        guard let number, number.isFinite, abs(number) < 1e9 else { throw fail(key, source, "must be a number of seconds") }
+        guard let number, number.isFinite, abs(number) < 1e9 else {
+            throw fail(key, source, "must be a number of seconds")
+        }
         return .nanoseconds(Int64((number * 1_000_000_000).rounded()))
     }
 

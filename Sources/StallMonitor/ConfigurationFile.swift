@@ -86,7 +86,8 @@ extension StallMonitor.Configuration {
         case .reportQueueCapacity: reportQueueCapacity = try integer()
         case .rateLimitBurst: rateLimit.burst = try integer()
         case .rateLimitInterval: rateLimit.interval = try value.seconds(key: key.rawValue, source: source)
-        case .reportWhileDebuggerAttached: reportWhileDebuggerAttached = try value.flag(key: key.rawValue, source: source)
+        case .reportWhileDebuggerAttached:
+            reportWhileDebuggerAttached = try value.flag(key: key.rawValue, source: source)
         case .notifyStatus: notifyStatus = try value.flag(key: key.rawValue, source: source)
         case .signal:
             guard let text = value.string ?? value.number.map({ String(Int($0)) }) else {

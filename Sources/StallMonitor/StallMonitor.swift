@@ -43,18 +43,25 @@ public final class StallMonitor: Sendable {
 
     /// Creates a monitor; nothing runs until ``start(_:)``.
     /// - Parameters:
-    ///   - configuration: Thresholds and limits; validated here.
+    ///   - configuration: Thresholds and limits; validated here. `nil` reads them from the
+    ///     environment (``Configuration/fromEnvironment(_:)``: the file in `$STALLMON_CONFIG`,
+    ///     then `STALLMON_<KEY>` variables, as the systemd drop-in sets them) over the defaults.
     ///   - logger: Receives the monitor's own diagnostics (not the stall reports; add a ``LoggerSink`` for those).
     ///   - sinks: Where reports go. `nil` means the journal when journald runs, standard error otherwise.
     /// - Throws: ``ConfigurationError`` for an invalid configuration.
     public init(
-        configuration: Configuration = Configuration(), logger: Logger = Logger(label: "stallmon"),
+        configuration: Configuration? = nil, logger: Logger = Logger(label: "stallmon"),
         sinks: [any ReportSink]? = nil
     ) throws(ConfigurationError) {
+        let configuration = try configuration ?? Self.environmentConfiguration()
         try configuration.validate()
         self.configuration = configuration
         self.logger = logger
         self.sinks = sinks ?? Self.defaultSinks(configuration)
+    }
+
+    private static func environmentConfiguration() throws(ConfigurationError) -> Configuration {
+        try Configuration.fromEnvironment()
     }
 
     /// The journal when journald's socket exists, standard error otherwise.

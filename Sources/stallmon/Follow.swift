@@ -2,6 +2,10 @@ import ArgumentParser
 import Foundation
 import StallJournal
 
+#if canImport(Glibc)
+    import Glibc
+#endif
+
 /// Prints stall reports as they reach the journal.
 struct Follow: ParsableCommand {
     static let configuration = CommandConfiguration(
@@ -19,33 +23,40 @@ struct Follow: ParsableCommand {
     var json = false
 
     func validate() throws {
-        guard (0...10_000).contains(lines) else { throw ValidationError("--lines must be between 0 and 10000, not \(lines).") }
+        guard (0...10_000).contains(lines) else {
+            throw ValidationError("--lines must be between 0 and 10000, not \(lines).")
+        }
     }
 
     func run() throws {
+        // Runs until interrupted: a parent that spawned us with termination signals blocked
+        // (a libdispatch worker does) would otherwise never be able to stop us.
+        var termination = sigset_t()
+        sigemptyset(&termination)
+        for signal in [SIGINT, SIGTERM, SIGHUP, SIGPIPE] { sigaddset(&termination, signal) }
+        pthread_sigmask(SIG_UNBLOCK, &termination, nil)
         let reader: JournalReader
         do {
             reader = try JournalReader()
-            for messageID in [MessageID.stallDetected, MessageID.stallEnded, MessageID.watchdogStall, MessageID.reportsSuppressed] {
+            for messageID in [
+                MessageID.stallDetected, MessageID.stallEnded, MessageID.watchdogStall, MessageID.reportsSuppressed,
+            ] {
                 try reader.addMatch("MESSAGE_ID", messageID)
             }
             if let unit { try reader.addMatch("_SYSTEMD_UNIT", unit) }
+            // Step back onto the entry before the first one to show (next() then moves past it);
+            // with fewer entries than that, show them all.
             try reader.seekTail()
-            var back = 0
-            while back < lines, try reader.previous() != nil { back += 1 }
-            if back == 0 { _ = try reader.previous() }  // sd_journal: after seek_tail, step onto the last entry
+            var steps = 0
+            while steps < lines + 1, try reader.previous() != nil { steps += 1 }
+            if steps < lines + 1 { try reader.seekHead() }
         } catch {
             FileHandle.standardError.write(Data("stallmon follow: cannot read the journal: \(error)\n".utf8))
             throw ExitStatus.unavailable
         }
-        var skipFirst = lines == 0
         while true {
             do {
                 while let entry = try reader.next() {
-                    if skipFirst {
-                        skipFirst = false
-                        continue
-                    }
                     // Unbuffered: whoever reads a pipe sees each stall as it happens.
                     FileHandle.standardOutput.write(Data(((json ? Self.json(entry) : Self.line(entry)) + "\n").utf8))
                 }
@@ -69,7 +80,8 @@ struct Follow: ParsableCommand {
         case MessageID.watchdogStall: marker = "WATCHDOG"
         default: marker = "limited "
         }
-        var text = "\(formatter.string(from: time)) \(marker) \(unit)[\(entry["_PID"] ?? "?")]: \(entry["MESSAGE"] ?? "")"
+        var text =
+            "\(formatter.string(from: time)) \(marker) \(unit)[\(entry["_PID"] ?? "?")]: \(entry["MESSAGE"] ?? "")"
         if entry["MESSAGE_ID"] == MessageID.stallEnded || entry["MESSAGE_ID"] == MessageID.watchdogStall,
             let fingerprint = entry[StallRecord.Field.fingerprint]
         {
@@ -79,10 +91,15 @@ struct Follow: ParsableCommand {
     }
 
     static func json(_ entry: JournalEntry) -> String {
-        var object = entry.fields.filter { $0.key.hasPrefix("STALL") || ["MESSAGE", "MESSAGE_ID", "PRIORITY", "SYSLOG_IDENTIFIER", "_SYSTEMD_UNIT", "_PID"].contains($0.key) }
+        var object = entry.fields.filter {
+            $0.key.hasPrefix("STALL")
+                || ["MESSAGE", "MESSAGE_ID", "PRIORITY", "SYSLOG_IDENTIFIER", "_SYSTEMD_UNIT", "_PID"].contains($0.key)
+        }
         object["__REALTIME_TIMESTAMP"] = String(entry.realtimeMicroseconds)
         object["__CURSOR"] = entry.cursor
-        guard let data = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys]) else { return "{}" }
+        guard let data = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys]) else {
+            return "{}"
+        }
         return String(decoding: data, as: UTF8.self)
     }
 }

@@ -26,7 +26,8 @@ struct Report: ParsableCommand {
 
     func validate() throws {
         if let since, TimeSpec.parse(since, now: Date()) == nil {
-            throw ValidationError("--since '\(since)' is not a time: use 30s, 15m, 2h, 7d, today, yesterday or YYYY-MM-DD[ HH:MM[:SS]].")
+            throw ValidationError(
+                "--since '\(since)' is not a time: use 30s, 15m, 2h, 7d, today, yesterday or YYYY-MM-DD[ HH:MM[:SS]].")
         }
     }
 
@@ -50,7 +51,9 @@ struct Report: ParsableCommand {
                 do {
                     let record = try StallRecord(journalFields: entry.fields)
                     stalls.append(
-                        StallObservation(record: record, unit: StallObservation.unit(of: entry.fields), realtimeMicroseconds: entry.realtimeMicroseconds))
+                        StallObservation(
+                            record: record, unit: StallObservation.unit(of: entry.fields),
+                            realtimeMicroseconds: entry.realtimeMicroseconds))
                 } catch {
                     malformed.append("entry \(entry.cursor): \(error)")
                 }
@@ -82,7 +85,8 @@ struct Report: ParsableCommand {
         let rows = groups.map { group in
             [
                 group.unit, group.fingerprint, String(group.count), milliseconds(group.p50Microseconds),
-                milliseconds(group.maxMicroseconds) + (group.watchdogKills > 0 ? " (\(group.watchdogKills) killed)" : ""),
+                milliseconds(group.maxMicroseconds)
+                    + (group.watchdogKills > 0 ? " (\(group.watchdogKills) killed)" : ""),
                 group.callout, group.heaviestFrame,
             ]
         }

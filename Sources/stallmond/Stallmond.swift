@@ -41,7 +41,9 @@ struct Stallmond: ParsableCommand {
             throw ExitCode(78)
         }
         if checkConfig {
-            print("stallmond: configuration OK (\(FileManager.default.fileExists(atPath: path) ? path : "defaults")): \(configuration.summary)")
+            print(
+                "stallmond: configuration OK (\(FileManager.default.fileExists(atPath: path) ? path : "defaults")): \(configuration.summary)"
+            )
             return
         }
 
@@ -93,14 +95,16 @@ final class Daemon {
             logger.critical("cannot follow the journal: \(error)")
             exit(69)
         }
-        for (number, handler) in [(SIGHUP, reload), (SIGTERM, terminate), (SIGINT, terminate)] as [(Int32, () -> Void)] {
+        for (number, handler) in [(SIGHUP, reload), (SIGTERM, terminate), (SIGINT, terminate)] as [(Int32, () -> Void)]
+        {
             signal(number, SIG_IGN)
             let source = DispatchSource.makeSignalSource(signal: number, queue: .main)
             source.setEventHandler(handler: handler)
             source.resume()
             signalSources.append(source)
         }
-        logger.info("stallmond ready", metadata: ["entries": "\(read)", "configuration": "\(collector.configuration.summary)"])
+        logger.info(
+            "stallmond ready", metadata: ["entries": "\(read)", "configuration": "\(collector.configuration.summary)"])
         StallMonitor.notifyServiceManager("READY=1\nSTATUS=\(collector.statusLine)")
         let status = DispatchSource.makeTimerSource(queue: .main)
         status.schedule(deadline: .now() + 10, repeating: 10)
@@ -113,7 +117,8 @@ final class Daemon {
     private func reload() {
         var time = timespec()
         clock_gettime(CLOCK_MONOTONIC, &time)
-        StallMonitor.notifyServiceManager("RELOADING=1\nMONOTONIC_USEC=\(UInt64(time.tv_sec) * 1_000_000 + UInt64(time.tv_nsec) / 1000)")
+        StallMonitor.notifyServiceManager(
+            "RELOADING=1\nMONOTONIC_USEC=\(UInt64(time.tv_sec) * 1_000_000 + UInt64(time.tv_nsec) / 1000)")
         do {
             let configuration = try CollectorConfiguration.load(path: path, required: required)
             collector.apply(configuration)
