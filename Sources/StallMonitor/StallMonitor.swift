@@ -53,15 +53,16 @@ public final class StallMonitor: Sendable {
         configuration: Configuration? = nil, logger: Logger = Logger(label: "stallmon"),
         sinks: [any ReportSink]? = nil
     ) throws(ConfigurationError) {
-        let configuration = try configuration ?? Self.environmentConfiguration()
-        try configuration.validate()
-        self.configuration = configuration
+        let resolved: Configuration
+        if let configuration {
+            resolved = configuration
+        } else {
+            resolved = try Configuration.fromEnvironment()
+        }
+        try resolved.validate()
+        self.configuration = resolved
         self.logger = logger
-        self.sinks = sinks ?? Self.defaultSinks(configuration)
-    }
-
-    private static func environmentConfiguration() throws(ConfigurationError) -> Configuration {
-        try Configuration.fromEnvironment()
+        self.sinks = sinks ?? Self.defaultSinks(resolved)
     }
 
     /// The journal when journald's socket exists, standard error otherwise.
