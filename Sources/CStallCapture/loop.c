@@ -129,6 +129,10 @@ static inline void publish(stallmon_loop *loop, uint32_t phase, uint32_t window)
     }
     uint64_t allowed = atomic_load_explicit(&loop->allowed, memory_order_relaxed);
     ring_entry *entry = &loop->ring[sequence % RING_SIZE];
+    // Orders the entry's stores after the publication of every earlier sequence, so that a reader
+    // that validates an entry against `sequence` never accepts a half-overwritten one (a compiler
+    // barrier on x86, a real fence on weaker machines).
+    atomic_thread_fence(memory_order_release);
     atomic_store_explicit(&entry->timestamp_ns, now, memory_order_relaxed);
     atomic_store_explicit(&entry->info,
                           (uint64_t)phase | (uint64_t)window << 8 | (uint64_t)loop->depth << 16 | allowed << 40,
@@ -150,6 +154,7 @@ static inline void publish(stallmon_loop *loop, uint32_t phase, uint32_t window)
 void stallmon_observer_window_start(void *observer, uintptr_t activity, void *info) {
     (void)observer;
     stallmon_loop *loop = info;
+    if (loop == NULL) return;  // CFRunLoopObserverInvalidate clears info while a callout may be on its way
     uint32_t window;
     if (activity & ACTIVITY_AFTER_WAITING) {
         window = STALLMON_WINDOW_AFTER_WAITING;
@@ -159,6 +164,9 @@ void stallmon_observer_window_start(void *observer, uintptr_t activity, void *in
         if (loop->depth < UINT32_MAX) loop->depth += 1;
         window = STALLMON_WINDOW_BEFORE_SOURCES;
     }
+    // A monitor started inside a running loop never saw that run's entry: count it now, so that
+    // a nested run's exit does not look like the outermost one.
+    if (loop->depth == 0) loop->depth = 1;
     if (loop->depth < MAX_DEPTH) loop->window_at_depth[loop->depth] = window;
     publish(loop, STALLMON_LOOP_ACTIVE, window);
 }
@@ -166,6 +174,7 @@ void stallmon_observer_window_start(void *observer, uintptr_t activity, void *in
 void stallmon_observer_window_end(void *observer, uintptr_t activity, void *info) {
     (void)observer;
     stallmon_loop *loop = info;
+    if (loop == NULL) return;
     if (activity & ACTIVITY_BEFORE_WAITING) {
         publish(loop, STALLMON_LOOP_ASLEEP, STALLMON_WINDOW_NONE);
         return;
@@ -234,15 +243,15 @@ void stallmon_loop_allow_begin(stallmon_loop *loop) {
 }
 
 void stallmon_loop_allow_end(stallmon_loop *loop) {
-    uint32_t before = atomic_fetch_sub_explicit(&loop->allowed, 1, memory_order_relaxed);
-    if (before == 0) {  // unbalanced end: undo and ignore
-        atomic_fetch_add_explicit(&loop->allowed, 1, memory_order_relaxed);
-        return;
-    }
+    uint32_t before = atomic_load_explicit(&loop->allowed, memory_order_relaxed);
+    if (before == 0) return;  // unbalanced end: ignore
+    // The fresh window is published before the scope closes, so that the watchdog never sees the
+    // old window without the scope.
     if (loop->phase == STALLMON_LOOP_ACTIVE) {
         uint32_t window = loop->depth < MAX_DEPTH ? loop->window_at_depth[loop->depth] : STALLMON_WINDOW_BEFORE_SOURCES;
         publish(loop, STALLMON_LOOP_ACTIVE, window);
     }
+    atomic_store_explicit(&loop->allowed, before - 1, memory_order_relaxed);
 }
 
 uint32_t stallmon_loop_allowed(const stallmon_loop *loop) {

@@ -36,7 +36,14 @@ enum {
 typedef struct {
     _Atomic int state;
     _Atomic uint64_t generation;
-    pid_t target;
+    _Atomic pid_t target;
+    // Signals queued to the target and handler runs for this slot: while they differ, a signal is
+    // still pending (the thread is blocked in the kernel, stopped, or not scheduled), and queueing
+    // another would only pile real-time signals up against RLIMIT_SIGPENDING.
+    _Atomic uint64_t sent;
+    _Atomic uint64_t delivered;
+    // Set when a handler that claimed the slot never finished (see stallmon_sample_thread).
+    _Atomic int broken;
     int max_frames;
     int frame_count;
     int truncated;
@@ -66,8 +73,9 @@ static void sample_handler(int signo, siginfo_t *info, void *context) {
     unsigned index = (unsigned)(token & 0xff);
     if (index >= SLOT_COUNT) goto out;
     slot_t *slot = &slots[index];
+    atomic_fetch_add_explicit(&slot->delivered, 1, memory_order_relaxed);
     if (atomic_load_explicit(&slot->generation, memory_order_acquire) != (token >> 8)) goto out;
-    if (slot->target != (pid_t)syscall(SYS_gettid)) goto out;
+    if (atomic_load_explicit(&slot->target, memory_order_relaxed) != (pid_t)syscall(SYS_gettid)) goto out;
     int expected = SLOT_REQUESTED;
     if (!atomic_compare_exchange_strong(&slot->state, &expected, SLOT_WRITING)) goto out;
 
@@ -107,6 +115,10 @@ static void initialize_slots(void) {
         for (int i = 0; i < SLOT_COUNT; i++) {
             atomic_init(&slots[i].state, SLOT_FREE);
             atomic_init(&slots[i].generation, 0);
+            atomic_init(&slots[i].target, 0);
+            atomic_init(&slots[i].sent, 0);
+            atomic_init(&slots[i].delivered, 0);
+            atomic_init(&slots[i].broken, 0);
             sem_init(&slots[i].done, 0, 0);
         }
         // A per-thread cache keeps libunwind's lookups lock-free inside the handler.
@@ -146,8 +158,13 @@ int stallmon_sampler_install(int signo) {
 int stallmon_sampler_slot_claim(void) {
     initialize_slots();
     for (int i = 0; i < SLOT_COUNT; i++) {
+        if (atomic_load(&slots[i].broken)) continue;
         int expected = SLOT_FREE;
-        if (atomic_compare_exchange_strong(&slots[i].state, &expected, SLOT_IDLE)) return i;
+        if (atomic_compare_exchange_strong(&slots[i].state, &expected, SLOT_IDLE)) {
+            // Signals of a previous owner that never arrived must not block this one.
+            atomic_store(&slots[i].delivered, atomic_load(&slots[i].sent));
+            return i;
+        }
     }
     return -1;
 }
@@ -159,6 +176,7 @@ void stallmon_sampler_slot_release(int index) {
     int expected = SLOT_REQUESTED;
     atomic_compare_exchange_strong(&slot->state, &expected, SLOT_ABANDONED);
     atomic_fetch_add(&slot->generation, 1);
+    if (atomic_load(&slot->broken)) return;  // a handler is stuck in it: never reuse it
     while (atomic_load(&slot->state) == SLOT_WRITING) sched_yield();
     while (sem_trywait(&slot->done) == 0) {}
     atomic_store(&slot->state, SLOT_FREE);
@@ -185,9 +203,25 @@ void stallmon_sample_thread(int index, pid_t tid, int signo, int max_frames, uin
     }
     slot_t *slot = &slots[index];
     if (max_frames <= 0 || max_frames > STALLMON_MAX_FRAMES) max_frames = STALLMON_MAX_FRAMES;
+    if (atomic_load(&slot->broken)) {
+        out->status = STALLMON_SAMPLE_TIMEOUT;
+        out->error = EDEADLK;
+        return;
+    }
+    if (atomic_load_explicit(&slot->target, memory_order_relaxed) != tid) {
+        // A signal still pending belongs to the previous thread; it does not hold this one up.
+        atomic_store(&slot->delivered, atomic_load(&slot->sent));
+    }
+    if (atomic_load(&slot->sent) > atomic_load(&slot->delivered)) {
+        // The previous signal is still pending: the thread has not run since. Asking again
+        // would not be answered any sooner.
+        out->status = STALLMON_SAMPLE_TIMEOUT;
+        out->error = EAGAIN;
+        return;
+    }
 
     uint64_t generation = atomic_fetch_add(&slot->generation, 1) + 1;
-    slot->target = tid;
+    atomic_store_explicit(&slot->target, tid, memory_order_relaxed);
     slot->max_frames = max_frames;
     atomic_store_explicit(&slot->state, SLOT_REQUESTED, memory_order_release);
 
@@ -200,9 +234,11 @@ void stallmon_sample_thread(int index, pid_t tid, int signo, int max_frames, uin
     info.si_value.sival_ptr = (void *)(uintptr_t)((generation << 8) | (uint64_t)index);
 
     out->requested_ns = monotonic_ns();
+    atomic_fetch_add(&slot->sent, 1);
     if (syscall(SYS_rt_tgsigqueueinfo, getpid(), tid, signo, &info) != 0) {
         out->status = STALLMON_SAMPLE_SEND_FAILED;
         out->error = errno;
+        atomic_fetch_sub(&slot->sent, 1);
         atomic_store(&slot->state, SLOT_IDLE);
         return;
     }
@@ -214,8 +250,16 @@ void stallmon_sample_thread(int index, pid_t tid, int signo, int max_frames, uin
             atomic_store(&slot->state, SLOT_IDLE);
             return;
         }
-        // The handler claimed the slot just in time: it is unwinding and will post shortly.
-        while (sem_wait(&slot->done) != 0 && errno == EINTR) {}
+        // The handler claimed the slot just in time: it is unwinding and will post shortly. The
+        // unwinder walks the loaded images (dl_iterate_phdr); a thread interrupted inside dlopen
+        // could keep it from finishing, so even this wait is bounded, and a slot whose handler
+        // never finishes is never used again.
+        if (wait_until(&slot->done, monotonic_ns() + 1000000000ULL) != 0) {
+            atomic_store(&slot->broken, 1);
+            out->status = STALLMON_SAMPLE_TIMEOUT;
+            out->error = EDEADLK;
+            return;
+        }
     }
 
     out->handler_enter_ns = slot->enter_ns;

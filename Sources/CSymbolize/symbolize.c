@@ -63,7 +63,8 @@ static cu_index *build_index(Dwfl_Module *module) {
             Dwarf_Addr base, low, high;
             ptrdiff_t cursor = 0;
             while ((cursor = dwarf_ranges(&cu, cursor, &base, &low, &high)) > 0) {
-                if (high <= low) continue;
+                // Empty ranges, and code the linker discarded (resolved to address 0), claim nothing.
+                if (high <= low || low == 0) continue;
                 if (index->count == capacity) {
                     capacity = capacity ? capacity * 2 : 256;
                     cu_range *grown = realloc(index->ranges, capacity * sizeof *grown);
@@ -247,6 +248,10 @@ int stallmon_symbolize(stallmon_symbolizer *symbolizer, uintptr_t address, int i
     if (index != NULL && index->dwarf != NULL && find_cu(index, lookup - index->bias, &found_cu)) {
         cudie = &found_cu;
         bias = index->bias;
+    } else {
+        cudie = dwfl_module_addrdie(module, lookup, &bias);  // modules that do have .debug_aranges
+    }
+    if (cudie != NULL) {
         Dwarf_Line *source = dwarf_getsrc_die(cudie, lookup - bias);
         if (source != NULL) {
             file = dwarf_linesrc(source, NULL, NULL);

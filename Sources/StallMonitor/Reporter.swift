@@ -18,9 +18,8 @@ final class Reporter: @unchecked Sendable {
     private var limiter: RateLimiter
     private var decisions: [String: Decision] = [:]
     private var flushScheduled = false
-    /// Stalls that ended in the last hour (end time, duration), and whether one is in progress.
-    private var recentStalls: [(end: UInt64, duration: UInt64)] = []
-    private var stallInProgress: UInt64?
+    /// The health summary behind `STATUS=`; read from any thread without waiting for the queue.
+    let status: StatusBoard
 
     private enum Decision {
         case admitted
@@ -32,6 +31,7 @@ final class Reporter: @unchecked Sendable {
         self.loopName = loopName
         self.threadID = threadID
         self.sinks = sinks
+        self.status = StatusBoard(loopName: loopName)
         self.limiter = RateLimiter(
             burst: configuration.rateLimit.burst, interval: UInt64(configuration.rateLimit.interval.nanoseconds)
         )
@@ -48,7 +48,9 @@ final class Reporter: @unchecked Sendable {
     }
 
     func submit(_ stall: CapturedStall) {
-        guard pending.add(1) <= configuration.reportQueueCapacity else {
+        // An ended report is never dropped: its detected report may be out, and the status and
+        // the rate limiter pair the two.
+        guard pending.add(1) <= configuration.reportQueueCapacity || stall.event == .ended else {
             pending.add(-1)
             droppedReports.add(1)
             return
@@ -81,34 +83,9 @@ final class Reporter: @unchecked Sendable {
         for sink in sinks { sink.emit(event) }
     }
 
-    /// A one-line health summary for systemd's `STATUS=`, e.g.
-    /// `main loop healthy; 3 stalls in 1h, worst 540 ms`.
-    func statusLine() -> String {
-        queue.sync { currentStatus() }
-    }
-
-    private func currentStatus() -> String {
-        let now = stallmon_now_ns()
-        recentStalls.removeAll { now - $0.end > 3_600_000_000_000 }
-        let loop = loopName == "main" ? "main loop" : "loop of \(loopName)"
-        if let start = stallInProgress {
-            return "\(loop) stalled for \((now - start) / 1_000_000) ms"
-        }
-        guard let worst = recentStalls.map(\.duration).max() else { return "\(loop) healthy; no stalls in 1h" }
-        let count = recentStalls.count
-        return "\(loop) healthy; \(count) stall\(count == 1 ? "" : "s") in 1h, worst \(worst / 1_000_000) ms"
-    }
-
     private func process(_ stall: CapturedStall) {
-        switch stall.event {
-        case .detected: stallInProgress = stall.startNanoseconds
-        case .ended:
-            stallInProgress = nil
-            recentStalls.append((stall.startNanoseconds + stall.duration, stall.duration))
-            if recentStalls.count > 10_000 { recentStalls.removeFirst(recentStalls.count - 10_000) }
-        case .watchdog: break
-        }
-        if configuration.notifyStatus { ServiceNotifier.notify("STATUS=\(currentStatus())") }
+        status.record(stall)
+        if configuration.notifyStatus { ServiceNotifier.notify("STATUS=\(status.line())") }
         let report = SharedSymbolicator.shared.withSymbolicator { makeReport(stall, symbolicator: $0) }
         switch stall.event {
         case .detected:
@@ -126,6 +103,7 @@ final class Reporter: @unchecked Sendable {
             switch decisions.removeValue(forKey: stall.stallID) {
             case .suppressed(let fingerprint):
                 limiter.recordSuppressed(fingerprint, duration: stall.duration)
+                scheduleFlush()
             case .admitted:
                 send(.stallEnded(report))
             case nil:
@@ -180,8 +158,8 @@ final class Reporter: @unchecked Sendable {
             runLoopMode: stall.runLoopMode,
             callout: StallReport.Callout.recognize(frames),
             threadState: String(stall.threadState),
-            syscall: stall.latestView.syscall,
-            waitChannel: stall.latestView.waitChannel,
+            syscall: stall.kernelView.syscall,
+            waitChannel: stall.kernelView.waitChannel,
             cpuTime: .nanoseconds(stall.cpu),
             samples: stall.samples,
             unansweredSamples: stall.unansweredSamples,
@@ -223,6 +201,47 @@ extension Reporter {
             return ([], 0)
         }
         return (heaviest.best, heaviest.total)
+    }
+}
+
+/// The monitor's health, kept for `STATUS=`: stalls that ended in the last hour and the one in
+/// progress. Updated on the reporting queue, read from anywhere without waiting for it.
+final class StatusBoard: @unchecked Sendable {
+    private let lock = Lock()
+    private let loopName: String
+    private var recentStalls: [(end: UInt64, duration: UInt64)] = []
+    private var stallInProgress: UInt64?
+
+    init(loopName: String) {
+        self.loopName = loopName
+    }
+
+    func record(_ stall: CapturedStall) {
+        lock.withLock {
+            switch stall.event {
+            case .detected: stallInProgress = stall.startNanoseconds
+            case .ended:
+                stallInProgress = nil
+                recentStalls.append((stall.startNanoseconds + stall.duration, stall.duration))
+                if recentStalls.count > 10_000 { recentStalls.removeFirst(recentStalls.count - 10_000) }
+            case .watchdog: break
+            }
+        }
+    }
+
+    /// `main loop healthy; 3 stalls in 1h, worst 540 ms`, or `main loop stalled for 1200 ms`.
+    func line() -> String {
+        lock.withLock {
+            let now = stallmon_now_ns()
+            recentStalls.removeAll { now - $0.end > 3_600_000_000_000 }
+            let loop = loopName == "main" ? "main loop" : "loop of \(loopName)"
+            if let start = stallInProgress {
+                return "\(loop) stalled for \((now - start) / 1_000_000) ms"
+            }
+            guard let worst = recentStalls.map(\.duration).max() else { return "\(loop) healthy; no stalls in 1h" }
+            let count = recentStalls.count
+            return "\(loop) healthy; \(count) stall\(count == 1 ? "" : "s") in 1h, worst \(worst / 1_000_000) ms"
+        }
     }
 }
 

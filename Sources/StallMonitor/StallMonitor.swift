@@ -99,15 +99,21 @@ public final class StallMonitor: Sendable {
     /// time inside never counts; the window starts afresh when `body` returns.
     /// - Important: Call it on the monitored thread; elsewhere it just runs `body`.
     public func allowingStall<Result>(_ body: () throws -> Result) rethrows -> Result {
-        guard let loop = state.withLock({ $0?.loopIfCurrentThread }) else { return try body() }
+        // A reference of its own: stop() on another thread may end the session while body blocks.
+        guard let loop = state.withLock({ session in session?.loopIfCurrentThread.map { retained($0) } }) else {
+            return try body()
+        }
         stallmon_loop_allow_begin(loop.pointer)
-        defer { stallmon_loop_allow_end(loop.pointer) }
+        defer {
+            stallmon_loop_allow_end(loop.pointer)
+            stallmon_loop_release(UnsafeRawPointer(loop.pointer))
+        }
         return try body()
     }
 
     /// A one-line health summary, e.g. `main loop healthy; 3 stalls in 1h, worst 540 ms`.
     public var status: String {
-        state.withLock { $0?.reporter.statusLine() } ?? "stall monitor not running"
+        state.withLock { $0?.reporter.status.line() } ?? "stall monitor not running"
     }
 
     /// Tells the service manager that the service is ready (`READY=1`), with the monitor's
@@ -146,6 +152,11 @@ public final class StallMonitor: Sendable {
 
     fileprivate struct LoopPointer: @unchecked Sendable {
         let pointer: OpaquePointer
+    }
+
+    fileprivate func retained(_ loop: LoopPointer) -> LoopPointer {
+        _ = stallmon_loop_retain(UnsafeRawPointer(loop.pointer))
+        return loop
     }
 
     /// One start…stop span: the observers, the watchdog thread and the reporter.
@@ -227,6 +238,21 @@ public final class StallMonitor: Sendable {
             )
         }
 
+        /// Drops the session's reference to the loop state. CFRunLoopObserverInvalidate does not wait
+        /// for a callout that is already running on the monitored thread, so unless this is that
+        /// thread, the last release runs there, between callouts.
+        private func releaseLoopState() {
+            let loop = self.loop
+            if stallmon_gettid() == target.threadID {
+                stallmon_loop_release(UnsafeRawPointer(loop.pointer))
+                return
+            }
+            CFRunLoopPerformBlock(target.runLoop, kCFRunLoopCommonModes) {
+                stallmon_loop_release(UnsafeRawPointer(loop.pointer))
+            }
+            CFRunLoopWakeUp(target.runLoop)
+        }
+
         var loopIfCurrentThread: LoopPointer? {
             stallmon_gettid() == target.threadID ? loop : nil
         }
@@ -240,7 +266,7 @@ public final class StallMonitor: Sendable {
             reporter.emit(.stopped(description, statistics))
             reporter.drain()
             stallmon_sampler_slot_release(slot)
-            stallmon_loop_release(UnsafeRawPointer(loop.pointer))
+            releaseLoopState()
             logger.info("stallmon stopped", metadata: ["stallmon.stalls": "\(statistics.stalls)"])
         }
 

@@ -20,7 +20,8 @@ struct CapturedStall: Sendable {
     /// detected report, all of them for an ended report.
     var stacks: [(stack: [UInt], count: Int)]
     var threadState: Character
-    var latestView: KernelThreadView
+    /// The system call and wait channel seen most often.
+    var kernelView: KernelThreadView
     var noStackReason: String?
     /// CLOCK_MONOTONIC when the watchdog handed it over.
     var capturedNanoseconds: UInt64
@@ -61,6 +62,9 @@ final class Watchdog: @unchecked Sendable {
     private var armedAt: UInt64 = 0
     /// A window may not count from before this point (set after a stop, an idle sample or an allowed stall).
     private var floor: (sequence: UInt64, time: UInt64) = (0, 0)
+    /// When the process last resumed from a stop: no window counts from before it, whichever
+    /// window the loop is in by the time the watchdog looks.
+    private var resumedAt: UInt64 = 0
     private var continueCount: UInt64 = 0
     private var sample = stallmon_sample()
     /// Pings of the service manager's watchdog, when the service runs with `WatchdogSec=`.
@@ -157,8 +161,7 @@ final class Watchdog: @unchecked Sendable {
         let now = stallmon_now_ns()
         var healthy = true
         if let event, event.phase == UInt32(STALLMON_LOOP_ACTIVE.rawValue), stallmon_loop_allowed(loop) == 0 {
-            let start = floor.sequence == event.sequence ? max(event.timestamp_ns, floor.time) : event.timestamp_ns
-            healthy = now < start + threshold
+            healthy = now < windowStart(of: event) + threshold
         }
         serviceWatchdog?.pingIfDue(now: now, healthy: healthy)
     }
@@ -175,14 +178,14 @@ final class Watchdog: @unchecked Sendable {
             armedAt = stallmon_now_ns()
             armedCPU = stallmon_thread_cpu_ns(target.threadID)
         }
-        let windowStart = floor.sequence == event.sequence ? max(event.timestamp_ns, floor.time) : event.timestamp_ns
+        let windowStart = windowStart(of: event)
         let deadline = windowStart + threshold
         let now = stallmon_now_ns()
         if now < deadline {
             let target = cappedByPing(deadline)
             let woke = wait(until: target)
             if processWasStopped(wokeAt: woke, deadline: target) {
-                floor = (event.sequence, stallmon_now_ns())
+                resumedAt = stallmon_now_ns()
             }
             return
         }
@@ -190,7 +193,7 @@ final class Watchdog: @unchecked Sendable {
             // The process was stopped and continued since the last look: the time it spent
             // stopped is no stall, so the window counts from now.
             continueCount = stallmon_continue_count()
-            floor = (event.sequence, now)
+            resumedAt = now
             return
         }
         if stallmon_loop_allowed(loop) > 0 {
@@ -199,6 +202,14 @@ final class Watchdog: @unchecked Sendable {
             return
         }
         handleStall(event, windowStart: windowStart)
+    }
+
+    /// Where a window counts from: its first transition, unless the process resumed from a stop
+    /// since, or the watchdog restarted the window (allowed work, an idle sample).
+    private func windowStart(of event: stallmon_event) -> UInt64 {
+        var start = max(event.timestamp_ns, resumedAt)
+        if floor.sequence == event.sequence { start = max(start, floor.time) }
+        return start
     }
 
     /// Whether the process was stopped while the watchdog slept: a SIGCONT arrived, or the wakeup
@@ -222,7 +233,7 @@ final class Watchdog: @unchecked Sendable {
         else { return }
         let now = stallmon_now_ns()
         if now > event.timestamp_ns, now - event.timestamp_ns > pauseTolerance {
-            floor = (event.sequence, now)
+            resumedAt = now
         }
     }
 
@@ -265,6 +276,7 @@ final class Watchdog: @unchecked Sendable {
         var samples = 0
         var unanswered = 0
         var states: [Character: Int] = [:]
+        var waits: [KernelWait: Int] = [:]
         var latestView = KernelThreadView()
         var noStackReason: String?
         var paused: UInt64 = 0
@@ -277,6 +289,7 @@ final class Watchdog: @unchecked Sendable {
             samples += 1
             latestView = view
             states[view.state, default: 0] += 1
+            waits[KernelWait(syscall: view.syscall, waitChannel: view.waitChannel), default: 0] += 1
             if let blockedReason {
                 unanswered += 1
                 noStackReason = blockedReason
@@ -290,6 +303,7 @@ final class Watchdog: @unchecked Sendable {
             if isIdleWait(addresses) {
                 samples -= 1
                 states[view.state, default: 1] -= 1
+                waits[KernelWait(syscall: view.syscall, waitChannel: view.waitChannel), default: 1] -= 1
                 return false
             }
             stacks.add(addresses)
@@ -307,6 +321,11 @@ final class Watchdog: @unchecked Sendable {
             case Int32(STALLMON_SAMPLE_OK.rawValue):
                 let count = Int(sample.frame_count)
                 return withUnsafeBytes(of: sample.frames) { raw in Array(raw.bindMemory(to: UInt.self).prefix(count)) }
+            case Int32(STALLMON_SAMPLE_TIMEOUT.rawValue) where sample.error == EAGAIN:
+                noStackReason =
+                    "thread has not run since the last sample request (blocked in the kernel or descheduled)"
+            case Int32(STALLMON_SAMPLE_TIMEOUT.rawValue) where sample.error == EDEADLK:
+                noStackReason = "the sampler is stuck in an earlier unwind"
             case Int32(STALLMON_SAMPLE_TIMEOUT.rawValue):
                 noStackReason = "thread did not answer within \(configuration.sampleTimeout.milliseconds) ms"
             case Int32(STALLMON_SAMPLE_SEND_FAILED.rawValue):
@@ -327,13 +346,13 @@ final class Watchdog: @unchecked Sendable {
             ? (cpu: armedCPU, time: armedAt) : (cpu: stallmon_thread_cpu_ns(target.threadID), time: watchedAt)
 
         func cpuEstimate(until end: UInt64) -> UInt64 {
-            // CPU used since the watchdog armed this window, scaled to the whole window.
-            let now = stallmon_thread_cpu_ns(target.threadID)
-            guard now >= cpuBase.cpu, end > cpuBase.time else { return 0 }
-            let used = Double(now - cpuBase.cpu)
-            let observed = Double(end - cpuBase.time)
-            let whole = Double(end - windowStart)
-            return UInt64(min(whole, used * whole / observed))
+            // The share of CPU the thread used since the watchdog armed this window, applied to
+            // the whole window.
+            let used = stallmon_thread_cpu_ns(target.threadID)
+            let readAt = stallmon_now_ns()
+            guard used >= cpuBase.cpu, readAt > cpuBase.time, end > windowStart else { return 0 }
+            let share = min(1, Double(used - cpuBase.cpu) / Double(readAt - cpuBase.time))
+            return UInt64(share * Double(end - windowStart))
         }
 
         func captured(_ kind: StallReport.Event, end: UInt64, stacks: [(stack: [UInt], count: Int)]) -> CapturedStall {
@@ -343,7 +362,8 @@ final class Watchdog: @unchecked Sendable {
                 activity: activity, runLoopMode: mode, cpu: min(cpuEstimate(until: end), duration),
                 samples: samples, unansweredSamples: unanswered, stacks: stacks,
                 threadState: Self.dominantState(states),
-                latestView: latestView, noStackReason: firstStack.isEmpty ? noStackReason : nil,
+                kernelView: Self.dominantWait(waits, fallback: latestView),
+                noStackReason: firstStack.isEmpty ? noStackReason : nil,
                 capturedNanoseconds: stallmon_now_ns()
             )
         }
@@ -377,8 +397,18 @@ final class Watchdog: @unchecked Sendable {
             }
             var current = stallmon_event()
             if stallmon_loop_latest(loop, &current) == 1, current.sequence != sequence {
-                // The loop moved on before the observer saw the watch: it ended by watchedAt.
-                end = watchedAt
+                // The loop moved on. The observer records the end before it publishes the next
+                // transition, so look again; if it never saw the watch, the transition that ended
+                // the window is the exact end while it is still in the ring, and watchedAt (which
+                // it preceded) bounds it otherwise.
+                var next = stallmon_event()
+                if stallmon_loop_watched_end(loop, sequence, &endTime) == 1 {
+                    end = endTime
+                } else if stallmon_loop_event_after(loop, sequence, &next) == 1 {
+                    end = next.timestamp_ns
+                } else {
+                    end = watchedAt
+                }
                 break
             }
             if isStopping {
@@ -401,6 +431,20 @@ final class Watchdog: @unchecked Sendable {
         if !suppressed {
             deliver(captured(.ended, end: end, stacks: stacks.all))
         }
+    }
+
+    /// The system call and wait channel seen in most samples (a thread that loops over short
+    /// sleeps is "in poll" even if the last sample caught it between two).
+    private static func dominantWait(_ waits: [KernelWait: Int], fallback: KernelThreadView) -> KernelThreadView {
+        guard
+            let wait = waits.filter({ $0.value > 0 }).max(by: { lhs, rhs in
+                lhs.value != rhs.value ? lhs.value < rhs.value : (lhs.key.syscall == nil && rhs.key.syscall != nil)
+            })?.key
+        else { return fallback }
+        var view = fallback
+        view.syscall = wait.syscall
+        view.waitChannel = wait.waitChannel
+        return view
     }
 
     /// The state seen in most samples; ties go to the more telling one (R before D before S).
@@ -443,6 +487,12 @@ final class Watchdog: @unchecked Sendable {
             return String(repeating: "0", count: 16 - hex.count) + hex
         }.joined()
     }
+}
+
+/// Where the kernel had a thread waiting, as one sample saw it.
+struct KernelWait: Hashable {
+    var syscall: String?
+    var waitChannel: String?
 }
 
 /// Counts the stacks seen during one stall. Stacks are keyed by their return addresses (frames

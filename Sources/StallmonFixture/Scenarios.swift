@@ -154,6 +154,13 @@ enum Scenarios {
                 Fixture.after(blockAfter) { ServiceWork.deadlock() }
             }
 
+        case "repeat":
+            // The same stall over and over: the rate limit (2 per second here) reports a burst,
+            // then summarizes the rest.
+            try monitor.start()
+            Timer.scheduledRepeating(every: 0.3) { Stalls.sleepInSyscall(milliseconds: 150) }
+            finish(after: 3.2)
+
         case "idle":
             try monitor.start()
             finish(after: options.seconds)

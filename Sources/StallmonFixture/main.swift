@@ -122,6 +122,9 @@ if options.scenario == "service" {
 }
 configuration.startupGracePeriod = .milliseconds(options.scenario == "grace" ? 1000 : options.graceMilliseconds)
 configuration.rateLimit.burst = 1000
+if options.scenario == "repeat" {
+    configuration.rateLimit = .init(burst: 2, interval: .seconds(1))
+}
 
 var sinks: [any ReportSink] = [JSONLinesSink(identifier: options.identifier)]
 if options.journal { sinks.append(JournalSink(syslogIdentifier: options.identifier)) }

@@ -123,6 +123,24 @@ extension Serial {
             #expect(run.ended.last?.string("STALL_THREAD_SYSCALL") == "poll")
         }
 
+        @Test func repeatedStallsAreRateLimitedWithCounts() throws {
+            let run = try FixtureRun.run("repeat")
+            let stalls = try #require(run.stopped.first?["stalls"] as? Int)
+            let suppressed = run.lines.filter { $0["type"] as? String == "suppressed" }
+            let summarized = suppressed.map { Int($0.string("STALL_SUPPRESSED_COUNT")) ?? 0 }.reduce(0, +)
+            #expect(stalls >= 8)
+            #expect(!suppressed.isEmpty)
+            // Every stall is either reported (detected and ended) or counted in a summary.
+            #expect(run.ended.count + summarized == stalls)
+            #expect(run.detected.count == run.ended.count)
+            #expect(suppressed.allSatisfy { $0.string("MESSAGE_ID") == "1332568df10e41a0927f220ff4dc212b" })
+            #expect(
+                suppressed.allSatisfy { $0.string("STALL_FINGERPRINT") == run.ended.first?.string("STALL_FINGERPRINT") }
+            )
+            #expect(suppressed.allSatisfy { $0.string("STALL_RATE_LIMIT_BURST") == "2" })
+            #expect(suppressed.allSatisfy { (Double($0.string("STALL_SUPPRESSED_WORST_USEC")) ?? 0) >= 150_000 })
+        }
+
         @Test func workInsideAllowingStallIsNotReported() throws {
             let run = try FixtureRun.run("allowed")
             // The 500 ms inside allowingStall is not reported; the 400 ms burn after it is.

@@ -47,8 +47,9 @@ typedef void (*stallmon_wake_fn)(void *context);
 typedef void (*stallmon_release_fn)(void *context);
 
 /// Creates loop state with a reference count of 1. CFRunLoopObserverContext's retain and release
-/// callbacks are stallmon_loop_retain and stallmon_loop_release, so the state outlives any callout
-/// that is still running when the observers are invalidated.
+/// callbacks are stallmon_loop_retain and stallmon_loop_release. CFRunLoopObserverInvalidate
+/// releases at once and clears `info` (the callouts then return early) without waiting for a
+/// callout already running, so the owner's last release must happen on the monitored thread.
 stallmon_loop *stallmon_loop_create(stallmon_wake_fn wake, void *wake_context, stallmon_release_fn release);
 const void *stallmon_loop_retain(const void *loop);
 void stallmon_loop_release(const void *loop);
