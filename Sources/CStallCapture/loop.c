@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 
 // CFRunLoopActivity values (CFRunLoop.h).
@@ -59,6 +60,8 @@ static inline uint64_t clock_ns(clockid_t clock) {
 uint64_t stallmon_now_ns(void) { return clock_ns(CLOCK_MONOTONIC); }
 uint64_t stallmon_boottime_ns(void) { return clock_ns(CLOCK_BOOTTIME); }
 pid_t stallmon_gettid(void) { return (pid_t)syscall(SYS_gettid); }
+
+void stallmon_set_timer_slack(unsigned long nanoseconds) { prctl(PR_SET_TIMERSLACK, nanoseconds, 0, 0, 0); }
 
 int64_t stallmon_thread_cpu_ns(pid_t tid) {
     // The kernel's per-thread CPU clock id (MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED)):
@@ -120,9 +123,12 @@ int stallmon_loop_watched_end(const stallmon_loop *loop, uint64_t sequence, uint
 }
 
 static inline void publish(stallmon_loop *loop, uint32_t phase, uint32_t window) {
-    uint64_t now = clock_ns(CLOCK_MONOTONIC);
     uint64_t sequence = atomic_load_explicit(&loop->sequence, memory_order_relaxed) + 1;
-    if (__builtin_expect(atomic_load_explicit(&loop->watch_sequence, memory_order_relaxed) == sequence - 1, 0)) {
+    int watched = atomic_load_explicit(&loop->watch_sequence, memory_order_relaxed) == sequence - 1;
+    // Only the start of a window, and the end of a window the watchdog is sampling, need the time:
+    // idle transitions skip the clock (timestamp 0), which is most of a sleeping loop's callouts.
+    uint64_t now = phase == STALLMON_LOOP_ACTIVE || watched ? clock_ns(CLOCK_MONOTONIC) : 0;
+    if (__builtin_expect(watched, 0)) {
         // The watchdog is sampling a stall of the window that this transition ends.
         atomic_store_explicit(&loop->watch_end_ns, now, memory_order_relaxed);
         atomic_store_explicit(&loop->watch_end_sequence, sequence - 1, memory_order_release);

@@ -222,14 +222,17 @@ final class StatusBoard: @unchecked Sendable {
             case .detected: stallInProgress = stall.startNanoseconds
             case .ended:
                 stallInProgress = nil
-                recentStalls.append((stall.startNanoseconds + stall.duration, stall.duration))
-                if recentStalls.count > 10_000 { recentStalls.removeFirst(recentStalls.count - 10_000) }
+                let end = stall.startNanoseconds + stall.duration
+                recentStalls.append((end, stall.duration))
+                recentStalls.removeAll { end > $0.end && end - $0.end > 3_600_000_000_000 }
+                if recentStalls.count > 1_000 { recentStalls.removeFirst(recentStalls.count - 1_000) }
             case .watchdog: break
             }
         }
     }
 
-    /// `main loop healthy; 3 stalls in 1h, worst 540 ms`, or `main loop stalled for 1200 ms`.
+    /// `main loop healthy; 3 stalls in 1h, worst 540 ms`, or `main loop stalled for 1200 ms`
+    /// (counting the last 1000 stalls at most).
     func line() -> String {
         lock.withLock {
             let now = stallmon_now_ns()

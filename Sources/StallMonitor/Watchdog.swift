@@ -67,6 +67,13 @@ final class Watchdog: @unchecked Sendable {
     private var resumedAt: UInt64 = 0
     private var continueCount: UInt64 = 0
     private var sample = stallmon_sample()
+    /// Whether the next idle phase parks the watchdog. After the observer woke it, it first waits
+    /// out one quiet threshold: a loop that sleeps briefly on every pass would otherwise wake it
+    /// on every pass.
+    private var parkNext = true
+    /// `TracerPid` and the thread's signal mask, read at most once a second.
+    private var tracerChecked: (time: UInt64, attached: Bool) = (0, false)
+    private var signalChecked: (time: UInt64, problem: String?) = (0, nil)
     /// Pings of the service manager's watchdog, when the service runs with `WatchdogSec=`.
     private var serviceWatchdog: ServiceWatchdogSchedule?
 
@@ -103,6 +110,7 @@ final class Watchdog: @unchecked Sendable {
     func start() {
         let thread = Thread { [self] in
             watchdogThreadID.store(stallmon_gettid(), ordering: .releasing)
+            stallmon_set_timer_slack(1)
             run()
             finished.signal()
         }
@@ -137,6 +145,15 @@ final class Watchdog: @unchecked Sendable {
             case UInt32(STALLMON_LOOP_ACTIVE.rawValue):
                 watchWindow(event)
             default:
+                if !parkNext {
+                    // A window that starts from now on cannot cross the threshold before now +
+                    // threshold, so this wait delays no detection. A loop that stayed quiet
+                    // throughout gets the watchdog parked next time.
+                    _ = wait(until: cappedByPing(stallmon_now_ns() + threshold))
+                    var latest = stallmon_event()
+                    parkNext = stallmon_loop_latest(loop, &latest) == 1 && latest.sequence == event.sequence
+                    continue
+                }
                 // Asleep or outside the loop: nothing can stall until the observer wakes us (or
                 // the service manager's watchdog wants its next ping).
                 if stallmon_loop_park(loop, event.sequence) == 1 {
@@ -146,6 +163,7 @@ final class Watchdog: @unchecked Sendable {
                         semaphore.wait()
                     }
                     noteLateWakeFromPark(after: event.sequence)
+                    parkNext = false
                 }
                 _ = stallmon_loop_unpark(loop)
             }
@@ -284,12 +302,21 @@ final class Watchdog: @unchecked Sendable {
 
         // Returns false when the sample shows the loop idle in its own wait (a nested run in a
         // mode the observers do not see): then there is no stall.
+        // The kernel's view costs three /proc reads, more than the stack itself: it is read with
+        // the first sample and then every 100 ms.
+        var viewedAt: UInt64 = 0
         func takeSample() -> Bool {
-            let view = inspector.view()
             samples += 1
-            latestView = view
-            states[view.state, default: 0] += 1
-            waits[KernelWait(syscall: view.syscall, waitChannel: view.waitChannel), default: 0] += 1
+            var viewed: KernelThreadView?
+            let now = stallmon_now_ns()
+            if viewedAt == 0 || now - viewedAt >= 100_000_000 {
+                let view = inspector.view()
+                viewedAt = now
+                viewed = view
+                latestView = view
+                states[view.state, default: 0] += 1
+                waits[KernelWait(syscall: view.syscall, waitChannel: view.waitChannel), default: 0] += 1
+            }
             if let blockedReason {
                 unanswered += 1
                 noStackReason = blockedReason
@@ -302,8 +329,10 @@ final class Watchdog: @unchecked Sendable {
             }
             if isIdleWait(addresses) {
                 samples -= 1
-                states[view.state, default: 1] -= 1
-                waits[KernelWait(syscall: view.syscall, waitChannel: view.waitChannel), default: 1] -= 1
+                if let view = viewed {
+                    states[view.state, default: 1] -= 1
+                    waits[KernelWait(syscall: view.syscall, waitChannel: view.waitChannel), default: 1] -= 1
+                }
                 return false
             }
             stacks.add(addresses)
@@ -404,7 +433,7 @@ final class Watchdog: @unchecked Sendable {
                 var next = stallmon_event()
                 if stallmon_loop_watched_end(loop, sequence, &endTime) == 1 {
                     end = endTime
-                } else if stallmon_loop_event_after(loop, sequence, &next) == 1 {
+                } else if stallmon_loop_event_after(loop, sequence, &next) == 1, next.timestamp_ns != 0 {
                     end = next.timestamp_ns
                 } else {
                     end = watchedAt
@@ -460,11 +489,22 @@ final class Watchdog: @unchecked Sendable {
         now < startedAt + UInt64(configuration.startupGracePeriod.nanoseconds)
     }
 
-    /// Why the thread cannot be sampled at all, or `nil` when it can.
+    /// Why the thread cannot be sampled at all, or `nil` when it can (`SigBlk`, read at most once a second).
     private func signalProblem() -> String? {
         guard let signal else { return "no free signal for sampling" }
-        if inspector.blocks(signal) { return "thread blocks \(SignalName.name(of: signal))" }
-        return nil
+        let now = stallmon_now_ns()
+        if signalChecked.time == 0 || now - signalChecked.time >= 1_000_000_000 {
+            signalChecked = (now, inspector.blocks(signal) ? "thread blocks \(SignalName.name(of: signal))" : nil)
+        }
+        return signalChecked.problem
+    }
+
+    /// Whether a debugger or tracer is attached (`TracerPid`, read at most once a second).
+    private func tracerAttached(_ now: UInt64) -> Bool {
+        if tracerChecked.time == 0 || now - tracerChecked.time >= 1_000_000_000 {
+            tracerChecked = (now, ThreadInspector.tracerPID() != 0)
+        }
+        return tracerChecked.attached
     }
 
     private func isIdleWait(_ addresses: [UInt]) -> Bool {

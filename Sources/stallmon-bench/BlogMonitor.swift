@@ -47,7 +47,9 @@ final class BlogMonitor: Sendable {
             _ = semaphore.wait(timeout: .now() + .milliseconds(10))
             let since = activityTime.load(ordering: .acquiring)
             let current = activity.load(ordering: .relaxed)
-            let inWindow = current == CFRunLoopActivity.beforeSources.rawValue || current == CFRunLoopActivity.afterWaiting.rawValue
+            let inWindow =
+                current == CFRunLoopActivity.beforeSources.rawValue
+                || current == CFRunLoopActivity.afterWaiting.rawValue
             let now = Kernel.now()
             if inWindow, now > since + threshold, reportedTime.load(ordering: .relaxed) != since {
                 reportedTime.store(since, ordering: .relaxed)

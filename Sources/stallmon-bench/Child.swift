@@ -1,7 +1,8 @@
+import CoreFoundation
 import Foundation
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// What a child process runs on its main thread.
@@ -12,7 +13,7 @@ enum Workload: String, CaseIterable, Sendable {
     case work
     /// A repeating timer at a 1 µs interval: it fires on every pass of the loop.
     case timer
-    /// A socketpair ping-pong with an echo thread, served by a read source on the main queue.
+    /// A socketpair ping-pong with an echo thread that signals a run-loop source.
     case io
     /// Nothing: the loop sleeps.
     case idle
@@ -82,7 +83,11 @@ enum Child {
         } catch {
             fail("\(request.variant.rawValue) \(request.workload.rawValue): \(error)")
         }
-        RunLoop.main.run()
+        if request.parameters["loop"] == "cf" {
+            CFRunLoopRun()
+        } else {
+            RunLoop.main.run()
+        }
         fail("the main run loop returned")
     }
 

@@ -1,7 +1,7 @@
 import CStallCapture
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// What the kernel accounts for this process and its threads, read from `/proc` and its clocks.
@@ -52,7 +52,7 @@ enum Kernel {
     /// The first integer on the `name:` line of a `/proc/.../status` text.
     private static func field(_ name: String, in status: String) -> Int? {
         for line in status.split(separator: "\n") where line.hasPrefix(name + ":") {
-            return Int(line.dropFirst(name.count + 1).split(separator: " ", omittingEmptySubsequences: true).first ?? "")
+            return Int(line.dropFirst(name.count + 1).split(whereSeparator: { $0 == " " || $0 == "\t" }).first ?? "")
         }
         return nil
     }

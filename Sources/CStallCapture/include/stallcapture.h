@@ -32,7 +32,7 @@ typedef enum {
 /// One transition of the monitored loop.
 typedef struct {
     uint64_t sequence;      ///< 1 for the first transition after the observers were added.
-    uint64_t timestamp_ns;  ///< CLOCK_MONOTONIC.
+    uint64_t timestamp_ns;  ///< CLOCK_MONOTONIC; 0 for idle transitions (asleep, outside) nobody watched.
     uint32_t phase;         ///< stallmon_loop_phase
     uint32_t window;        ///< stallmon_window
     uint32_t depth;         ///< Nesting depth of the run loop (1 = outermost run).
@@ -96,6 +96,9 @@ uint64_t stallmon_boottime_ns(void);
 int64_t stallmon_thread_cpu_ns(pid_t tid);
 /// The calling thread's kernel thread id.
 pid_t stallmon_gettid(void);
+/// Sets the calling thread's timer slack (`prctl(PR_SET_TIMERSLACK)`, variadic in C), so that its
+/// timed waits wake when asked rather than up to 50 µs later.
+void stallmon_set_timer_slack(unsigned long nanoseconds);
 
 // MARK: - Sampling another thread of this process
 

@@ -1,0 +1,87 @@
+/// A target a figure should meet.
+enum Target: Sendable {
+    case atLeast(Double)
+    case atMost(Double)
+
+    func isMet(by value: Double) -> Bool {
+        switch self {
+        case .atLeast(let bound): value >= bound
+        case .atMost(let bound): value <= bound
+        }
+    }
+
+    var description: String {
+        switch self {
+        case .atLeast(let bound): "≥ \(Report.format(bound))"
+        case .atMost(let bound): "≤ \(Report.format(bound))"
+        }
+    }
+}
+
+/// One reported figure: a value per round (or one value), summarized by median and min–max.
+struct Figure: Sendable {
+    /// The JSON key.
+    let key: String
+    let target: Target?
+    var values: [Double] = []
+
+    init(_ key: String, _ target: Target? = nil) {
+        self.key = key
+        self.target = target
+    }
+
+    var median: Double? { Statistics.median(values) }
+    var minimum: Double? { values.min() }
+    var maximum: Double? { values.max() }
+    var isMet: Bool? { target.flatMap { target in median.map { target.isMet(by: $0) } } }
+}
+
+/// What one round measured: each child's result, by workload and variant.
+struct RoundResults: Sendable {
+    var results: [Workload: [Variant: [String: Double]]] = [:]
+
+    subscript(workload: Workload, variant: Variant) -> [String: Double]? {
+        get { results[workload]?[variant] }
+        set { results[workload, default: [:]][variant] = newValue }
+    }
+
+    func rate(_ workload: Workload, _ variant: Variant) -> Double? { self[workload, variant]?["rate"] }
+
+    func ratio(_ workload: Workload, _ numerator: Variant, over denominator: Variant) -> Double? {
+        guard let top = rate(workload, numerator), let bottom = rate(workload, denominator), bottom > 0 else {
+            return nil
+        }
+        return top / bottom
+    }
+}
+
+/// The figures of the JSON object, in its order, computed from the rounds.
+enum Figures {
+    static func compute(rounds: [RoundResults], memory: [String: Double]?) -> [Figure] {
+        var figures: [Figure] = []
+        func add(_ key: String, _ target: Target? = nil, _ value: (RoundResults) -> Double?) {
+            var figure = Figure(key, target)
+            figure.values = rounds.compactMap(value)
+            figures.append(figure)
+        }
+        add("floor_busy_throughput_ratio") { $0.ratio(.busy, .noopObserver, over: .unmonitored) }
+        add("busy_over_floor_ratio", .atLeast(0.97)) { $0.ratio(.busy, .stallmon, over: .noopObserver) }
+        add("busy_throughput_ratio") { $0.ratio(.busy, .stallmon, over: .unmonitored) }
+        add("blog_busy_throughput_ratio") { $0.ratio(.busy, .blog, over: .unmonitored) }
+        add("work_throughput_ratio", .atLeast(0.98)) { $0.ratio(.work, .stallmon, over: .unmonitored) }
+        add("timer_throughput_ratio") { $0.ratio(.timer, .stallmon, over: .unmonitored) }
+        add("io_throughput_ratio", .atLeast(0.95)) { $0.ratio(.io, .stallmon, over: .unmonitored) }
+        add("idle_watchdog_wakeups_per_s", .atMost(0)) { $0[.idle, .stallmon]?["wakeups_per_s"] }
+        add("busy_watchdog_wakeups_per_s", .atMost(10)) { $0[.busy, .stallmon]?["wakeups_per_s"] }
+        add("detection_latency_p50_ms") { $0[.stalls, .stallmon]?["latency_p50_ms"] }
+        add("detection_latency_p99_ms", .atMost(2)) { $0[.stalls, .stallmon]?["latency_p99_ms"] }
+        add("duration_error_p99_ms", .atMost(1)) { $0[.stalls, .stallmon]?["duration_error_p99_ms"] }
+        add("sample_pause_p50_us") { $0[.samplePause, .unmonitored]?["p50_us"] }
+        add("sample_pause_p99_us", .atMost(200)) { $0[.samplePause, .unmonitored]?["p99_us"] }
+        add("stall_sampling_cpu_pct", .atMost(1)) { $0[.longStall, .stallmon]?["cpu_pct"] }
+        var memoryFigure = Figure("rss_growth_kib_10k_stalls", .atMost(512))
+        if let growth = memory?["rss_growth_kib"] { memoryFigure.values = [growth] }
+        figures.append(memoryFigure)
+        return figures
+    }
+}

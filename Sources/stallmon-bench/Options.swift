@@ -1,0 +1,67 @@
+/// The benchmark's command line.
+struct Options: Sendable {
+    var rounds = 5
+    var scale = 1.0
+    var json = false
+    /// `nil`: count instructions when valgrind is installed, unless the run is a quick one.
+    var callgrind: Bool?
+    var quick = false
+    /// Whether the children run their loop with CFRunLoopRun() rather than RunLoop.main.run().
+    var cfRunLoop = false
+
+    static let usage = """
+        USAGE: stallmon-bench [--rounds N] [--scale X] [--quick] [--json] [--callgrind | --no-callgrind]
+                              [--cf-run-loop]
+
+        Measures stallmon's cost against an unmonitored loop, a no-op observer and the blog design.
+        Each workload runs in a fresh child process; the variants alternate in every round.
+
+        OPTIONS:
+          --rounds N       Rounds of unmonitored, noop-observer, stallmon, blog (default 5).
+          --scale X        Multiplies pass counts, durations and stall counts (default 1).
+          --quick          A smoke run for CI: one round at scale 0.05, no instruction counts.
+          --json           Prints the figures as one JSON object; the table goes to standard error.
+          --callgrind      Counts instructions per busy pass under valgrind (default when installed).
+          --no-callgrind   Skips the instruction counts.
+          --cf-run-loop    Runs the loops with CFRunLoopRun() instead of RunLoop.main.run(), which
+                           leaves and re-enters the loop after every source it handles.
+          -h, --help       Shows this help.
+        """
+
+    struct UsageError: Error, CustomStringConvertible {
+        var description: String
+    }
+
+    init(_ arguments: [String]) throws(UsageError) {
+        var iterator = arguments.makeIterator()
+        var explicitRounds: Int?
+        var explicitScale: Double?
+        while let argument = iterator.next() {
+            switch argument {
+            case "--rounds":
+                guard let value = iterator.next().flatMap({ Int($0) }), value >= 1 else {
+                    throw UsageError(description: "--rounds takes a whole number of at least 1")
+                }
+                explicitRounds = value
+            case "--scale":
+                guard let value = iterator.next().flatMap({ Double($0) }), value > 0, value <= 10 else {
+                    throw UsageError(description: "--scale takes a number above 0 and at most 10")
+                }
+                explicitScale = value
+            case "--quick": quick = true
+            case "--json": json = true
+            case "--callgrind": callgrind = true
+            case "--no-callgrind": callgrind = false
+            case "--cf-run-loop": cfRunLoop = true
+            default: throw UsageError(description: "unknown argument '\(argument)'")
+            }
+        }
+        if quick {
+            rounds = 1
+            scale = 0.05
+            callgrind = callgrind ?? false
+        }
+        rounds = explicitRounds ?? rounds
+        scale = explicitScale ?? scale
+    }
+}
