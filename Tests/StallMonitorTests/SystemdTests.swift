@@ -20,8 +20,19 @@ extension Serial {
             try String(contentsOf: repository.appendingPathComponent(path), encoding: .utf8)
         }
 
+        /// Copies the project's executables into the namespace's /usr/local/bin, where the units
+        /// expect them (the build folder may not be visible inside: /tmp there is private).
+        static func installExecutables(_ systemd: SystemdNamespace) throws {
+            if try systemd.run(["test", "-x", "/usr/local/bin/stallmon"]).status == 0 { return }
+            for name in ["StallmonFixture", "stallmond", "stallmon"] {
+                let data = try Data(contentsOf: URL(fileURLWithPath: buildDirectory).appendingPathComponent(name))
+                try systemd.copy(data, to: "/usr/local/bin/\(name)", mode: 0o755)
+            }
+        }
+
         /// A monitored service: the fixture's `service` scenario, with the shipped drop-in.
         static func installMonitoredService(_ systemd: SystemdNamespace, name: String, arguments: String) throws {
+            try installExecutables(systemd)
             try systemd.install(
                 unit: "\(name).service",
                 contents: """
@@ -30,7 +41,7 @@ extension Serial {
 
                     [Service]
                     Type=notify
-                    ExecStart=\(buildDirectory)/StallmonFixture service \(arguments)
+                    ExecStart=/usr/local/bin/StallmonFixture service \(arguments)
                     """)
             try systemd.install(
                 unit: "\(name).service.d/stallmon.conf", contents: try file("systemd/stallmon-monitored.conf"))
@@ -111,9 +122,8 @@ extension Serial {
         @Test func stallmondCollectsUnderItsSandboxSurvivesRestartsAndKeepsItsConfigurationOnABadReload() throws {
             let systemd = try SystemdNamespace.started()
             defer { systemd.stop() }
-            let unit = try Self.file("systemd/stallmond.service").replacingOccurrences(
-                of: "/usr/local/bin/stallmond", with: "\(Self.buildDirectory)/stallmond")
-            try systemd.install(unit: "stallmond.service", contents: unit)
+            try Self.installExecutables(systemd)
+            try systemd.install(unit: "stallmond.service", contents: try Self.file("systemd/stallmond.service"))
             try systemd.check(["mkdir", "-p", "-m", "1777", "/var/lib/prometheus/node-exporter"])
             let configuration = #"{"metrics_interval_s": 1, "monitor_threshold_ms": 250}"#
             try systemd.copy(Data(configuration.utf8), to: "/etc/stallmon/stallmond.json")
@@ -152,7 +162,7 @@ extension Serial {
 
             // The CLI, through the same schema, agrees.
             let report = try systemd.check([
-                "\(Self.buildDirectory)/stallmon", "report", "--unit", "brief.service", "--json",
+                "/usr/local/bin/stallmon", "report", "--unit", "brief.service", "--json",
             ])
             let groups = try JSONSerialization.jsonObject(with: Data(report.utf8)) as? [[String: Any]] ?? []
             #expect(groups.map { $0["count"] as? Int ?? 0 }.reduce(0, +) == journalCount)
