@@ -10,6 +10,8 @@ struct Executable {
 
     static let stallmon = Executable(name: "stallmon")
     static let stallmond = Executable(name: "stallmond")
+    /// The service the tests stall (Sources/StallmonFixture).
+    static let fixture = Executable(name: "StallmonFixture")
 
     var url: URL {
         URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent(name)

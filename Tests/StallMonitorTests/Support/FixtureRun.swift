@@ -22,39 +22,22 @@ struct FixtureRun {
         }
     }
 
-    static var executable: URL {
-        URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent(
-            "StallmonFixture")
-    }
-
     /// Runs a scenario and waits for it (killing it after `timeout` seconds).
     /// - Parameter whileRunning: Called with the child's pid once it runs (for SIGSTOP tests).
     static func run(
         _ scenario: String, arguments: [String] = [], environment: [String: String] = [:], timeout: Double = 30,
         whileRunning: ((pid_t) -> Void)? = nil
     ) throws -> FixtureRun {
-        let process = Process()
-        process.executableURL = executable
-        process.arguments = [scenario] + arguments
-        process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
-        let output = Pipe()
-        let errors = Pipe()
-        process.standardOutput = output
-        process.standardError = errors
-        try process.run()
-        let killer = DispatchWorkItem { if process.isRunning { kill(process.processIdentifier, SIGKILL) } }
+        let running = try Executable.fixture.start([scenario] + arguments, environment: environment)
+        let killer = DispatchWorkItem { if running.process.isRunning { running.signal(SIGKILL) } }
         DispatchQueue.global().asyncAfter(deadline: .now() + timeout, execute: killer)
-        whileRunning?(process.processIdentifier)
-        let outputData = output.fileHandleForReading.readDataToEndOfFile()
-        let errorData = errors.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
-        killer.cancel()
-        let lines = String(decoding: outputData, as: UTF8.self).split(separator: "\n").compactMap { line in
+        defer { killer.cancel() }
+        whileRunning?(running.process.processIdentifier)
+        let result = running.wait()
+        let lines = result.output.split(separator: "\n").compactMap { line in
             (try? JSONSerialization.jsonObject(with: Data(line.utf8))) as? [String: Any]
         }
-        return FixtureRun(
-            lines: lines, exitStatus: process.terminationStatus,
-            standardError: String(decoding: errorData, as: UTF8.self))
+        return FixtureRun(lines: lines, exitStatus: result.status, standardError: result.errors)
     }
 }
 
