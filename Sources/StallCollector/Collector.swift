@@ -2,6 +2,7 @@ import Dispatch
 import Foundation
 import Logging
 import StallJournal
+import StallMonitor
 
 #if canImport(Glibc)
     import Glibc
@@ -92,7 +93,7 @@ public final class Collector {
             }
         }
         let now = Self.monotonicNanoseconds()
-        let interval = UInt64(configuration.metricsInterval.components.seconds) * 1_000_000_000
+        let interval = UInt64(configuration.metricsInterval.nanoseconds)
         if !configuration.metricsPath.isEmpty, metricsStale, forceMetrics || now - lastMetricsWrite >= interval {
             writeMetrics()
             lastMetricsWrite = now
@@ -169,7 +170,7 @@ public final class Collector {
         timer.setEventHandler { [self] in
             catchUp()
             flush()
-            let interval = UInt64(configuration.digestInterval.components.seconds) * 1_000_000_000
+            let interval = UInt64(configuration.digestInterval.nanoseconds)
             if interval > 0, Self.monotonicNanoseconds() - lastDigest >= interval { writeDigest() }
         }
         timer.resume()

@@ -98,9 +98,7 @@ public struct CollectorConfiguration: Sendable, Hashable {
         func check(_ condition: Bool, _ key: Key, _ value: String, _ reason: String) throws(ConfigurationError) {
             guard condition else { throw ConfigurationError(key: key.rawValue, value: value, reason: reason) }
         }
-        func seconds(_ duration: Duration) -> String {
-            "\(Double(duration.components.seconds) + Double(duration.components.attoseconds) / 1e18)"
-        }
+        func seconds(_ duration: Duration) -> String { "\(duration.totalSeconds)" }
         try check(
             metricsPath.isEmpty || (metricsPath.hasPrefix("/") && metricsPath.hasSuffix(".prom")), .metricsPath,
             metricsPath,
@@ -120,7 +118,7 @@ public struct CollectorConfiguration: Sendable, Hashable {
         try check(
             zip(histogramBuckets, histogramBuckets.dropFirst()).allSatisfy { $0 < $1 } && histogramBuckets[0] > .zero,
             .histogramBuckets,
-            "\(histogramBuckets.map { $0.components.seconds * 1000 + $0.components.attoseconds / 1_000_000_000_000_000 })",
+            "\(histogramBuckets.map(\.milliseconds))",
             "bounds must be positive and strictly increasing")
         try check(
             digestInterval == .zero || digestInterval >= .seconds(10), .digestInterval, seconds(digestInterval),
@@ -147,16 +145,16 @@ public struct CollectorConfiguration: Sendable, Hashable {
     /// Every value as `key=value`, space-separated.
     public var summary: String {
         func seconds(_ duration: Duration) -> String {
-            let value = Double(duration.components.seconds) + Double(duration.components.attoseconds) / 1e18
+            let value = duration.totalSeconds
             return value == value.rounded() ? "\(Int(value))" : "\(value)"
         }
         return [
             "metrics_path=\(metricsPath)", "metrics_interval_s=\(seconds(metricsInterval))",
             "windows_s=\(windows.map(seconds).joined(separator: ","))",
             "max_fingerprints_per_unit=\(maximumFingerprintsPerUnit)",
-            "histogram_buckets_ms=\(histogramBuckets.map { String($0.components.seconds * 1000 + $0.components.attoseconds / 1_000_000_000_000_000) }.joined(separator: ","))",
+            "histogram_buckets_ms=\(histogramBuckets.map { String($0.milliseconds) }.joined(separator: ","))",
             "digest_interval_s=\(seconds(digestInterval))", "state_directory=\(stateDirectory ?? "")",
-            "monitor_threshold_ms=\(monitorThreshold.components.seconds * 1000 + monitorThreshold.components.attoseconds / 1_000_000_000_000_000)",
+            "monitor_threshold_ms=\(monitorThreshold.milliseconds)",
             "max_tracked_stalls=\(maximumTrackedStalls)",
         ].joined(separator: " ")
     }

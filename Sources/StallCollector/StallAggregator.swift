@@ -1,4 +1,5 @@
 import StallJournal
+import StallMonitor
 
 /// One stall as the collector counts it, from an ended (or watchdog) journal entry.
 public struct StallObservation: Sendable, Hashable {
@@ -111,7 +112,7 @@ public struct StallAggregator: Sendable {
     public mutating func apply(_ configuration: CollectorConfiguration) {
         self.configuration = configuration
         let bounds = configuration.histogramBuckets.map {
-            UInt64($0.components.seconds) * 1_000_000 + UInt64($0.components.attoseconds / 1_000_000_000_000)
+            UInt64($0.microseconds)
         }
         if state.bucketBounds != bounds {
             state.bucketBounds = bounds
@@ -212,7 +213,7 @@ public struct StallAggregator: Sendable {
 
     /// Forgets stalls older than the longest window, and the oldest past the tracking limit.
     public mutating func trim(now: UInt64) {
-        let longest = configuration.windows.map { UInt64($0.components.seconds) * 1_000_000 }.max() ?? 0
+        let longest = configuration.windows.map { UInt64($0.microseconds) }.max() ?? 0
         let horizon = now > longest ? now - longest : 0
         var tracked = 0
         for (unitName, unit) in state.units {
@@ -251,7 +252,7 @@ public struct StallAggregator: Sendable {
 
     /// The groups with stalls received in the last `window` before `now` (epoch microseconds), worst first.
     public func groups(window: Duration, now: UInt64) -> [WindowGroup] {
-        let length = UInt64(window.components.seconds) * 1_000_000
+        let length = UInt64(window.microseconds)
         let since = now > length ? now - length : 0
         var groups: [WindowGroup] = []
         for (unitName, unit) in state.units {
@@ -285,7 +286,7 @@ public struct StallAggregator: Sendable {
         }
         return DigestRecord(
             message: message, stalls: stalls, units: units,
-            windowMicroseconds: UInt64(window.components.seconds) * 1_000_000,
+            windowMicroseconds: UInt64(window.microseconds),
             worstMicroseconds: worst?.worstMicroseconds ?? 0, worstUnit: worst?.unit ?? "",
             worstFrame: worst?.frame ?? "")
     }

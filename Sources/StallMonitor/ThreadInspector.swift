@@ -68,17 +68,19 @@ struct ThreadInspector: Sendable {
     /// The pid of a tracer (debugger, strace) attached to this process, 0 when none.
     static func tracerPID() -> Int {
         guard let status = read("/proc/self/status") else { return 0 }
-        guard let range = firstRange(of: Array("TracerPid:".utf8), in: status) else { return 0 }
-        let digits = status[range.upperBound...].drop { $0 == UInt8(ascii: "\t") || $0 == UInt8(ascii: " ") }
-            .prefix { (UInt8(ascii: "0")...UInt8(ascii: "9")).contains($0) }
-        return Int(String(decoding: digits, as: UTF8.self)) ?? 0
+        return field("TracerPid:", in: status).flatMap { Int($0) } ?? 0
     }
 
     static func hexField(_ name: String, in text: [UInt8]) -> UInt64? {
+        field(name, in: text).flatMap { UInt64($0, radix: 16) }
+    }
+
+    /// The value after `name` on its line of a `/proc/*/status` file.
+    private static func field(_ name: String, in text: [UInt8]) -> String? {
         guard let range = firstRange(of: Array(name.utf8), in: text) else { return nil }
-        let digits = text[range.upperBound...].drop { $0 == UInt8(ascii: "\t") || $0 == UInt8(ascii: " ") }
+        let value = text[range.upperBound...].drop { $0 == UInt8(ascii: "\t") || $0 == UInt8(ascii: " ") }
             .prefix { $0 != UInt8(ascii: "\n") }
-        return UInt64(String(decoding: digits, as: UTF8.self), radix: 16)
+        return String(decoding: value, as: UTF8.self)
     }
 
     private static func firstRange(of needle: [UInt8], in haystack: [UInt8]) -> Range<Int>? {

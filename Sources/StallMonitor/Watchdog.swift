@@ -207,10 +207,9 @@ final class Watchdog: @unchecked Sendable {
             }
             return
         }
-        if stallmon_continue_count() != continueCount {
+        if wasContinued() {
             // The process was stopped and continued since the last look: the time it spent
             // stopped is no stall, so the window counts from now.
-            continueCount = stallmon_continue_count()
             resumedAt = now
             return
         }
@@ -230,14 +229,17 @@ final class Watchdog: @unchecked Sendable {
         return start
     }
 
+    /// Whether a SIGCONT arrived since the last call.
+    private func wasContinued() -> Bool {
+        let count = stallmon_continue_count()
+        defer { continueCount = count }
+        return count != continueCount
+    }
+
     /// Whether the process was stopped while the watchdog slept: a SIGCONT arrived, or the wakeup
     /// came far later than asked for (a stop the handler could not see, such as a debugger's).
     private func processWasStopped(wokeAt woke: UInt64, deadline: UInt64) -> Bool {
-        let count = stallmon_continue_count()
-        if count != continueCount {
-            continueCount = count
-            return true
-        }
+        if wasContinued() { return true }
         return woke > deadline && woke - deadline > pauseTolerance
     }
 

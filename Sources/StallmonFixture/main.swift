@@ -65,11 +65,9 @@ struct JSONLinesSink: ReportSink {
         case .stallDetected(let report), .stallEnded(let report), .watchdogStall(let report):
             object["type"] = report.event.rawValue
             object["duration_ns"] =
-                report.duration.components.seconds * 1_000_000_000 + report.duration.components.attoseconds
-                / 1_000_000_000
+                report.duration.nanoseconds
             object["paused_ns"] =
-                report.pausedTime.components.seconds * 1_000_000_000 + report.pausedTime.components.attoseconds
-                / 1_000_000_000
+                report.pausedTime.nanoseconds
             object["start_ns"] = report.startNanoseconds
             object["reported_ns"] = Fixture.now()
             object["frames"] = report.stack.map { frame in

@@ -65,7 +65,9 @@ struct Demo: ParsableCommand {
         let stall = stallMilliseconds
         let gap = Double(stall) / 1000 + 0.4
 
-        print("stallmon demo: pid \(getpid()), threshold \(configuration.threshold.formatted), stalls of \(stall) ms")
+        print(
+            "stallmon demo: pid \(getpid()), threshold \(configuration.threshold.milliseconds) ms, stalls of \(stall) ms"
+        )
         try monitor.start()
         let lock = NSLock()
         schedule(after: 0.3) {
@@ -187,12 +189,5 @@ enum JSONLines {
             return "{}"
         }
         return String(decoding: data, as: UTF8.self)
-    }
-}
-
-extension Duration {
-    fileprivate var formatted: String {
-        let (seconds, attoseconds) = components
-        return "\(seconds * 1000 + attoseconds / 1_000_000_000_000_000) ms"
     }
 }
