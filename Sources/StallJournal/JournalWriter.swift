@@ -16,10 +16,28 @@ public struct JournalWriter: Sendable {
         self.socketPath = socketPath
     }
 
-    /// Whether a journald socket exists. Without one, `sd_journal_sendv` succeeds and sends nothing.
+    /// Whether journald listens on ``socketPath``: a datagram socket connects to it.
+    ///
+    /// Without a socket, `sd_journal_sendv` succeeds and sends nothing; a socket left behind by a
+    /// journald that has since exited refuses every entry (`ECONNREFUSED`). Both read as unavailable.
+    /// Under systemd the socket belongs to PID 1, so a journald that restarts stays available.
     public var isAvailable: Bool {
-        var status = stat()
-        return stat(socketPath, &status) == 0 && (status.st_mode & S_IFMT) == S_IFSOCK
+        let descriptor = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard descriptor >= 0 else { return false }
+        defer { close(descriptor) }
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        let path = Array(socketPath.utf8)
+        guard path.count < MemoryLayout.size(ofValue: address.sun_path) else { return false }
+        withUnsafeMutableBytes(of: &address.sun_path) { bytes in
+            bytes.copyBytes(from: path)
+        }
+        let connected = withUnsafePointer(to: &address) { pointer in
+            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                connect(descriptor, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
+            }
+        }
+        return connected == 0
     }
 
     /// Sends one entry. Fields whose names journald would silently drop are rejected up front.

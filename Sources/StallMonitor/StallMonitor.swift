@@ -65,7 +65,7 @@ public final class StallMonitor: Sendable {
         self.sinks = sinks ?? Self.defaultSinks(resolved)
     }
 
-    /// The journal when journald's socket exists, standard error otherwise.
+    /// The journal when journald listens, standard error otherwise (decided once, at creation).
     public static func defaultSinks(_ configuration: Configuration) -> [any ReportSink] {
         let journal = JournalSink(syslogIdentifier: configuration.syslogIdentifier)
         return journal.isAvailable ? [journal] : [StandardErrorSink()]

@@ -15,7 +15,7 @@ public struct JournalSink: ReportSink {
         self.failures = FailureCounter()
     }
 
-    /// Whether journald's socket exists (without it, `sd_journal_sendv` silently sends nothing).
+    /// Whether journald listens (see ``JournalWriter/isAvailable``).
     public var isAvailable: Bool { writer.isAvailable }
 
     /// Entries that journald refused (for example while it is down).

@@ -1,27 +1,49 @@
 import Foundation
+import StallJournal
+import Synchronization
 
 #if canImport(Glibc)
     import Glibc
 #endif
 
-/// A real journald for the tests: the one that runs, or one started here
-/// (`/lib/systemd/systemd-journald` works standalone as root).
+/// A real journald for the tests: the one that listens, or one started here
+/// (`/lib/systemd/systemd-journald` works standalone as root) and stopped when the tests exit.
 enum Journald {
-    static let socket = "/run/systemd/journal/socket"
+    /// The journald this process started, if any.
+    private static let started = Mutex<pid_t>(0)
 
     /// Makes sure journald listens; returns false when it cannot be started (not root).
+    ///
+    /// "Listens", not "its socket exists": a journald that has exited leaves its socket behind, and
+    /// that socket refuses every entry. journald replaces such a socket when it starts.
     static func ensureRunning() -> Bool {
-        if FileManager.default.fileExists(atPath: socket) { return true }
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/lib/systemd/systemd-journald")
-        process.standardOutput = FileHandle.nullDevice
-        process.standardError = FileHandle.nullDevice
-        do { try process.run() } catch { return false }
-        for _ in 0..<100 {
-            if FileManager.default.fileExists(atPath: socket) { return true }
+        started.withLock { pid in
+            if JournalWriter().isAvailable { return true }
+            let process = Process()
+            process.executableURL = URL(fileURLWithPath: "/lib/systemd/systemd-journald")
+            process.standardOutput = FileHandle.nullDevice
+            process.standardError = FileHandle.nullDevice
+            do { try process.run() } catch { return false }
+            pid = process.processIdentifier
+            atexit { Journald.stopStarted() }
+            for _ in 0..<100 {
+                if JournalWriter().isAvailable { return true }
+                usleep(50_000)
+            }
+            return false
+        }
+    }
+
+    /// Stops the journald started here, so the tests leave nothing running. Its journal files stay.
+    private static func stopStarted() {
+        let pid = started.withLock { $0 }
+        guard pid > 0, kill(pid, SIGTERM) == 0 else { return }
+        for _ in 0..<60 {
+            var status: Int32 = 0
+            // Gone once reaped, here or by Foundation's own child monitor (then ECHILD).
+            if waitpid(pid, &status, WNOHANG) != 0 { return }
             usleep(50_000)
         }
-        return false
     }
 
     /// `journalctl -o json` for the matches, polled until `count` entries appear or `timeout` passes.
