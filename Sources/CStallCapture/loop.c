@@ -17,14 +17,21 @@
 
 // CFRunLoopActivity values (CFRunLoop.h).
 enum {
-    ACTIVITY_ENTRY = 1UL << 0,
     ACTIVITY_BEFORE_SOURCES = 1UL << 2,
     ACTIVITY_BEFORE_WAITING = 1UL << 5,
     ACTIVITY_AFTER_WAITING = 1UL << 6,
     ACTIVITY_EXIT = 1UL << 7,
 };
 
-enum { RING_SIZE = 16, MAX_DEPTH = 32 };
+enum {
+    RING_SIZE = 16,
+    MAX_LEVELS = 32,
+    // How far the callouts of one run may move on the stack: CF's observer dispatch keeps a buffer
+    // of the mode's observers on the stack (8 bytes each), so observers added to or removed from
+    // the mode while it runs shift them. A nested run sits at least __CFRunLoopRun's and
+    // CFRunLoopRunSpecific's frames deeper (over 500 bytes) than the callout that started it.
+    LEVEL_SLACK = 128,
+};
 
 typedef struct {
     _Atomic uint64_t timestamp_ns;
@@ -36,10 +43,12 @@ struct stallmon_loop {
     _Atomic uint64_t sequence;
     ring_entry ring[RING_SIZE];
     _Atomic uint32_t allowed;
-    // Owned by the monitored thread (never read elsewhere).
+    // Owned by the monitored thread (never read elsewhere): the runs of the loop on its stack,
+    // outermost first, each with the frame address of its window callouts and its latest window.
     uint32_t phase;
     uint32_t depth;
-    uint32_t window_at_depth[MAX_DEPTH];
+    uintptr_t level_frame[MAX_LEVELS];
+    uint32_t level_window[MAX_LEVELS];
     // Shared with the watchdog; written rarely, so the observer's reads stay cache hits.
     _Atomic int parked __attribute__((aligned(64)));
     _Atomic uint64_t watch_sequence;
@@ -86,7 +95,10 @@ stallmon_loop *stallmon_loop_create(stallmon_wake_fn wake, void *wake_context, s
     atomic_init(&loop->allowed, 0);
     loop->phase = STALLMON_LOOP_UNKNOWN;
     loop->depth = 0;
-    for (int i = 0; i < MAX_DEPTH; i++) loop->window_at_depth[i] = STALLMON_WINDOW_BEFORE_SOURCES;
+    for (int i = 0; i < MAX_LEVELS; i++) {
+        loop->level_frame[i] = 0;
+        loop->level_window[i] = STALLMON_WINDOW_NONE;
+    }
     atomic_init(&loop->parked, 0);
     atomic_init(&loop->watch_sequence, 0);
     atomic_init(&loop->watch_end_ns, 0);
@@ -157,23 +169,31 @@ static inline void publish(stallmon_loop *loop, uint32_t phase, uint32_t window)
     }
 }
 
+// Nesting without kCFRunLoopEntry. RunLoop.run() enters and exits the loop on every pass, and each
+// activity that has an observer costs a full CF observer dispatch, so observing the entry would add
+// a third of the monitor's cost to a busy loop. The nesting is read off the stack instead: every
+// window callout of one run comes from __CFRunLoopRun at the same stack depth, a nested run's from
+// deeper down, and a run's exit from CFRunLoopRunSpecific, above its own window callouts (by
+// __CFRunLoopRun's frame) and below those of the run around it (by the callout that nested it).
+
+// The monitored thread's frame address in an observer callout.
+#define CALLOUT_FRAME() ((uintptr_t)__builtin_frame_address(0))
+
 void stallmon_observer_window_start(void *observer, uintptr_t activity, void *info) {
     (void)observer;
     stallmon_loop *loop = info;
     if (loop == NULL) return;  // CFRunLoopObserverInvalidate clears info while a callout may be on its way
-    uint32_t window;
-    if (activity & ACTIVITY_AFTER_WAITING) {
-        window = STALLMON_WINDOW_AFTER_WAITING;
-    } else if (activity & ACTIVITY_BEFORE_SOURCES) {
-        window = STALLMON_WINDOW_BEFORE_SOURCES;
-    } else {  // entry: the pass is heading into its sources
-        if (loop->depth < UINT32_MAX) loop->depth += 1;
-        window = STALLMON_WINDOW_BEFORE_SOURCES;
-    }
-    // A monitor started inside a running loop never saw that run's entry: count it now, so that
-    // a nested run's exit does not look like the outermost one.
-    if (loop->depth == 0) loop->depth = 1;
-    if (loop->depth < MAX_DEPTH) loop->window_at_depth[loop->depth] = window;
+    uintptr_t frame = CALLOUT_FRAME();
+    uint32_t window = (activity & ACTIVITY_AFTER_WAITING) ? STALLMON_WINDOW_AFTER_WAITING : STALLMON_WINDOW_BEFORE_SOURCES;
+    uint32_t depth = loop->depth;
+    // Runs deeper than this callout have returned (their exits normally pop them already).
+    while (depth > 0 && loop->level_frame[depth - 1] + LEVEL_SLACK < frame) depth--;
+    // Deeper than the innermost known run: a nested run, or the first run the monitor sees (one
+    // started inside a callout sees its loop's current run first).
+    if (depth == 0 || (loop->level_frame[depth - 1] > frame + LEVEL_SLACK && depth < MAX_LEVELS)) depth++;
+    loop->level_frame[depth - 1] = frame;
+    loop->level_window[depth - 1] = window;
+    loop->depth = depth;
     publish(loop, STALLMON_LOOP_ACTIVE, window);
 }
 
@@ -185,12 +205,15 @@ void stallmon_observer_window_end(void *observer, uintptr_t activity, void *info
         publish(loop, STALLMON_LOOP_ASLEEP, STALLMON_WINDOW_NONE);
         return;
     }
-    // Exit. A nested run returning hands control back to the callout that started it: the outer
-    // window resumes, and since the nested run made progress, it resumes as a fresh window.
-    if (loop->depth > 0) loop->depth -= 1;
-    if (loop->depth > 0) {
-        uint32_t window = loop->depth < MAX_DEPTH ? loop->window_at_depth[loop->depth] : STALLMON_WINDOW_BEFORE_SOURCES;
-        publish(loop, STALLMON_LOOP_ACTIVE, window);
+    // Exit: the run that exits, and anything nested in it, had its window callouts below this one.
+    uintptr_t frame = CALLOUT_FRAME();
+    uint32_t depth = loop->depth;
+    while (depth > 0 && loop->level_frame[depth - 1] < frame) depth--;
+    loop->depth = depth;
+    if (depth > 0) {
+        // A nested run returned to the callout that started it: the outer window resumes, and since
+        // the nested run made progress, it resumes as a fresh window.
+        publish(loop, STALLMON_LOOP_ACTIVE, loop->level_window[depth - 1]);
     } else {
         publish(loop, STALLMON_LOOP_OUTSIDE, STALLMON_WINDOW_NONE);
     }
@@ -254,7 +277,7 @@ void stallmon_loop_allow_end(stallmon_loop *loop) {
     // The fresh window is published before the scope closes, so that the watchdog never sees the
     // old window without the scope.
     if (loop->phase == STALLMON_LOOP_ACTIVE) {
-        uint32_t window = loop->depth < MAX_DEPTH ? loop->window_at_depth[loop->depth] : STALLMON_WINDOW_BEFORE_SOURCES;
+        uint32_t window = loop->depth > 0 ? loop->level_window[loop->depth - 1] : STALLMON_WINDOW_BEFORE_SOURCES;
         publish(loop, STALLMON_LOOP_ACTIVE, window);
     }
     atomic_store_explicit(&loop->allowed, before - 1, memory_order_relaxed);

@@ -272,7 +272,8 @@ public final class StallMonitor: Sendable {
 
         /// Two observers with disjoint activities: window starts at the lowest order (so that a
         /// slow observer of someone else's counts as part of the window) and window ends at the
-        /// highest.
+        /// highest. Not the entry: `RunLoop.run()` enters the loop on every pass, and each observed
+        /// activity costs a whole CF observer dispatch; the callouts tell nesting from the stack.
         private static func addObservers(to runLoop: CFRunLoop, loop: OpaquePointer, additionalModes: [String])
             -> [CFRunLoopObserver]
         {
@@ -280,10 +281,7 @@ public final class StallMonitor: Sendable {
             let start: Callout = stallmon_observer_window_start
             let end: Callout = stallmon_observer_window_end
             let specs: [(CFOptionFlags, CFIndex, Callout)] = [
-                (
-                    CFRunLoopActivity.entry.rawValue | CFRunLoopActivity.beforeSources.rawValue
-                        | CFRunLoopActivity.afterWaiting.rawValue, CFIndex.min, start
-                ),
+                (CFRunLoopActivity.beforeSources.rawValue | CFRunLoopActivity.afterWaiting.rawValue, CFIndex.min, start),
                 (CFRunLoopActivity.beforeWaiting.rawValue | CFRunLoopActivity.exit.rawValue, CFIndex.max, end),
             ]
             return specs.map { activities, order, callout in

@@ -93,6 +93,16 @@ enum Scenarios {
             }
             finish(after: 2.2)
 
+        case "after-nested":
+            // A timer callout runs the loop again (default mode); once the nested run has returned,
+            // the callout itself stalls: a stall of the outer run's window, which resumed then.
+            try monitor.start()
+            Fixture.after(0.2) {
+                NestedLoop.runFor(seconds: 0.4, mode: .default)
+                Fixture.truth(name) { Stalls.burnCPU(milliseconds: stallMilliseconds) }
+            }
+            finish(after: 1.8)
+
         case "nested-private-mode":
             // A callout runs the loop in a mode the monitor does not observe and idles there.
             try monitor.start()

@@ -46,6 +46,8 @@ extension Serial {
             Case(
                 scenario: "nested", callout: "timer",
                 functions: ["Stalls.burnCPU(milliseconds:)", "NestedLoop.runFor(seconds:mode:)"], onCPU: true),
+            Case(
+                scenario: "after-nested", callout: "timer", functions: ["Stalls.burnCPU(milliseconds:)"], onCPU: true),
             Case(scenario: "exit-reenter", callout: "timer", functions: ["Stalls.burnCPU(milliseconds:)"], onCPU: true),
             Case(
                 scenario: "thread-loop", callout: "timer", functions: ["Stalls.burnCPU(milliseconds:)"], onCPU: true,

@@ -59,7 +59,7 @@ void stallmon_loop_watch(stallmon_loop *loop, uint64_t sequence);
 /// When the watched window has ended and the observer recorded it, stores its end and returns 1.
 int stallmon_loop_watched_end(const stallmon_loop *loop, uint64_t sequence, uint64_t *end_ns);
 
-/// CFRunLoopObserver callout for kCFRunLoopEntry | kCFRunLoopBeforeSources | kCFRunLoopAfterWaiting.
+/// CFRunLoopObserver callout for kCFRunLoopBeforeSources | kCFRunLoopAfterWaiting (lowest order).
 /// Its signature matches CFRunLoopObserverCallBack; `info` is the stallmon_loop.
 void stallmon_observer_window_start(void *observer, uintptr_t activity, void *info);
 /// CFRunLoopObserver callout for kCFRunLoopBeforeWaiting | kCFRunLoopExit (added with the highest order).
