@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
+#include <linux/membarrier.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 
@@ -51,6 +52,7 @@ struct stallmon_loop {
     uint32_t level_window[MAX_LEVELS];
     // Shared with the watchdog; written rarely, so the observer's reads stay cache hits.
     _Atomic int parked __attribute__((aligned(64)));
+    int asymmetric;  // parking uses membarrier, so the observer needs no fence (set at creation)
     _Atomic uint64_t watch_sequence;
     _Atomic uint64_t watch_end_ns;
     _Atomic uint64_t watch_end_sequence;
@@ -84,6 +86,25 @@ int64_t stallmon_thread_cpu_ns(pid_t tid) {
 int stallmon_sigrtmin(void) { return SIGRTMIN; }
 int stallmon_sigrtmax(void) { return SIGRTMAX; }
 
+// Parking is a Dekker handshake: the watchdog announces `parked`, then reads the sequence; a
+// callout leaving an idle phase stores the sequence, then reads `parked`. Each side needs a full
+// fence between its store and its load, or both may miss the other (x86 reorders a store with a
+// later load). The callout's side runs on every idle-to-active transition, twice per pass of a
+// busy RunLoop.run(); the watchdog's once per idle period. membarrier(2)'s private expedited
+// command moves the whole cost to the rare side: it runs a full barrier on every CPU that runs a
+// thread of this process, so the callout needs only a compiler barrier. Registered once per
+// process; where the kernel or a seccomp filter refuses it, both sides use fences.
+static int membarrier_registered(void) {
+    static _Atomic int state;  // 0 not tried, 1 registered, -1 unavailable
+    int known = atomic_load_explicit(&state, memory_order_acquire);
+    if (known != 0) return known > 0;
+    long commands = syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
+    int registered = commands >= 0 && (commands & MEMBARRIER_CMD_PRIVATE_EXPEDITED) &&
+                     syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
+    atomic_store_explicit(&state, registered ? 1 : -1, memory_order_release);
+    return registered;
+}
+
 stallmon_loop *stallmon_loop_create(stallmon_wake_fn wake, void *wake_context, stallmon_release_fn release) {
     stallmon_loop *loop = aligned_alloc(64, (sizeof(stallmon_loop) + 63) / 64 * 64);
     if (loop == NULL) return NULL;
@@ -100,6 +121,7 @@ stallmon_loop *stallmon_loop_create(stallmon_wake_fn wake, void *wake_context, s
         loop->level_window[i] = STALLMON_WINDOW_NONE;
     }
     atomic_init(&loop->parked, 0);
+    loop->asymmetric = membarrier_registered();
     atomic_init(&loop->watch_sequence, 0);
     atomic_init(&loop->watch_end_ns, 0);
     atomic_init(&loop->watch_end_sequence, 0);
@@ -160,8 +182,12 @@ static inline void publish(stallmon_loop *loop, uint32_t phase, uint32_t window)
     uint32_t previous = loop->phase;
     loop->phase = phase;
     if (phase == STALLMON_LOOP_ACTIVE && previous != STALLMON_LOOP_ACTIVE) {
-        // Leaving an idle phase: the watchdog may be parked. Pairs with the fence in stallmon_loop_park.
-        atomic_thread_fence(memory_order_seq_cst);
+        // Leaving an idle phase: the watchdog may be parked. Pairs with the barrier in stallmon_loop_park.
+        if (loop->asymmetric) {
+            atomic_signal_fence(memory_order_seq_cst);
+        } else {
+            atomic_thread_fence(memory_order_seq_cst);
+        }
         if (atomic_load_explicit(&loop->parked, memory_order_relaxed) &&
             atomic_exchange_explicit(&loop->parked, 0, memory_order_acq_rel)) {
             loop->wake(loop->wake_context);
@@ -258,6 +284,11 @@ int stallmon_loop_event_after(const stallmon_loop *loop, uint64_t sequence, stal
 int stallmon_loop_park(stallmon_loop *loop, uint64_t seen_sequence) {
     atomic_store_explicit(&loop->parked, 1, memory_order_relaxed);
     atomic_thread_fence(memory_order_seq_cst);
+    if (loop->asymmetric && syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) != 0) {
+        // Registered, yet refused (a seccomp filter installed since): the callout's transitions
+        // cannot be seen for sure, so never wait without a timeout.
+        return atomic_exchange_explicit(&loop->parked, 0, memory_order_acq_rel) ? -1 : 1;
+    }
     if (atomic_load_explicit(&loop->sequence, memory_order_relaxed) == seen_sequence) return 1;
     // The loop moved on. If its callout already took the park flag, a wake is on its way.
     return atomic_exchange_explicit(&loop->parked, 0, memory_order_acq_rel) ? 0 : 1;

@@ -156,7 +156,8 @@ final class Watchdog: @unchecked Sendable {
                 }
                 // Asleep or outside the loop: nothing can stall until the observer wakes us (or
                 // the service manager's watchdog wants its next ping).
-                if stallmon_loop_park(loop, event.sequence) == 1 {
+                switch stallmon_loop_park(loop, event.sequence) {
+                case 1:
                     if let nextPing = serviceWatchdog?.nextPing {
                         _ = wait(until: nextPing)
                     } else {
@@ -164,6 +165,11 @@ final class Watchdog: @unchecked Sendable {
                     }
                     noteLateWakeFromPark(after: event.sequence)
                     parkNext = false
+                case -1:
+                    // Parking is unsafe here: poll once per threshold instead.
+                    _ = wait(until: cappedByPing(stallmon_now_ns() + threshold))
+                default:
+                    break
                 }
                 _ = stallmon_loop_unpark(loop)
             }

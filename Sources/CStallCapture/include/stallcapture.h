@@ -73,7 +73,8 @@ int stallmon_loop_event_after(const stallmon_loop *loop, uint64_t sequence, stal
 
 /// Watchdog side of parking: announces that the watchdog is about to wait without a timeout
 /// because the loop was idle at `seen_sequence`. Returns 1 when the watchdog should wait
-/// (possibly consuming a wake that is already on its way), 0 when the loop moved on meanwhile.
+/// (possibly consuming a wake that is already on its way), 0 when the loop moved on meanwhile,
+/// -1 when the watchdog must not wait without a timeout (membarrier refused after registration).
 int stallmon_loop_park(stallmon_loop *loop, uint64_t seen_sequence);
 /// Withdraws a park announcement. Returns 1 when a wake was already sent and must be consumed.
 int stallmon_loop_unpark(stallmon_loop *loop);
