@@ -122,3 +122,42 @@ extension String {
         return String(result)
     }
 }
+
+/// How long the calling thread has waited for a CPU while runnable: the second field of
+/// `/proc/thread-self/schedstat`. A thread whose wakeup comes late because the machine is busy has
+/// waited on a run queue; one whose process was stopped has not. Opened and read on the thread it
+/// measures, and only there; a read is one `pread` and no allocation.
+final class RunQueueClock: @unchecked Sendable {
+    private var descriptor: Int32 = -1
+
+    func open() {
+        descriptor = Glibc.open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC)
+    }
+
+    func close() {
+        if descriptor >= 0 { _ = Glibc.close(descriptor) }
+        descriptor = -1
+    }
+
+    /// Nanoseconds spent runnable but not running so far; 0 when the kernel does not say.
+    func waited() -> UInt64 {
+        guard descriptor >= 0 else { return 0 }
+        return withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 64) { buffer -> UInt64 in
+            let count = pread(descriptor, buffer.baseAddress, buffer.count, 0)
+            guard count > 0 else { return 0 }
+            // "<on-cpu ns> <run-queue ns> <timeslices>\n"
+            var field = 0
+            var value: UInt64 = 0
+            for byte in buffer[0..<count] {
+                if byte == UInt8(ascii: " ") || byte == UInt8(ascii: "\n") {
+                    if field == 1 { return value }
+                    field += 1
+                    value = 0
+                } else if byte >= UInt8(ascii: "0"), byte <= UInt8(ascii: "9") {
+                    value = value &* 10 &+ UInt64(byte - UInt8(ascii: "0"))
+                }
+            }
+            return field == 1 ? value : 0
+        }
+    }
+}

@@ -66,6 +66,9 @@ final class Watchdog: @unchecked Sendable {
     /// window the loop is in by the time the watchdog looks.
     private var resumedAt: UInt64 = 0
     private var continueCount: UInt64 = 0
+    /// Time the watchdog thread waited for a CPU during its latest `wait(until:)`.
+    private var lastWaitQueued: UInt64 = 0
+    private let runQueue = RunQueueClock()
     private var sample = stallmon_sample()
     /// Whether the next idle phase parks the watchdog. After the observer woke it, it first waits
     /// out one quiet threshold: a loop that sleeps briefly on every pass would otherwise wake it
@@ -111,7 +114,9 @@ final class Watchdog: @unchecked Sendable {
         let thread = Thread { [self] in
             watchdogThreadID.store(stallmon_gettid(), ordering: .releasing)
             stallmon_set_timer_slack(1)
+            runQueue.open()
             run()
+            runQueue.close()
             finished.signal()
         }
         thread.name = "stallmon-watchdog"
@@ -158,12 +163,13 @@ final class Watchdog: @unchecked Sendable {
                 // the service manager's watchdog wants its next ping).
                 switch stallmon_loop_park(loop, event.sequence) {
                 case 1:
+                    let queued = runQueue.waited()
                     if let nextPing = serviceWatchdog?.nextPing {
                         _ = wait(until: nextPing)
                     } else {
                         semaphore.wait()
                     }
-                    noteLateWakeFromPark(after: event.sequence)
+                    noteLateWakeFromPark(after: event.sequence, queued: runQueue.waited() &- queued)
                     parkNext = false
                 case -1:
                     // Parking is unsafe here: poll once per threshold instead.
@@ -244,21 +250,23 @@ final class Watchdog: @unchecked Sendable {
 
     /// Whether the process was stopped while the watchdog slept: a SIGCONT arrived, or the wakeup
     /// came far later than asked for (a stop the handler could not see, such as a debugger's).
+    /// Lateness spent waiting for a CPU is no stop: a stopped thread is not on a run queue.
     private func processWasStopped(wokeAt woke: UInt64, deadline: UInt64) -> Bool {
         if wasContinued() { return true }
-        return woke > deadline && woke - deadline > pauseTolerance
+        return woke > deadline && woke - deadline > pauseTolerance &+ lastWaitQueued
     }
 
     /// The observer wakes a parked watchdog within microseconds of the loop waking up. When the
-    /// first window after the park is already old, the process was stopped in between (a
-    /// debugger's stop sends no SIGCONT): that window counts from now.
-    private func noteLateWakeFromPark(after parkedSequence: UInt64) {
+    /// first window after the park is already old, and not because the watchdog waited `queued`
+    /// for a CPU, the process was stopped in between (a debugger's stop sends no SIGCONT): that
+    /// window counts from now.
+    private func noteLateWakeFromPark(after parkedSequence: UInt64, queued: UInt64) {
         var event = stallmon_event()
         guard stallmon_loop_event_after(loop, parkedSequence, &event) == 1,
             event.phase == UInt32(STALLMON_LOOP_ACTIVE.rawValue)
         else { return }
         let now = stallmon_now_ns()
-        if now > event.timestamp_ns, now - event.timestamp_ns > pauseTolerance {
+        if now > event.timestamp_ns, now - event.timestamp_ns > pauseTolerance &+ queued {
             resumedAt = now
         }
     }
@@ -271,10 +279,12 @@ final class Watchdog: @unchecked Sendable {
     /// Waits on the semaphore until `deadline` (CLOCK_MONOTONIC) or a signal; returns the time it woke.
     @discardableResult
     private func wait(until deadline: UInt64) -> UInt64 {
+        let queued = runQueue.waited()
         let now = stallmon_now_ns()
         if deadline > now {
             _ = semaphore.wait(timeout: .now() + .nanoseconds(Int(deadline - now)))
         }
+        lastWaitQueued = runQueue.waited() &- queued
         return stallmon_now_ns()
     }
 

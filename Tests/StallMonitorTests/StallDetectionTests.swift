@@ -102,6 +102,22 @@ extension Serial {
             }
         }
 
+        /// Real-time threads take every CPU for 30 ms out of every 80, so the watchdog often wakes
+        /// late because it waited for a CPU. That is no stop of the process: the stall is reported
+        /// once with its whole duration.
+        @Test(arguments: ["timer-cpu", "nested"])
+        func stallOnACrowdedMachineKeepsItsDuration(_ scenario: String) throws {
+            let hogs = CPUHogs(busy: 0.030, period: 0.080)
+            defer { hogs.stop() }
+            let run = try FixtureRun.run(scenario)
+            #expect(run.exitStatus == 0, "fixture failed: \(run.standardError)")
+            try #require(run.detected.count == 1, "detected reports: \(run.detected.count)\n\(run.standardError)")
+            try #require(run.ended.count == 1, "ended reports: \(run.ended.count)")
+            let truth = try #require(run.truth(scenario))
+            let duration = run.ended[0].milliseconds("STALL_DURATION_USEC")
+            #expect(duration >= truth - 1 && duration <= truth + 40, "reported \(duration) ms, true \(truth) ms")
+        }
+
         @Test func sameStallInTwoRunsHasTheSameFingerprint() throws {
             let first = try FixtureRun.run("timer-cpu")
             let second = try FixtureRun.run("timer-cpu")
