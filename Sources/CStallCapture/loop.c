@@ -2,8 +2,9 @@
 //
 // Each callout reads CLOCK_MONOTONIC once (vDSO) and publishes one event into a small ring with
 // relaxed stores and one release store. Only a transition out of an idle phase also checks whether
-// the watchdog is parked and, if so, wakes it; a busy loop therefore never pays for a fence or a
-// wakeup, and an idle loop costs the watchdog nothing.
+// the watchdog is parked and, if so, wakes it (behind a compiler barrier where membarrier(2) is
+// available, a full fence where not); a busy loop never wakes the watchdog, and an idle loop costs
+// the watchdog nothing.
 
 #include "stallcapture.h"
 
@@ -31,6 +32,8 @@ enum {
     // of the mode's observers on the stack (8 bytes each), so observers added to or removed from
     // the mode while it runs shift them. A nested run sits at least __CFRunLoopRun's and
     // CFRunLoopRunSpecific's frames deeper (over 500 bytes) than the callout that started it.
+    // Limits: a nested run in a mode with about 50 fewer observers than the outer one, or more
+    // than 32 observers added to a mode during one of its runs, would be misread.
     LEVEL_SLACK = 128,
 };
 
@@ -214,8 +217,10 @@ void stallmon_observer_window_start(void *observer, uintptr_t activity, void *in
     uint32_t depth = loop->depth;
     // Runs deeper than this callout have returned (their exits normally pop them already).
     while (depth > 0 && loop->level_frame[depth - 1] + LEVEL_SLACK < frame) depth--;
-    // Deeper than the innermost known run: a nested run, or the first run the monitor sees (one
-    // started inside a callout sees its loop's current run first).
+    // Deeper than the innermost known run: a nested run, or the first run the monitor sees. A
+    // monitor started inside a callout knows nothing of the run around it: if that callout runs
+    // the loop again, the nested run counts as the outermost, and once it exits the rest of the
+    // callout goes unwatched (the next window of the outer run is seen again).
     if (depth == 0 || (loop->level_frame[depth - 1] > frame + LEVEL_SLACK && depth < MAX_LEVELS)) depth++;
     loop->level_frame[depth - 1] = frame;
     loop->level_window[depth - 1] = window;

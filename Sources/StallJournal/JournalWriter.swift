@@ -9,7 +9,8 @@ import CSystemd
 /// The corresponding C function is `sd_journal_sendv` (`sd_journal_send` is variadic and cannot be
 /// called from Swift).
 public struct JournalWriter: Sendable {
-    /// Where journald listens for native-protocol entries.
+    /// Where ``isAvailable`` looks for journald. ``send(_:)`` always goes to libsystemd's own
+    /// choice, `/run/systemd/journal/socket`.
     public var socketPath: String
 
     public init(socketPath: String = "/run/systemd/journal/socket") {

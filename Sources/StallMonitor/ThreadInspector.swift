@@ -139,12 +139,12 @@ final class RunQueueClock: @unchecked Sendable {
         descriptor = -1
     }
 
-    /// Nanoseconds spent runnable but not running so far; 0 when the kernel does not say.
-    func waited() -> UInt64 {
-        guard descriptor >= 0 else { return 0 }
-        return withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 64) { buffer -> UInt64 in
+    /// Nanoseconds spent runnable but not running so far; `nil` when the kernel does not say.
+    func waited() -> UInt64? {
+        guard descriptor >= 0 else { return nil }
+        return withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 64) { buffer -> UInt64? in
             let count = pread(descriptor, buffer.baseAddress, buffer.count, 0)
-            guard count > 0 else { return 0 }
+            guard count > 0 else { return nil }
             // "<on-cpu ns> <run-queue ns> <timeslices>\n"
             var field = 0
             var value: UInt64 = 0
@@ -157,7 +157,7 @@ final class RunQueueClock: @unchecked Sendable {
                     value = value &* 10 &+ UInt64(byte - UInt8(ascii: "0"))
                 }
             }
-            return field == 1 ? value : 0
+            return field == 1 ? value : nil
         }
     }
 }

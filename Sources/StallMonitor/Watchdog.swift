@@ -142,7 +142,7 @@ final class Watchdog: @unchecked Sendable {
             guard stallmon_loop_latest(loop, &event) == 1 else {
                 // No transition yet (the loop is not running, or the monitor started inside a callout).
                 pingServiceWatchdog(nil)
-                _ = wait(until: cappedByPing(stallmon_now_ns() + threshold))
+                waitNoticingStops(until: cappedByPing(stallmon_now_ns() + threshold))
                 continue
             }
             pingServiceWatchdog(event)
@@ -154,7 +154,7 @@ final class Watchdog: @unchecked Sendable {
                     // A window that starts from now on cannot cross the threshold before now +
                     // threshold, so this wait delays no detection. A loop that stayed quiet
                     // throughout gets the watchdog parked next time.
-                    _ = wait(until: cappedByPing(stallmon_now_ns() + threshold))
+                    waitNoticingStops(until: cappedByPing(stallmon_now_ns() + threshold))
                     var latest = stallmon_event()
                     parkNext = stallmon_loop_latest(loop, &latest) == 1 && latest.sequence == event.sequence
                     continue
@@ -163,17 +163,17 @@ final class Watchdog: @unchecked Sendable {
                 // the service manager's watchdog wants its next ping).
                 switch stallmon_loop_park(loop, event.sequence) {
                 case 1:
-                    let queued = runQueue.waited()
+                    let queuedBefore = runQueue.waited()
                     if let nextPing = serviceWatchdog?.nextPing {
                         _ = wait(until: nextPing)
                     } else {
                         semaphore.wait()
                     }
-                    noteLateWakeFromPark(after: event.sequence, queued: runQueue.waited() &- queued)
+                    noteLateWakeFromPark(after: event.sequence, queued: queued(since: queuedBefore))
                     parkNext = false
                 case -1:
                     // Parking is unsafe here: poll once per threshold instead.
-                    _ = wait(until: cappedByPing(stallmon_now_ns() + threshold))
+                    waitNoticingStops(until: cappedByPing(stallmon_now_ns() + threshold))
                 default:
                     break
                 }
@@ -212,11 +212,7 @@ final class Watchdog: @unchecked Sendable {
         let deadline = windowStart + threshold
         let now = stallmon_now_ns()
         if now < deadline {
-            let target = cappedByPing(deadline)
-            let woke = wait(until: target)
-            if processWasStopped(wokeAt: woke, deadline: target) {
-                resumedAt = stallmon_now_ns()
-            }
+            waitNoticingStops(until: cappedByPing(deadline))
             return
         }
         if wasContinued() {
@@ -279,13 +275,28 @@ final class Watchdog: @unchecked Sendable {
     /// Waits on the semaphore until `deadline` (CLOCK_MONOTONIC) or a signal; returns the time it woke.
     @discardableResult
     private func wait(until deadline: UInt64) -> UInt64 {
-        let queued = runQueue.waited()
+        let queuedBefore = runQueue.waited()
         let now = stallmon_now_ns()
         if deadline > now {
             _ = semaphore.wait(timeout: .now() + .nanoseconds(Int(deadline - now)))
         }
-        lastWaitQueued = runQueue.waited() &- queued
+        lastWaitQueued = queued(since: queuedBefore)
         return stallmon_now_ns()
+    }
+
+    /// Waits until `deadline`; when the process was stopped meanwhile, the current window counts
+    /// from now.
+    private func waitNoticingStops(until deadline: UInt64) {
+        let woke = wait(until: deadline)
+        if processWasStopped(wokeAt: woke, deadline: deadline) {
+            resumedAt = stallmon_now_ns()
+        }
+    }
+
+    /// Run-queue time of the watchdog thread since `start` (0 when either reading is missing).
+    private func queued(since start: UInt64?) -> UInt64 {
+        guard let start, let now = runQueue.waited(), now >= start else { return 0 }
+        return now - start
     }
 
     // MARK: - Stalls
@@ -429,7 +440,8 @@ final class Watchdog: @unchecked Sendable {
             if let schedule = serviceWatchdog, !finalReportWritten { target = min(target, schedule.finalReportTime) }
             let woke = wait(until: target)
             if processWasStopped(wokeAt: woke, deadline: target), woke > target {
-                paused += woke - target
+                // Late by a stop, less any time spent waiting for a CPU (no stop).
+                paused += (woke - target) - min(lastWaitQueued, woke - target)
             }
             if let schedule = serviceWatchdog, !finalReportWritten, stallmon_now_ns() >= schedule.finalReportTime {
                 finalReportWritten = true
