@@ -69,7 +69,7 @@ enum Figures {
         add("busy_throughput_ratio") { $0.ratio(.busy, .stallmon, over: .unmonitored) }
         add("blog_busy_throughput_ratio") { $0.ratio(.busy, .blog, over: .unmonitored) }
         add("work_throughput_ratio", .atLeast(0.98)) { $0.ratio(.work, .stallmon, over: .unmonitored) }
-        add("timer_throughput_ratio") { $0.ratio(.timer, .stallmon, over: .unmonitored) }
+        add("timer_throughput_ratio", .atLeast(0.95)) { $0.ratio(.timer, .stallmon, over: .unmonitored) }
         add("io_throughput_ratio", .atLeast(0.95)) { $0.ratio(.io, .stallmon, over: .unmonitored) }
         add("idle_watchdog_wakeups_per_s", .atMost(0)) { $0[.idle, .stallmon]?["wakeups_per_s"] }
         add("busy_watchdog_wakeups_per_s", .atMost(10)) { $0[.busy, .stallmon]?["wakeups_per_s"] }
