@@ -281,7 +281,10 @@ public final class StallMonitor: Sendable {
             let start: Callout = stallmon_observer_window_start
             let end: Callout = stallmon_observer_window_end
             let specs: [(CFOptionFlags, CFIndex, Callout)] = [
-                (CFRunLoopActivity.beforeSources.rawValue | CFRunLoopActivity.afterWaiting.rawValue, CFIndex.min, start),
+                (
+                    CFRunLoopActivity.beforeSources.rawValue | CFRunLoopActivity.afterWaiting.rawValue, CFIndex.min,
+                    start
+                ),
                 (CFRunLoopActivity.beforeWaiting.rawValue | CFRunLoopActivity.exit.rawValue, CFIndex.max, end),
             ]
             return specs.map { activities, order, callout in
