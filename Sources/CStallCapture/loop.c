@@ -76,6 +76,7 @@ uint64_t stallmon_boottime_ns(void) { return clock_ns(CLOCK_BOOTTIME); }
 pid_t stallmon_gettid(void) { return (pid_t)syscall(SYS_gettid); }
 
 void stallmon_set_timer_slack(unsigned long nanoseconds) { prctl(PR_SET_TIMERSLACK, nanoseconds, 0, 0, 0); }
+void stallmon_set_thread_name(const char *name) { prctl(PR_SET_NAME, (unsigned long)name, 0, 0, 0); }
 
 int64_t stallmon_thread_cpu_ns(pid_t tid) {
     // The kernel's per-thread CPU clock id (MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED)):

@@ -113,6 +113,8 @@ final class Watchdog: @unchecked Sendable {
     func start() {
         let thread = Thread { [self] in
             watchdogThreadID.store(stallmon_gettid(), ordering: .releasing)
+            // Thread.name set before the start does not reach the kernel on Linux.
+            stallmon_set_thread_name("stallmon-watch")
             stallmon_set_timer_slack(1)
             runQueue.open()
             run()

@@ -3,7 +3,7 @@
 // with --journal, from the journal.
 //
 //   StallmonFixture SCENARIO [--threshold-ms N] [--sample-interval-ms N] [--journal]
-//                            [--identifier NAME] [--seconds N]
+//                            [--identifier NAME] [--seconds N] [--deny-membarrier before|after]
 
 import CoreFoundation
 import Dispatch
@@ -25,6 +25,7 @@ struct Options {
     var graceMilliseconds = 0
     var stallMilliseconds = 300
     var blockAfter: Double?
+    var denyMembarrier: String?
 
     init(_ arguments: [String]) {
         var iterator = arguments.makeIterator()
@@ -38,6 +39,7 @@ struct Options {
             case "--grace-ms": graceMilliseconds = Int(iterator.next() ?? "") ?? graceMilliseconds
             case "--stall-ms": stallMilliseconds = Int(iterator.next() ?? "") ?? stallMilliseconds
             case "--block-after": blockAfter = Double(iterator.next() ?? "")
+            case "--deny-membarrier": denyMembarrier = iterator.next()
             default: scenario = argument
             }
         }
@@ -138,5 +140,10 @@ func finish(after seconds: Double) {
     }
 }
 
+switch options.denyMembarrier {
+case "before": MembarrierDenial.install()
+case "after": DispatchQueue.main.async { MembarrierDenial.install() }  // once the loop runs, after start()
+default: break
+}
 try Scenarios.run(options.scenario, monitor: monitor, options: options)
 RunLoop.main.run()

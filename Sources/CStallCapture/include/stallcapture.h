@@ -100,6 +100,8 @@ pid_t stallmon_gettid(void);
 /// Sets the calling thread's timer slack (`prctl(PR_SET_TIMERSLACK)`, variadic in C), so that its
 /// timed waits wake when asked rather than up to 50 µs later.
 void stallmon_set_timer_slack(unsigned long nanoseconds);
+/// Names the calling thread as top -H, ps -L and /proc show it (at most 15 bytes are kept).
+void stallmon_set_thread_name(const char *name);
 
 // MARK: - Sampling another thread of this process
 

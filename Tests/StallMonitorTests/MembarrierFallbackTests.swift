@@ -1,0 +1,63 @@
+import Foundation
+import Testing
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+extension Serial {
+    /// The park handshake where membarrier(2) is refused: a seccomp filter installed before the
+    /// monitor starts leaves it with fences on both sides; one installed after makes it poll.
+    @Suite
+    struct MembarrierFallbackTests {
+        @Test(arguments: ["before", "after"])
+        func stallIsReportedWithMembarrierDenied(_ when: String) throws {
+            let run = try FixtureRun.run("timer-cpu", arguments: ["--deny-membarrier", when])
+            #expect(run.exitStatus == 0, "fixture failed: \(run.standardError)")
+            try #require(run.detected.count == 1, "detected reports: \(run.detected.count)\n\(run.standardError)")
+            try #require(run.ended.count == 1)
+            let truth = try #require(run.truth("timer-cpu"))
+            let duration = run.ended[0].milliseconds("STALL_DURATION_USEC")
+            #expect(duration >= truth - 1 && duration <= truth + 15, "reported \(duration) ms, true \(truth) ms")
+        }
+
+        /// Denied before the start, the watchdog parks on an idle loop as it does with membarrier;
+        /// denied after, it wakes once per threshold (100 ms) instead of spinning or parking unsafely.
+        @Test(arguments: [("before", 0...2), ("after", 5...20)])
+        func idleWatchdogWakeups(_ when: String, _ expected: ClosedRange<Int>) throws {
+            var wakeups: Int?
+            let run = try FixtureRun.run("idle", arguments: ["--seconds", "3", "--deny-membarrier", when]) { pid in
+                usleep(1_000_000)
+                guard let watchdog = Self.thread(named: "stallmon-watch", of: pid),
+                    let before = Self.contextSwitches(pid, watchdog)
+                else { return }
+                usleep(1_000_000)
+                wakeups = Self.contextSwitches(pid, watchdog).map { $0 - before }
+            }
+            #expect(run.exitStatus == 0)
+            #expect(run.detected.isEmpty)
+            let measured = try #require(wakeups, "no watchdog thread found")
+            #expect(expected.contains(measured), "\(measured) watchdog wakeups in 1 s of idle")
+        }
+
+        static func thread(named name: String, of pid: pid_t) -> String? {
+            let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []
+            return tasks.first { task in
+                let comm = try? String(contentsOfFile: "/proc/\(pid)/task/\(task)/comm", encoding: .utf8)
+                return comm?.trimmingCharacters(in: .newlines) == name
+            }
+        }
+
+        static func contextSwitches(_ pid: pid_t, _ task: String) -> Int? {
+            guard let status = try? String(contentsOfFile: "/proc/\(pid)/task/\(task)/status", encoding: .utf8)
+            else { return nil }
+            var total = 0
+            for line in status.split(separator: "\n")
+            where line.hasPrefix("voluntary_ctxt_switches") || line.hasPrefix("nonvoluntary_ctxt_switches") {
+                guard let value = Int(line.split(separator: "\t").last ?? "") else { return nil }
+                total += value
+            }
+            return total
+        }
+    }
+}
