@@ -66,7 +66,8 @@ final class Watchdog: @unchecked Sendable {
     /// window the loop is in by the time the watchdog looks.
     private var resumedAt: UInt64 = 0
     private var continueCount: UInt64 = 0
-    /// Time the watchdog thread waited for a CPU during its latest `wait(until:)`.
+    /// Time the watchdog thread waited for a CPU during its latest `wait(until:)`: lateness that is
+    /// no stop of the process.
     private var lastWaitQueued: UInt64 = 0
     private let runQueue = RunQueueClock()
     private var sample = stallmon_sample()
@@ -110,18 +111,21 @@ final class Watchdog: @unchecked Sendable {
         idleWaitRange.withLock { $0 = range }
     }
 
+    /// The watchdog thread's name, in Foundation and in the kernel (at most 15 bytes).
+    static let threadName = "stallmon-watch"
+
     func start() {
         let thread = Thread { [self] in
             watchdogThreadID.store(stallmon_gettid(), ordering: .releasing)
             // Thread.name set before the start does not reach the kernel on Linux.
-            stallmon_set_thread_name("stallmon-watch")
+            stallmon_set_thread_name(Self.threadName)
             stallmon_set_timer_slack(1)
             runQueue.open()
             run()
             runQueue.close()
             finished.signal()
         }
-        thread.name = "stallmon-watchdog"
+        thread.name = Self.threadName
         thread.stackSize = 512 * 1024
         thread.start()
     }
@@ -165,13 +169,8 @@ final class Watchdog: @unchecked Sendable {
                 // the service manager's watchdog wants its next ping).
                 switch stallmon_loop_park(loop, event.sequence) {
                 case 1:
-                    let queuedBefore = runQueue.waited()
-                    if let nextPing = serviceWatchdog?.nextPing {
-                        _ = wait(until: nextPing)
-                    } else {
-                        semaphore.wait()
-                    }
-                    noteLateWakeFromPark(after: event.sequence, queued: queued(since: queuedBefore))
+                    wait(until: serviceWatchdog?.nextPing)
+                    noteLateWakeFromPark(after: event.sequence)
                     parkNext = false
                 case -1:
                     // Parking is unsafe here: poll once per threshold instead.
@@ -255,16 +254,16 @@ final class Watchdog: @unchecked Sendable {
     }
 
     /// The observer wakes a parked watchdog within microseconds of the loop waking up. When the
-    /// first window after the park is already old, and not because the watchdog waited `queued`
-    /// for a CPU, the process was stopped in between (a debugger's stop sends no SIGCONT): that
-    /// window counts from now.
-    private func noteLateWakeFromPark(after parkedSequence: UInt64, queued: UInt64) {
+    /// first window after the park is already old, and not because the watchdog waited for a CPU,
+    /// the process was stopped in between (a debugger's stop sends no SIGCONT): that window counts
+    /// from now.
+    private func noteLateWakeFromPark(after parkedSequence: UInt64) {
         var event = stallmon_event()
         guard stallmon_loop_event_after(loop, parkedSequence, &event) == 1,
             event.phase == UInt32(STALLMON_LOOP_ACTIVE.rawValue)
         else { return }
         let now = stallmon_now_ns()
-        if now > event.timestamp_ns, now - event.timestamp_ns > pauseTolerance &+ queued {
+        if now > event.timestamp_ns, now - event.timestamp_ns > pauseTolerance &+ lastWaitQueued {
             resumedAt = now
         }
     }
@@ -274,13 +273,18 @@ final class Watchdog: @unchecked Sendable {
         return max(5_000_000, min(half, 25_000_000))
     }
 
-    /// Waits on the semaphore until `deadline` (CLOCK_MONOTONIC) or a signal; returns the time it woke.
+    /// Waits on the semaphore until `deadline` (CLOCK_MONOTONIC; `nil` waits for a signal only),
+    /// and notes how long of it the thread spent waiting for a CPU; returns the time it woke.
     @discardableResult
-    private func wait(until deadline: UInt64) -> UInt64 {
+    private func wait(until deadline: UInt64?) -> UInt64 {
         let queuedBefore = runQueue.waited()
-        let now = stallmon_now_ns()
-        if deadline > now {
-            _ = semaphore.wait(timeout: .now() + .nanoseconds(Int(deadline - now)))
+        if let deadline {
+            let now = stallmon_now_ns()
+            if deadline > now {
+                _ = semaphore.wait(timeout: .now() + .nanoseconds(Int(deadline - now)))
+            }
+        } else {
+            semaphore.wait()
         }
         lastWaitQueued = queued(since: queuedBefore)
         return stallmon_now_ns()
