@@ -26,19 +26,24 @@ public struct JournalWriter: Sendable {
         let descriptor = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard descriptor >= 0 else { return false }
         defer { close(descriptor) }
+        let connected = Self.withSocketAddress(socketPath) { connect(descriptor, $0, $1) }
+        return connected == 0
+    }
+
+    /// Calls `body` with `path` as a Unix socket address; `nil` when the path does not fit one.
+    package static func withSocketAddress<Result>(
+        _ path: String, _ body: (UnsafePointer<sockaddr>, socklen_t) -> Result
+    ) -> Result? {
         var address = sockaddr_un()
         address.sun_family = sa_family_t(AF_UNIX)
-        let path = Array(socketPath.utf8)
-        guard path.count < MemoryLayout.size(ofValue: address.sun_path) else { return false }
-        withUnsafeMutableBytes(of: &address.sun_path) { bytes in
-            bytes.copyBytes(from: path)
-        }
-        let connected = withUnsafePointer(to: &address) { pointer in
+        let bytes = Array(path.utf8)
+        guard bytes.count < MemoryLayout.size(ofValue: address.sun_path) else { return nil }
+        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: bytes) }
+        return withUnsafePointer(to: &address) { pointer in
             pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                connect(descriptor, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
+                body($0, socklen_t(MemoryLayout<sockaddr_un>.size))
             }
         }
-        return connected == 0
     }
 
     /// Sends one entry. Fields whose names journald would silently drop are rejected up front.

@@ -11,14 +11,7 @@ struct JournalWriterTests {
     func bind(_ path: String) throws -> Int32 {
         let descriptor = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue), 0)
         try #require(descriptor >= 0)
-        var address = sockaddr_un()
-        address.sun_family = sa_family_t(AF_UNIX)
-        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: Array(path.utf8)) }
-        let bound = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                Glibc.bind(descriptor, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
-            }
-        }
+        let bound = JournalWriter.withSocketAddress(path) { Glibc.bind(descriptor, $0, $1) }
         try #require(bound == 0, "bind \(path): errno \(errno)")
         return descriptor
     }
