@@ -22,6 +22,9 @@ public struct CollectorConfiguration: Sendable, Hashable {
     public var monitorThreshold: Duration = .milliseconds(250)
     /// Individual stalls remembered for the windows (memory bound); the oldest go first.
     public var maximumTrackedStalls: Int = 100_000
+    /// Units counted on their own (memory and state bound); stalls of later units count under
+    /// `(other units)`.
+    public var maximumUnits: Int = 500
 
     public init() {}
 
@@ -36,6 +39,7 @@ public struct CollectorConfiguration: Sendable, Hashable {
         case stateDirectory = "state_directory"
         case monitorThreshold = "monitor_threshold_ms"
         case maximumTrackedStalls = "max_tracked_stalls"
+        case maximumUnits = "max_units"
     }
 
     /// The file's path when none is given: `$STALLMOND_CONFIG`, then `/etc/stallmon/stallmond.json`.
@@ -89,6 +93,7 @@ public struct CollectorConfiguration: Sendable, Hashable {
             stateDirectory = text?.isEmpty == false ? text : nil
         case .monitorThreshold: monitorThreshold = try value.milliseconds(key: name, source: source)
         case .maximumTrackedStalls: maximumTrackedStalls = try value.integer(key: name, source: source)
+        case .maximumUnits: maximumUnits = try value.integer(key: name, source: source)
         }
     }
 
@@ -131,6 +136,8 @@ public struct CollectorConfiguration: Sendable, Hashable {
         try check(
             (100...10_000_000).contains(maximumTrackedStalls), .maximumTrackedStalls, "\(maximumTrackedStalls)",
             "must be between 100 and 10000000")
+        try check(
+            (1...100_000).contains(maximumUnits), .maximumUnits, "\(maximumUnits)", "must be between 1 and 100000")
     }
 
     /// The state directory in force: the configured one, `$STATE_DIRECTORY` (set by systemd's
@@ -155,7 +162,7 @@ public struct CollectorConfiguration: Sendable, Hashable {
             "histogram_buckets_ms=\(histogramBuckets.map { String($0.milliseconds) }.joined(separator: ","))",
             "digest_interval_s=\(seconds(digestInterval))", "state_directory=\(stateDirectory ?? "")",
             "monitor_threshold_ms=\(monitorThreshold.milliseconds)",
-            "max_tracked_stalls=\(maximumTrackedStalls)",
+            "max_tracked_stalls=\(maximumTrackedStalls)", "max_units=\(maximumUnits)",
         ].joined(separator: " ")
     }
 }

@@ -94,6 +94,11 @@ public enum PrometheusTextfile {
             "stallmond_malformed_entries_total", "counter",
             "Journal entries with a stall MESSAGE_ID that did not match the schema.")
         lines.append("stallmond_malformed_entries_total \(state.malformedEntries)")
+        family(
+            "stallmond_folded_stalls_total", "counter",
+            "Stalls counted under fingerprint=\"other\" or unit=\"(other units)\" because a limit was reached.")
+        lines.append("stallmond_folded_stalls_total{what=\"fingerprint\"} \(state.foldedFingerprintStalls)")
+        lines.append("stallmond_folded_stalls_total{what=\"unit\"} \(state.foldedUnitStalls)")
         family("stallmond_last_entry_timestamp_seconds", "gauge", "When the newest counted entry reached the journal.")
         lines.append("stallmond_last_entry_timestamp_seconds \(seconds(state.lastEntryMicroseconds))")
         return lines.joined(separator: "\n") + "\n"

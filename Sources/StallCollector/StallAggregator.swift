@@ -49,6 +49,12 @@ public struct StallObservation: Sendable, Hashable {
 
 /// What the collector knows, persisted as one document so that the cursor and the counts it
 /// reflects always agree: a restart neither loses nor double-counts.
+///
+/// Everything in it is bounded, whatever the journal holds: at most ``CollectorConfiguration/maximumUnits``
+/// units (later ones count under ``CollectorState/otherUnits``), at most
+/// ``CollectorConfiguration/maximumFingerprintsPerUnit`` fingerprints per unit (later ones count
+/// under ``CollectorState/otherFingerprint``), ``CollectorConfiguration/maximumTrackedStalls`` recent
+/// stalls, 1000 watchdog stall IDs, and strings as long as the journal schema allows.
 public struct CollectorState: Codable, Sendable, Hashable {
     /// The journal cursor of the last entry counted.
     public var cursor: String?
@@ -59,10 +65,36 @@ public struct CollectorState: Codable, Sendable, Hashable {
     public var watchdogStallIDs: [String] = []
     /// Entries that did not match the schema.
     public var malformedEntries: Int = 0
+    /// Stalls of units past the unit limit, counted under ``otherUnits``.
+    public var foldedUnitStalls: Int = 0
+    /// Stalls of fingerprints past a unit's fingerprint limit, counted under ``otherFingerprint``.
+    public var foldedFingerprintStalls: Int = 0
     /// When the latest counted entry was received (microseconds since the epoch).
     public var lastEntryMicroseconds: UInt64 = 0
+    /// The stalls of the longest window, oldest first, for the windows and the digest.
+    public var recent: [Recent] = []
+
+    /// The unit that stalls of units past the unit limit count under.
+    public static let otherUnits = "(other units)"
+    /// The fingerprint that stalls past a unit's fingerprint limit count under.
+    public static let otherFingerprint = "other"
 
     public init() {}
+
+    /// Reads state files of earlier versions too: fields they lack take their defaults, and their
+    /// per-fingerprint recent stalls (now kept in one list) are left behind.
+    public init(from decoder: any Decoder) throws {
+        let container = try decoder.container(keyedBy: CodingKeys.self)
+        cursor = try container.decodeIfPresent(String.self, forKey: .cursor)
+        units = try container.decodeIfPresent([String: UnitStats].self, forKey: .units) ?? [:]
+        bucketBounds = try container.decodeIfPresent([UInt64].self, forKey: .bucketBounds) ?? []
+        watchdogStallIDs = try container.decodeIfPresent([String].self, forKey: .watchdogStallIDs) ?? []
+        malformedEntries = try container.decodeIfPresent(Int.self, forKey: .malformedEntries) ?? 0
+        foldedUnitStalls = try container.decodeIfPresent(Int.self, forKey: .foldedUnitStalls) ?? 0
+        foldedFingerprintStalls = try container.decodeIfPresent(Int.self, forKey: .foldedFingerprintStalls) ?? 0
+        lastEntryMicroseconds = try container.decodeIfPresent(UInt64.self, forKey: .lastEntryMicroseconds) ?? 0
+        recent = try container.decodeIfPresent([Recent].self, forKey: .recent) ?? []
+    }
 
     public struct UnitStats: Codable, Sendable, Hashable {
         public var stalls: Int = 0
@@ -71,8 +103,9 @@ public struct CollectorState: Codable, Sendable, Hashable {
         public var buckets: [Int] = []
         public var suppressedReports: Int = 0
         public var watchdogStalls: Int = 0
+        /// The unit's first fingerprints (they keep their own series for good), and ``otherFingerprint``.
         public var fingerprints: [String: FingerprintStats] = [:]
-        /// Stalls counted under fingerprint `other` (fingerprints past the per-unit limit).
+        /// Stalls counted under ``otherFingerprint``.
         public var otherStalls: Int = 0
     }
 
@@ -85,27 +118,73 @@ public struct CollectorState: Codable, Sendable, Hashable {
         public var callout: String = ""
         /// The backtrace of the longest stall.
         public var heaviestBacktrace: String = ""
-        /// Whether it has its own metric series (the first fingerprints of a unit do, for good).
+        /// Whether it has its own metric series: every fingerprint but ``otherFingerprint``.
         public var labeled: Bool = false
-        /// Recent stalls (receive time, duration) for the windows.
-        public var recent: [Recent] = []
     }
 
+    /// One stall remembered for the windows.
     public struct Recent: Codable, Sendable, Hashable {
+        public var unit: String
+        public var fingerprint: String
         public var time: UInt64
         public var duration: UInt64
     }
 }
 
+extension UInt64 {
+    /// `self + other`, or `.max` where that overflows: hostile or absurd journal values must never trap.
+    func saturatingAdd(_ other: UInt64) -> UInt64 {
+        let (sum, overflow) = addingReportingOverflow(other)
+        return overflow ? .max : sum
+    }
+}
+
+extension Int {
+    /// `self + other` for a non-negative `other`, or `.max` where that overflows.
+    func saturatingAdd(_ other: Int) -> Int {
+        let (sum, overflow) = addingReportingOverflow(Swift.max(other, 0))
+        return overflow ? .max : sum
+    }
+}
+
 /// Counts stalls per unit × fingerprint over the collector's lifetime and its windows.
+///
+/// Ingesting one entry costs the same whatever the state holds: a few dictionary look-ups, an
+/// append to ``CollectorState/recent`` and a trim of its oldest end.
 public struct StallAggregator: Sendable {
     public private(set) var state: CollectorState
     private var configuration: CollectorConfiguration
+    /// Index of the oldest live element of `state.recent`; the dead prefix is dropped in batches.
+    private var recentStart = 0
 
     public init(state: CollectorState = CollectorState(), configuration: CollectorConfiguration) {
         self.state = state
         self.configuration = configuration
+        foldUnlabeledFingerprints()
         apply(configuration)
+    }
+
+    /// State files of earlier versions kept every fingerprint past the per-unit limit on its own
+    /// (unlabeled): they are folded into ``CollectorState/otherFingerprint``, as new ones are.
+    private mutating func foldUnlabeledFingerprints() {
+        for (unit, stats) in state.units {
+            let unlabeled = stats.fingerprints.filter { !$0.value.labeled && $0.key != CollectorState.otherFingerprint }
+            guard !unlabeled.isEmpty else { continue }
+            var other = stats.fingerprints[CollectorState.otherFingerprint] ?? CollectorState.FingerprintStats()
+            for fingerprint in unlabeled.values {
+                other.stalls.saturatingIncrease(by: fingerprint.stalls)
+                other.totalMicroseconds = other.totalMicroseconds.saturatingAdd(fingerprint.totalMicroseconds)
+                other.lastSeenMicroseconds = max(other.lastSeenMicroseconds, fingerprint.lastSeenMicroseconds)
+                if fingerprint.worstMicroseconds >= other.worstMicroseconds {
+                    other.worstMicroseconds = fingerprint.worstMicroseconds
+                    other.frame = fingerprint.frame
+                    other.callout = fingerprint.callout
+                    other.heaviestBacktrace = fingerprint.heaviestBacktrace
+                }
+            }
+            for key in unlabeled.keys { state.units[unit]!.fingerprints[key] = nil }
+            state.units[unit]!.fingerprints[CollectorState.otherFingerprint] = other
+        }
     }
 
     /// Takes a new configuration; histograms counted with other bounds start again.
@@ -118,6 +197,10 @@ public struct StallAggregator: Sendable {
             state.bucketBounds = bounds
             for unit in state.units.keys { state.units[unit]?.buckets = Array(repeating: 0, count: bounds.count + 1) }
         }
+        compactRecent()
+        if state.recent.count > configuration.maximumTrackedStalls {
+            state.recent.removeFirst(state.recent.count - configuration.maximumTrackedStalls)
+        }
     }
 
     /// What an entry did to the counts.
@@ -129,31 +212,32 @@ public struct StallAggregator: Sendable {
         case malformed(JournalDecodingError)
     }
 
-    /// Counts one journal entry (an ended, watchdog or suppression entry) and moves the cursor past it.
+    /// Counts one journal entry (an ended, watchdog or suppression entry) and moves the cursor past it,
+    /// whatever the entry holds: one that cannot be counted is counted as malformed.
     @discardableResult
     public mutating func ingest(_ entry: JournalEntry) -> Outcome {
         state.cursor = entry.cursor
         state.lastEntryMicroseconds = max(state.lastEntryMicroseconds, entry.realtimeMicroseconds)
-        let unit = StallObservation.unit(of: entry.fields)
         switch entry["MESSAGE_ID"] {
         case MessageID.reportsSuppressed:
             do {
                 let record = try SuppressionRecord(journalFields: entry.fields)
-                var stats = state.units[unit] ?? newUnit()
-                stats.suppressedReports += record.count
-                state.units[unit] = stats
+                let unit = admittedUnit(StallObservation.unit(of: entry.fields))
+                state.units[unit]!.suppressedReports.saturatingIncrease(by: record.count)
                 return .suppressed(unit: unit, count: record.count)
             } catch {
-                state.malformedEntries += 1
+                state.malformedEntries.saturatingIncrease(by: 1)
                 return .malformed(error)
             }
         case MessageID.stallEnded, MessageID.watchdogStall:
             do {
                 let record = try StallRecord(journalFields: entry.fields)
                 return count(
-                    StallObservation(record: record, unit: unit, realtimeMicroseconds: entry.realtimeMicroseconds))
+                    StallObservation(
+                        record: record, unit: StallObservation.unit(of: entry.fields),
+                        realtimeMicroseconds: entry.realtimeMicroseconds))
             } catch {
-                state.malformedEntries += 1
+                state.malformedEntries.saturatingIncrease(by: 1)
                 return .malformed(error)
             }
         default:
@@ -167,76 +251,90 @@ public struct StallAggregator: Sendable {
         return stats
     }
 
-    private mutating func count(_ stall: StallObservation) -> Outcome {
-        var unit = state.units[stall.unit] ?? newUnit()
+    /// The unit an entry counts under, present in the state: its own while the unit limit allows,
+    /// else ``CollectorState/otherUnits``.
+    private mutating func admittedUnit(_ unit: String) -> String {
+        if state.units[unit] != nil { return unit }
+        let admitted = state.units.count < configuration.maximumUnits ? unit : CollectorState.otherUnits
+        if admitted != unit { state.foldedUnitStalls.saturatingIncrease(by: 1) }
+        if state.units[admitted] == nil { state.units[admitted] = newUnit() }
+        return admitted
+    }
+
+    private mutating func count(_ observation: StallObservation) -> Outcome {
+        var stall = observation
+        stall.unit = admittedUnit(stall.unit)
+        // Mutated in place (`state.units[unit]!…`): copying a unit out and back would copy its
+        // fingerprint table on every entry.
+        let key: String
+        if state.units[stall.unit]!.fingerprints[stall.fingerprint] != nil {
+            key = stall.fingerprint
+        } else if state.units[stall.unit]!.labeledFingerprints < configuration.maximumFingerprintsPerUnit {
+            key = stall.fingerprint
+            state.units[stall.unit]!.fingerprints[key] = CollectorState.FingerprintStats(labeled: true)
+        } else {
+            key = CollectorState.otherFingerprint
+            state.foldedFingerprintStalls.saturatingIncrease(by: 1)
+        }
+
         // A stall that outlasted the watchdog is counted once, from whichever report comes first.
-        if !stall.isWatchdog, state.watchdogStallIDs.contains(stall.stallID) {
-            state.watchdogStallIDs.removeAll { $0 == stall.stallID }
-            var fingerprint = unit.fingerprints[stall.fingerprint] ?? CollectorState.FingerprintStats()
-            fingerprint.worstMicroseconds = max(fingerprint.worstMicroseconds, stall.durationMicroseconds)
-            unit.fingerprints[stall.fingerprint] = fingerprint
-            state.units[stall.unit] = unit
+        if !stall.isWatchdog, let index = state.watchdogStallIDs.firstIndex(of: stall.stallID) {
+            state.watchdogStallIDs.remove(at: index)
+            state.units[stall.unit]!.fingerprints[key, default: CollectorState.FingerprintStats()].raiseWorst(
+                to: stall.durationMicroseconds)
             return .stallUpdated(stall)
         }
         if stall.isWatchdog {
             state.watchdogStallIDs.append(stall.stallID)
             if state.watchdogStallIDs.count > 1000 { state.watchdogStallIDs.removeFirst() }
-            unit.watchdogStalls += 1
+            state.units[stall.unit]!.watchdogStalls.saturatingIncrease(by: 1)
         }
-        unit.stalls += 1
-        unit.totalMicroseconds += stall.durationMicroseconds
         let bucket = state.bucketBounds.firstIndex { stall.durationMicroseconds <= $0 } ?? state.bucketBounds.count
-        unit.buckets[bucket] += 1
-
-        var fingerprint = unit.fingerprints[stall.fingerprint] ?? CollectorState.FingerprintStats()
-        if fingerprint.stalls == 0 {
-            fingerprint.labeled =
-                unit.fingerprints.values.filter(\.labeled).count < configuration.maximumFingerprintsPerUnit
-        }
-        if !fingerprint.labeled { unit.otherStalls += 1 }
-        fingerprint.stalls += 1
-        fingerprint.totalMicroseconds += stall.durationMicroseconds
-        fingerprint.lastSeenMicroseconds = max(fingerprint.lastSeenMicroseconds, stall.realtimeMicroseconds)
-        fingerprint.frame = stall.frame
-        fingerprint.callout = stall.callout
-        if stall.durationMicroseconds >= fingerprint.worstMicroseconds {
-            fingerprint.worstMicroseconds = stall.durationMicroseconds
-            fingerprint.heaviestBacktrace = stall.backtrace
-        }
-        fingerprint.recent.append(
-            CollectorState.Recent(time: stall.realtimeMicroseconds, duration: stall.durationMicroseconds))
-        unit.fingerprints[stall.fingerprint] = fingerprint
-        state.units[stall.unit] = unit
-        trim(now: stall.realtimeMicroseconds)
+        state.units[stall.unit]!.stalls.saturatingIncrease(by: 1)
+        state.units[stall.unit]!.totalMicroseconds = state.units[stall.unit]!.totalMicroseconds.saturatingAdd(
+            stall.durationMicroseconds)
+        state.units[stall.unit]!.buckets[bucket].saturatingIncrease(by: 1)
+        if key == CollectorState.otherFingerprint { state.units[stall.unit]!.otherStalls.saturatingIncrease(by: 1) }
+        state.units[stall.unit]!.fingerprints[key, default: CollectorState.FingerprintStats()].record(stall)
+        stall.fingerprint = key
+        remember(stall)
         return .stall(stall)
     }
 
-    /// Forgets stalls older than the longest window, and the oldest past the tracking limit.
+    private mutating func remember(_ stall: StallObservation) {
+        state.recent.append(
+            CollectorState.Recent(
+                unit: stall.unit, fingerprint: stall.fingerprint, time: stall.realtimeMicroseconds,
+                duration: stall.durationMicroseconds))
+        trim(now: stall.realtimeMicroseconds)
+    }
+
+    /// Forgets stalls older than the longest window, and the oldest past the tracking limit. Costs
+    /// as many steps as stalls it forgets (the recent stalls are in the order they were received).
     public mutating func trim(now: UInt64) {
         let longest = configuration.windows.map { UInt64($0.microseconds) }.max() ?? 0
         let horizon = now > longest ? now - longest : 0
-        var tracked = 0
-        for (unitName, unit) in state.units {
-            for (key, fingerprint) in unit.fingerprints
-            where fingerprint.recent.first.map({ $0.time < horizon }) == true {
-                state.units[unitName]?.fingerprints[key]?.recent.removeAll { $0.time < horizon }
-            }
-            tracked += unit.fingerprints.values.reduce(0) { $0 + $1.recent.count }
+        while recentStart < state.recent.count,
+            state.recent.count - recentStart > configuration.maximumTrackedStalls
+                || state.recent[recentStart].time < horizon
+        {
+            recentStart += 1
         }
-        while tracked > configuration.maximumTrackedStalls {
-            // Drop the single oldest stall.
-            var oldest: (unit: String, key: String, time: UInt64)?
-            for (unitName, unit) in state.units {
-                for (key, fingerprint) in unit.fingerprints {
-                    if let first = fingerprint.recent.first, first.time < oldest?.time ?? .max {
-                        oldest = (unitName, key, first.time)
-                    }
-                }
-            }
-            guard let oldest else { break }
-            state.units[oldest.unit]?.fingerprints[oldest.key]?.recent.removeFirst()
-            tracked -= 1
-        }
+        // Drop the forgotten prefix once it is as long as what is kept: amortized O(1) per stall.
+        if recentStart > 0, recentStart >= state.recent.count - recentStart { compactRecent() }
+    }
+
+    /// Drops the forgotten prefix of the recent stalls.
+    private mutating func compactRecent() {
+        guard recentStart > 0 else { return }
+        state.recent.removeFirst(min(recentStart, state.recent.count))
+        recentStart = 0
+    }
+
+    /// The state to save: without the forgotten stalls.
+    public mutating func snapshot() -> CollectorState {
+        compactRecent()
+        return state
     }
 
     /// One unit × fingerprint over a window.
@@ -254,20 +352,20 @@ public struct StallAggregator: Sendable {
     public func groups(window: Duration, now: UInt64) -> [WindowGroup] {
         let length = UInt64(window.microseconds)
         let since = now > length ? now - length : 0
-        var groups: [WindowGroup] = []
-        for (unitName, unit) in state.units {
-            for (key, fingerprint) in unit.fingerprints {
-                let recent = fingerprint.recent.filter { $0.time >= since }
-                guard !recent.isEmpty else { continue }
-                groups.append(
-                    WindowGroup(
-                        unit: unitName, fingerprint: key, stalls: recent.count,
-                        totalMicroseconds: recent.reduce(0) { $0 + $1.duration },
-                        worstMicroseconds: recent.map(\.duration).max() ?? 0, frame: fingerprint.frame,
-                        callout: fingerprint.callout))
+        var groups: [String: WindowGroup] = [:]
+        for stall in state.recent[recentStart...] where stall.time >= since {
+            let key = stall.unit + "\u{0}" + stall.fingerprint
+            if groups[key] == nil {
+                let fingerprint = state.units[stall.unit]?.fingerprints[stall.fingerprint]
+                groups[key] = WindowGroup(
+                    unit: stall.unit, fingerprint: stall.fingerprint, stalls: 0, totalMicroseconds: 0,
+                    worstMicroseconds: 0, frame: fingerprint?.frame ?? "", callout: fingerprint?.callout ?? "")
             }
+            groups[key]!.stalls += 1
+            groups[key]!.totalMicroseconds = groups[key]!.totalMicroseconds.saturatingAdd(stall.duration)
+            groups[key]!.worstMicroseconds = max(groups[key]!.worstMicroseconds, stall.duration)
         }
-        return groups.sorted {
+        return groups.values.sorted {
             ($0.worstMicroseconds, $0.unit, $0.fingerprint) > ($1.worstMicroseconds, $1.unit, $1.fingerprint)
         }
     }
@@ -298,4 +396,38 @@ public struct StallAggregator: Sendable {
         if seconds % 60 == 0 { return "\(seconds / 60)m" }
         return "\(seconds)s"
     }
+}
+
+extension CollectorState.UnitStats {
+    /// Fingerprints with their own series (all but ``CollectorState/otherFingerprint``).
+    var labeledFingerprints: Int {
+        fingerprints.count - (fingerprints[CollectorState.otherFingerprint] == nil ? 0 : 1)
+    }
+}
+
+extension CollectorState.FingerprintStats {
+    mutating func raiseWorst(to duration: UInt64) { worstMicroseconds = max(worstMicroseconds, duration) }
+
+    init(labeled: Bool) {
+        self.init()
+        self.labeled = labeled
+    }
+
+    /// Counts one stall: the worst one keeps its frame and backtrace.
+    mutating func record(_ stall: StallObservation) {
+        stalls.saturatingIncrease(by: 1)
+        totalMicroseconds = totalMicroseconds.saturatingAdd(stall.durationMicroseconds)
+        lastSeenMicroseconds = max(lastSeenMicroseconds, stall.realtimeMicroseconds)
+        if stall.durationMicroseconds >= worstMicroseconds || frame.isEmpty {
+            worstMicroseconds = max(worstMicroseconds, stall.durationMicroseconds)
+            frame = stall.frame
+            callout = stall.callout
+            heaviestBacktrace = stall.backtrace
+        }
+    }
+}
+
+extension Int {
+    /// Adds a non-negative amount, stopping at `.max`.
+    mutating func saturatingIncrease(by amount: Int) { self = saturatingAdd(amount) }
 }
