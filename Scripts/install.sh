@@ -97,14 +97,17 @@ for product in "${PRODUCTS[@]}"; do
     run install -m 0755 "$BIN_DIR/$product" "$DESTDIR$PREFIX/bin/$product"
 done
 
-# The unit names its binaries by absolute path.
+# The unit names its binaries by absolute path. It is rewritten in a private directory of our own,
+# never in the target directory, where a name planted beforehand (a link) would be followed; then
+# `install` replaces the target as it does every other file.
 unit_target=$DESTDIR$SYSTEMD_UNIT_DIR/stallmond.service
 if ((DRY_RUN)); then
     echo "+ sed 's|/usr/local/bin/|$PREFIX/bin/|g' systemd/stallmond.service > $unit_target (mode 0644)"
 else
-    sed "s|/usr/local/bin/|$PREFIX/bin/|g" systemd/stallmond.service >"$unit_target.tmp"
-    chmod 0644 "$unit_target.tmp"
-    mv -f "$unit_target.tmp" "$unit_target"
+    unit_scratch=$(mktemp -d) || die "mktemp -d failed: the unit was not installed"
+    trap 'rm -rf "$unit_scratch"' EXIT
+    sed "s|/usr/local/bin/|$PREFIX/bin/|g" systemd/stallmond.service >"$unit_scratch/stallmond.service"
+    run install -m 0644 "$unit_scratch/stallmond.service" "$unit_target"
 fi
 run install -m 0644 systemd/stallmon-monitored.conf "$DESTDIR$PREFIX/share/stallmon/stallmon-monitored.conf"
 run install -m 0644 systemd/stallmon.catalog "$DESTDIR$CATALOG_DIR/stallmon.catalog"

@@ -17,8 +17,15 @@ enum AtomicFile {
 
     static func write(_ data: Data, to path: String, mode: mode_t = 0o644) throws(WriteError) {
         let directory = (path as NSString).deletingLastPathComponent
-        let temporary = "\(directory)/.\((path as NSString).lastPathComponent).\(getpid()).tmp"
-        let descriptor = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode)
+        // A fresh random name, created exclusively: whoever else may write the directory cannot
+        // plant a link or a file there for us to follow, truncate or chmod.
+        var temporary = ""
+        var descriptor: Int32 = -1
+        for _ in 0..<16 {
+            temporary = "\(directory)/.\((path as NSString).lastPathComponent).\(randomSuffix()).tmp"
+            descriptor = open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode)
+            if descriptor >= 0 || errno != EEXIST { break }
+        }
         guard descriptor >= 0 else { throw WriteError(path: temporary, operation: "open", errno: errno) }
         var failure: WriteError?
         data.withUnsafeBytes { bytes in
@@ -47,10 +54,17 @@ enum AtomicFile {
             unlink(temporary)
             throw failure
         }
-        let directoryDescriptor = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        let directoryDescriptor = open(directory, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
         if directoryDescriptor >= 0 {
             fsync(directoryDescriptor)
             close(directoryDescriptor)
         }
+    }
+
+    /// 16 random hex digits.
+    private static func randomSuffix() -> String {
+        let value = UInt64.random(in: 0...UInt64.max)
+        let digits = String(value, radix: 16)
+        return String(repeating: "0", count: 16 - digits.count) + digits
     }
 }

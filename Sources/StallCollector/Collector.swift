@@ -3,6 +3,7 @@ import Foundation
 import Logging
 import StallJournal
 import StallMonitor
+import Synchronization
 
 #if canImport(Glibc)
     import Glibc
@@ -12,11 +13,12 @@ import StallMonitor
 /// the state directory (with the cursor they reflect), a Prometheus textfile and a periodic digest.
 ///
 /// - Important: Confined to the main thread: the journal's descriptor is served by
-///   `DispatchQueue.main`, which the main run loop drains.
-public final class Collector {
+///   `DispatchQueue.main`, which the main run loop drains. (`@unchecked Sendable` only so that
+///   blocks on the main queue may hold it.)
+public final class Collector: @unchecked Sendable {
     public private(set) var configuration: CollectorConfiguration
     private var aggregator: StallAggregator
-    private var store: StateStore
+    private let store: StateStore
     private let reader: JournalReader
     private let writer = JournalWriter()
     private let logger: Logger
@@ -25,8 +27,25 @@ public final class Collector {
     private var lastMetricsWrite: UInt64 = 0
     private var lastDigest: UInt64
     private var sources: [any DispatchSourceProtocol] = []
+    /// Saves run here, off the main loop: encoding and writing a large state must not stall it.
+    private let saveQueue = DispatchQueue(label: "stallmond.state")
+    private let saving = SaveProgress()
+    /// A slice of the backlog is queued on the main queue.
+    private var sliceQueued = false
+    /// Entries read since start, until the reader first reached the end of the journal.
+    private var backlog: Int? = 0
     /// Entries counted since start, for the status line.
     public private(set) var counted = 0
+    /// Called on the main thread when the reader first reaches the end of the journal after start.
+    public var caughtUp: (() -> Void)?
+
+    /// At most this many entries are read in one turn of the main loop…
+    static let sliceEntries = 1000
+    /// …and for at most this long, so that a backlog of any size never stalls the loop.
+    static let sliceNanoseconds: UInt64 = 20_000_000
+    /// Saves are at least this far apart while entries keep coming (a restart re-reads what came
+    /// after the last save, counted once: the cursor and the counts are saved together).
+    static let saveIntervalNanoseconds: UInt64 = 2_000_000_000
 
     /// Opens the journal, loads the saved state and positions the reader after its cursor.
     /// - Throws: when the journal cannot be opened or the saved state cannot be read.
@@ -56,10 +75,26 @@ public final class Collector {
 
     public var state: CollectorState { aggregator.state }
 
-    /// Reads every entry available now. Returns how many were counted.
+    /// Whether the reader has not yet reached the end of the journal since start.
+    public var isCatchingUp: Bool { backlog != nil }
+
+    /// Reads every entry available now, in one go. Returns how many were read.
     @discardableResult
     public func catchUp() -> Int {
         var read = 0
+        while true {
+            let slice = readSlice()
+            read += slice.read
+            if !slice.more { return read }
+        }
+    }
+
+    /// Reads at most ``sliceEntries`` entries, for at most ``sliceNanoseconds``.
+    /// - Returns: how many were read, and whether more may be waiting.
+    private func readSlice() -> (read: Int, more: Bool) {
+        let deadline = Self.monotonicNanoseconds() + Self.sliceNanoseconds
+        var read = 0
+        var more = false
         do {
             while let entry = try reader.next() {
                 read += 1
@@ -71,6 +106,10 @@ public final class Collector {
                         "skipping a malformed stall entry",
                         metadata: ["cursor": "\(entry.cursor)", "error": "\(error)"])
                 }
+                if read >= Self.sliceEntries || Self.monotonicNanoseconds() >= deadline {
+                    more = true
+                    break
+                }
             }
         } catch {
             logger.error("reading the journal failed", metadata: ["error": "\(error)"])
@@ -79,25 +118,65 @@ public final class Collector {
             unsaved = true
             metricsStale = true
         }
-        return read
-    }
-
-    /// Saves the state (cursor and counts together) and rewrites the metrics when due.
-    public func flush(forceMetrics: Bool = false) {
-        if unsaved {
-            do {
-                try store.save(aggregator.state)
-                unsaved = false
-            } catch {
-                logger.error("saving the state failed", metadata: ["path": "\(store.path)", "error": "\(error)"])
+        if let entries = backlog {
+            backlog = entries + read
+            if !more {
+                backlog = nil
+                logger.info("caught up with the journal", metadata: ["entries": "\(entries + read)"])
+                caughtUp?()
             }
         }
+        return (read, more)
+    }
+
+    /// Reads one slice, saves and writes metrics when due, and queues the next slice behind
+    /// whatever else the main loop has to do.
+    private func drain() {
+        let slice = readSlice()
+        flush()
+        guard slice.more, !sliceQueued else { return }
+        sliceQueued = true
+        DispatchQueue.main.async { [self] in
+            sliceQueued = false
+            drain()
+        }
+    }
+
+    /// Saves the state (cursor and counts together) when due, and rewrites the metrics when due.
+    /// - Parameter final: save now and wait until it is written (at stop).
+    public func flush(forceMetrics: Bool = false, final: Bool = false) {
         let now = Self.monotonicNanoseconds()
+        // A failed save is tried again.
+        if saving.takeFailure() { unsaved = true }
+        if final {
+            saveQueue.sync {}
+            if unsaved { save(now: now, wait: true) }
+        } else if unsaved, !saving.inFlight, forceMetrics || now - saving.lastStart >= Self.saveIntervalNanoseconds {
+            save(now: now, wait: false)
+        }
         let interval = UInt64(configuration.metricsInterval.nanoseconds)
         if !configuration.metricsPath.isEmpty, metricsStale, forceMetrics || now - lastMetricsWrite >= interval {
             writeMetrics()
             lastMetricsWrite = now
         }
+    }
+
+    /// Writes a snapshot of the state on the save queue; the loop goes on meanwhile.
+    private func save(now: UInt64, wait: Bool) {
+        let snapshot = aggregator.snapshot()
+        unsaved = false
+        saving.begin(at: now)
+        let (store, logger, saving) = (store, logger, saving)
+        let work: @Sendable () -> Void = {
+            do {
+                try store.save(snapshot)
+                saving.end(failed: false)
+            } catch {
+                logger.error("saving the state failed", metadata: ["path": "\(store.path)", "error": "\(error)"])
+                saving.end(failed: true)
+            }
+        }
+        if wait { saveQueue.sync(execute: work) } else { saveQueue.async(execute: work) }
     }
 
     private func writeMetrics() {
@@ -131,6 +210,9 @@ public final class Collector {
 
     /// `collecting: 12 stalls in 1h from 3 units; worst 540 ms in foo.service`.
     public var statusLine: String {
+        if let backlog {
+            return "catching up with the journal: \(backlog) entries read so far"
+        }
         let window = configuration.windows.first { $0 >= .seconds(3600) } ?? configuration.windows.max()!
         let digest = aggregator.digest(window: window, now: Self.realtimeMicroseconds())
         var line =
@@ -160,27 +242,28 @@ public final class Collector {
         let journal = DispatchSource.makeReadSource(fileDescriptor: descriptor, queue: .main)
         journal.setEventHandler { [self] in
             _ = try? reader.process()
-            catchUp()
-            flush()
+            drain()
         }
         journal.resume()
-        // Once a second: entries the descriptor did not announce, metrics that are due, the digest.
+        // Once a second: entries the descriptor did not announce, saves and metrics that are due, the digest.
         let timer = DispatchSource.makeTimerSource(queue: .main)
         timer.schedule(deadline: .now() + 1, repeating: 1)
         timer.setEventHandler { [self] in
-            catchUp()
-            flush()
+            drain()
             let interval = UInt64(configuration.digestInterval.nanoseconds)
             if interval > 0, Self.monotonicNanoseconds() - lastDigest >= interval { writeDigest() }
         }
         timer.resume()
         sources = [journal, timer]
+        // The backlog is read in slices from here on, behind everything else the loop does.
+        DispatchQueue.main.async { [self] in drain() }
     }
 
+    /// Stops following, and saves and writes the metrics before it returns.
     public func stop() {
         for source in sources { source.cancel() }
         sources = []
-        flush(forceMetrics: true)
+        flush(forceMetrics: true, final: true)
     }
 
     static func monotonicNanoseconds() -> UInt64 {
@@ -193,5 +276,42 @@ public final class Collector {
         var time = timespec()
         clock_gettime(CLOCK_REALTIME, &time)
         return UInt64(time.tv_sec) * 1_000_000 + UInt64(time.tv_nsec) / 1000
+    }
+}
+
+/// Whether a save is under way, when the latest began, and whether one failed; shared between
+/// the main loop and the save queue.
+private final class SaveProgress: Sendable {
+    private struct Progress {
+        var inFlight = false
+        var lastStart: UInt64 = 0
+        var failed = false
+    }
+    private let progress = Mutex(Progress())
+
+    var inFlight: Bool { progress.withLock { $0.inFlight } }
+    var lastStart: UInt64 { progress.withLock { $0.lastStart } }
+
+    func begin(at time: UInt64) {
+        progress.withLock {
+            $0.inFlight = true
+            $0.lastStart = time
+        }
+    }
+
+    func end(failed: Bool) {
+        progress.withLock {
+            $0.inFlight = false
+            $0.failed = $0.failed || failed
+        }
+    }
+
+    /// Whether a save failed since the last call.
+    func takeFailure() -> Bool {
+        progress.withLock { progress in
+            let failed = progress.failed
+            progress.failed = false
+            return failed
+        }
     }
 }

@@ -1,5 +1,9 @@
 import Foundation
 
+#if canImport(Glibc)
+    import Glibc
+#endif
+
 /// Keeps ``CollectorState`` in `state.json` of the state directory, replaced atomically.
 public struct StateStore: Sendable {
     public let directory: String
@@ -12,8 +16,22 @@ public struct StateStore: Sendable {
     /// The saved state, or a fresh one when there is none yet.
     /// - Throws: when the file exists but cannot be read or decoded (it is never silently replaced).
     public func load() throws -> CollectorState {
-        guard FileManager.default.fileExists(atPath: path) else { return CollectorState() }
-        let data = try Data(contentsOf: URL(fileURLWithPath: path))
+        var status = stat()
+        if lstat(path, &status) != 0 {
+            guard errno == ENOENT else {
+                throw StateError(path: path, reason: "cannot be examined: \(String(cString: strerror(errno)))")
+            }
+            return CollectorState()
+        }
+        // A link (even a dangling one) is refused, never followed: starting afresh from the
+        // journal's head would count every stall again, and following it could read another file.
+        guard status.st_mode & S_IFMT == S_IFREG else {
+            let kind = status.st_mode & S_IFMT == S_IFLNK ? "a symbolic link" : "not a regular file"
+            throw StateError(
+                path: path,
+                reason: "is \(kind); refusing to use it (remove it to start counting from the journal's head again)")
+        }
+        let data = try Self.read(path)
         do {
             return try JSONDecoder().decode(CollectorState.self, from: data)
         } catch {
@@ -26,6 +44,26 @@ public struct StateStore: Sendable {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys]
         try AtomicFile.write(encoder.encode(state), to: path, mode: 0o600)
+    }
+
+    /// The file's bytes, opened without following a link that appeared since it was examined.
+    private static func read(_ path: String) throws(StateError) -> Data {
+        let descriptor = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC)
+        guard descriptor >= 0 else {
+            throw StateError(path: path, reason: "cannot be opened: \(String(cString: strerror(errno)))")
+        }
+        defer { close(descriptor) }
+        var data = Data()
+        var buffer = [UInt8](repeating: 0, count: 1 << 16)
+        while true {
+            let count = buffer.withUnsafeMutableBytes { Glibc.read(descriptor, $0.baseAddress, $0.count) }
+            if count < 0, errno == EINTR { continue }
+            guard count >= 0 else {
+                throw StateError(path: path, reason: "cannot be read: \(String(cString: strerror(errno)))")
+            }
+            if count == 0 { return data }
+            data.append(contentsOf: buffer[..<count])
+        }
     }
 
     public struct StateError: Error, CustomStringConvertible {

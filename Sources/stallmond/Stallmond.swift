@@ -87,8 +87,8 @@ final class Daemon {
         } catch {
             logger.error("the stall monitor did not start: \(error)")
         }
-        let read = collector.catchUp()
-        collector.flush(forceMetrics: true)
+        // The backlog is read in slices once the loop runs: ready in moments whatever the journal holds.
+        collector.caughtUp = { [collector] in StallMonitor.notifyServiceManager("STATUS=\(collector.statusLine)") }
         do {
             try collector.start()
         } catch {
@@ -103,8 +103,7 @@ final class Daemon {
             source.resume()
             signalSources.append(source)
         }
-        logger.info(
-            "stallmond ready", metadata: ["entries": "\(read)", "configuration": "\(collector.configuration.summary)"])
+        logger.info("stallmond ready", metadata: ["configuration": "\(collector.configuration.summary)"])
         StallMonitor.notifyServiceManager("READY=1\nSTATUS=\(collector.statusLine)")
         let status = DispatchSource.makeTimerSource(queue: .main)
         status.schedule(deadline: .now() + 10, repeating: 10)
