@@ -146,8 +146,10 @@ public final class Collector: @unchecked Sendable {
     /// - Parameter final: save now and wait until it is written (at stop).
     public func flush(forceMetrics: Bool = false, final: Bool = false) {
         let now = Self.monotonicNanoseconds()
-        // A failed save is tried again.
-        if saving.takeFailure() { unsaved = true }
+        // A failed save or metrics write is tried again.
+        let failures = saving.takeFailures()
+        if failures.state { unsaved = true }
+        if failures.metrics { metricsStale = true }
         if final {
             saveQueue.sync {}
             if unsaved { save(now: now, wait: true) }
@@ -159,6 +161,7 @@ public final class Collector: @unchecked Sendable {
             writeMetrics()
             lastMetricsWrite = now
         }
+        if final { saveQueue.sync {} }
     }
 
     /// Writes a snapshot of the state on the save queue; the loop goes on meanwhile.
@@ -179,42 +182,64 @@ public final class Collector: @unchecked Sendable {
         if wait { saveQueue.sync(execute: work) } else { saveQueue.async(execute: work) }
     }
 
+    /// Renders and writes the metrics of a snapshot on the save queue; the loop goes on meanwhile.
     private func writeMetrics() {
         let now = Self.realtimeMicroseconds()
         aggregator.trim(now: now)
-        let text = PrometheusTextfile.render(
-            aggregator.state, windows: configuration.windows, now: now, aggregator: aggregator)
-        do {
-            try PrometheusTextfile.write(text, to: configuration.metricsPath)
-            metricsStale = false
-        } catch {
-            logger.warning(
-                "writing the metrics file failed",
-                metadata: ["path": "\(configuration.metricsPath)", "error": "\(error)"])
+        metricsStale = false
+        let (snapshot, windows, path, logger, saving) = (
+            aggregator, configuration.windows, configuration.metricsPath, logger, saving
+        )
+        saveQueue.async {
+            let text = PrometheusTextfile.render(snapshot.state, windows: windows, now: now, aggregator: snapshot)
+            do {
+                try PrometheusTextfile.write(text, to: path)
+            } catch {
+                logger.warning("writing the metrics file failed", metadata: ["path": "\(path)", "error": "\(error)"])
+                saving.metricsFailed()
+            }
         }
     }
 
     /// Writes the digest of the shortest window that covers the digest interval to the journal.
     @discardableResult
     public func writeDigest() -> DigestRecord {
+        lastDigest = Self.monotonicNanoseconds()
+        return Self.writeDigest(of: aggregator, configuration: configuration, writer: writer, logger: logger)
+    }
+
+    @discardableResult
+    private static func writeDigest(
+        of aggregator: StallAggregator, configuration: CollectorConfiguration, writer: JournalWriter, logger: Logger
+    ) -> DigestRecord {
         let window = configuration.windows.first { $0 >= configuration.digestInterval } ?? configuration.windows.max()!
-        let digest = aggregator.digest(window: window, now: Self.realtimeMicroseconds())
+        let digest = aggregator.digest(window: window, now: realtimeMicroseconds())
         do {
             try writer.send(digest.fields)
         } catch {
             logger.warning("writing the digest failed", metadata: ["error": "\(error)"])
         }
-        lastDigest = Self.monotonicNanoseconds()
         return digest
     }
 
     /// `collecting: 12 stalls in 1h from 3 units; worst 540 ms in foo.service`.
     public var statusLine: String {
+        Self.statusLine(of: aggregator, windows: configuration.windows, backlog: backlog)
+    }
+
+    /// Computes ``statusLine`` off the main loop (it reads every recent stall) and hands it to `deliver`
+    /// there.
+    public func publishStatus(_ deliver: @escaping @Sendable (String) -> Void) {
+        let (snapshot, windows, backlog) = (aggregator, configuration.windows, backlog)
+        saveQueue.async { deliver(Self.statusLine(of: snapshot, windows: windows, backlog: backlog)) }
+    }
+
+    private static func statusLine(of aggregator: StallAggregator, windows: [Duration], backlog: Int?) -> String {
         if let backlog {
             return "catching up with the journal: \(backlog) entries read so far"
         }
-        let window = configuration.windows.first { $0 >= .seconds(3600) } ?? configuration.windows.max()!
-        let digest = aggregator.digest(window: window, now: Self.realtimeMicroseconds())
+        let window = windows.first { $0 >= .seconds(3600) } ?? windows.max()!
+        let digest = aggregator.digest(window: window, now: realtimeMicroseconds())
         var line =
             "collecting: \(digest.stalls) stall\(digest.stalls == 1 ? "" : "s") in \(StallAggregator.describe(window)) from \(digest.units) unit\(digest.units == 1 ? "" : "s")"
         if digest.stalls > 0 { line += "; worst \(digest.worstMicroseconds / 1000) ms in \(digest.worstUnit)" }
@@ -251,7 +276,14 @@ public final class Collector: @unchecked Sendable {
         timer.setEventHandler { [self] in
             drain()
             let interval = UInt64(configuration.digestInterval.nanoseconds)
-            if interval > 0, Self.monotonicNanoseconds() - lastDigest >= interval { writeDigest() }
+            if interval > 0, Self.monotonicNanoseconds() - lastDigest >= interval {
+                // Off the loop, like the status line: the digest reads every recent stall.
+                lastDigest = Self.monotonicNanoseconds()
+                let (snapshot, configuration, writer, logger) = (aggregator, configuration, writer, logger)
+                saveQueue.async {
+                    Self.writeDigest(of: snapshot, configuration: configuration, writer: writer, logger: logger)
+                }
+            }
         }
         timer.resume()
         sources = [journal, timer]
@@ -279,13 +311,14 @@ public final class Collector: @unchecked Sendable {
     }
 }
 
-/// Whether a save is under way, when the latest began, and whether one failed; shared between
-/// the main loop and the save queue.
+/// Whether a save is under way, when the latest began, and what failed on the save queue; shared
+/// between the main loop and that queue.
 private final class SaveProgress: Sendable {
     private struct Progress {
         var inFlight = false
         var lastStart: UInt64 = 0
-        var failed = false
+        var stateFailed = false
+        var metricsFailed = false
     }
     private let progress = Mutex(Progress())
 
@@ -302,16 +335,17 @@ private final class SaveProgress: Sendable {
     func end(failed: Bool) {
         progress.withLock {
             $0.inFlight = false
-            $0.failed = $0.failed || failed
+            $0.stateFailed = $0.stateFailed || failed
         }
     }
 
-    /// Whether a save failed since the last call.
-    func takeFailure() -> Bool {
+    func metricsFailed() { progress.withLock { $0.metricsFailed = true } }
+
+    /// What failed since the last call.
+    func takeFailures() -> (state: Bool, metrics: Bool) {
         progress.withLock { progress in
-            let failed = progress.failed
-            progress.failed = false
-            return failed
+            defer { (progress.stateFailed, progress.metricsFailed) = (false, false) }
+            return (progress.stateFailed, progress.metricsFailed)
         }
     }
 }

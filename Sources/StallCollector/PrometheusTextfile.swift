@@ -80,9 +80,7 @@ public enum PrometheusTextfile {
         }
 
         family("stallmon_window_stalls", "gauge", "Stalls received in the trailing window, by unit.")
-        for window in windows {
-            var perUnit: [String: Int] = [:]
-            for group in aggregator.groups(window: window, now: now) { perUnit[group.unit, default: 0] += group.stalls }
+        for (window, perUnit) in zip(windows, aggregator.stallsPerUnit(windows: windows, now: now)) {
             for unit in units {
                 lines.append(
                     "stallmon_window_stalls{unit=\"\(escape(unit))\",window=\"\(StallAggregator.describe(window))\"} \(perUnit[unit] ?? 0)"

@@ -350,11 +350,14 @@ public struct StallAggregator: Sendable {
 
     /// The groups with stalls received in the last `window` before `now` (epoch microseconds), worst first.
     public func groups(window: Duration, now: UInt64) -> [WindowGroup] {
-        let length = UInt64(window.microseconds)
-        let since = now > length ? now - length : 0
-        var groups: [String: WindowGroup] = [:]
+        struct Key: Hashable {
+            var unit: String
+            var fingerprint: String
+        }
+        let since = Self.start(of: window, now: now)
+        var groups: [Key: WindowGroup] = [:]
         for stall in state.recent[recentStart...] where stall.time >= since {
-            let key = stall.unit + "\u{0}" + stall.fingerprint
+            let key = Key(unit: stall.unit, fingerprint: stall.fingerprint)
             if groups[key] == nil {
                 let fingerprint = state.units[stall.unit]?.fingerprints[stall.fingerprint]
                 groups[key] = WindowGroup(
@@ -368,6 +371,23 @@ public struct StallAggregator: Sendable {
         return groups.values.sorted {
             ($0.worstMicroseconds, $0.unit, $0.fingerprint) > ($1.worstMicroseconds, $1.unit, $1.fingerprint)
         }
+    }
+
+    /// Stalls per unit received in each of `windows` before `now`, in one pass over the recent stalls.
+    public func stallsPerUnit(windows: [Duration], now: UInt64) -> [[String: Int]] {
+        let starts = windows.map { Self.start(of: $0, now: now) }
+        var counts = Array(repeating: [String: Int](), count: windows.count)
+        for stall in state.recent[recentStart...] {
+            for (index, start) in starts.enumerated() where stall.time >= start {
+                counts[index][stall.unit, default: 0] += 1
+            }
+        }
+        return counts
+    }
+
+    private static func start(of window: Duration, now: UInt64) -> UInt64 {
+        let length = UInt64(window.microseconds)
+        return now > length ? now - length : 0
     }
 
     /// The digest of the last `window`.

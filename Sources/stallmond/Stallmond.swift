@@ -88,7 +88,9 @@ final class Daemon {
             logger.error("the stall monitor did not start: \(error)")
         }
         // The backlog is read in slices once the loop runs: ready in moments whatever the journal holds.
-        collector.caughtUp = { [collector] in StallMonitor.notifyServiceManager("STATUS=\(collector.statusLine)") }
+        collector.caughtUp = { [collector] in
+            collector.publishStatus { StallMonitor.notifyServiceManager("STATUS=\($0)") }
+        }
         do {
             try collector.start()
         } catch {
@@ -104,10 +106,13 @@ final class Daemon {
             signalSources.append(source)
         }
         logger.info("stallmond ready", metadata: ["configuration": "\(collector.configuration.summary)"])
-        StallMonitor.notifyServiceManager("READY=1\nSTATUS=\(collector.statusLine)")
+        StallMonitor.notifyServiceManager("READY=1")
+        collector.publishStatus { StallMonitor.notifyServiceManager("STATUS=\($0)") }
         let status = DispatchSource.makeTimerSource(queue: .main)
         status.schedule(deadline: .now() + 10, repeating: 10)
-        status.setEventHandler { [self] in StallMonitor.notifyServiceManager("STATUS=\(collector.statusLine)") }
+        status.setEventHandler { [collector] in
+            collector.publishStatus { StallMonitor.notifyServiceManager("STATUS=\($0)") }
+        }
         status.resume()
         RunLoop.main.run()
         exit(0)
@@ -122,10 +127,14 @@ final class Daemon {
             let configuration = try CollectorConfiguration.load(path: path, required: required)
             collector.apply(configuration)
             logger.notice("configuration reloaded", metadata: ["configuration": "\(configuration.summary)"])
-            StallMonitor.notifyServiceManager("READY=1\nSTATUS=\(collector.statusLine)")
+            StallMonitor.notifyServiceManager("READY=1")
+            collector.publishStatus { StallMonitor.notifyServiceManager("STATUS=\($0)") }
         } catch {
             logger.error("reload failed, keeping the previous configuration: \(error)")
-            StallMonitor.notifyServiceManager("READY=1\nSTATUS=reload failed (\(error)); \(collector.statusLine)")
+            StallMonitor.notifyServiceManager("READY=1")
+            collector.publishStatus { [error = "\(error)"] in
+                StallMonitor.notifyServiceManager("STATUS=reload failed (\(error)); \($0)")
+            }
         }
     }
 

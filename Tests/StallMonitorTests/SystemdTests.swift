@@ -1,4 +1,5 @@
 import Foundation
+import StallCollector
 import Testing
 
 #if canImport(Glibc)
@@ -194,6 +195,107 @@ extension Serial {
             try systemd.copy(Data(#"{"metrics_interval_s": 2}"#.utf8), to: "/etc/stallmon/stallmond.json")
             #expect(try systemd.systemctl(["reload", "stallmond.service"]).status == 0)
             #expect(try systemd.property("NRestarts", of: "stallmond.service") == "0")
+        }
+
+        /// Any local user can write entries with our MESSAGE_IDs. As `nobody`, four units write
+        /// 5,000 distinct fingerprints each plus values past every bound (a suppression count of
+        /// Int64.max followed by 1, durations near 2^64 µs), before stallmond starts and again while
+        /// it runs. It is ready at once over the backlog, never restarts, keeps its state small, and
+        /// counts exactly what the journal holds.
+        @Test func anUnprivilegedFloodLeavesStallmondReadyFedAndExact() throws {
+            let systemd = try SystemdNamespace.started()
+            defer { systemd.stop() }
+            try Self.installExecutables(systemd)
+            try systemd.install(unit: "stallmond.service", contents: try Self.file("systemd/stallmond.service"))
+            try systemd.check(["mkdir", "-p", "-m", "1777", "/var/lib/prometheus/node-exporter"])
+            try systemd.copy(Data(#"{"metrics_interval_s": 1}"#.utf8), to: "/etc/stallmon/stallmond.json")
+            let floodScript = try Data(contentsOf: Self.repository.appendingPathComponent("Scripts/journal-flood.py"))
+            try systemd.copy(floodScript, to: "/usr/local/bin/journal-flood", mode: 0o755)
+            let ended = "MESSAGE_ID=28beac6e882f46aaa40f2556557097a6"
+
+            func flood(_ unit: String, count: Int, first: Int, overflow: Bool) throws {
+                try systemd.check(
+                    [
+                        "systemd-run", "--quiet", "--wait", "--uid=65534", "--gid=65534", "--unit=\(unit)",
+                        "/usr/local/bin/journal-flood", "--count", "\(count)", "--first", "\(first)",
+                    ] + (overflow ? ["--overflow"] : []), timeout: 300)
+            }
+            /// Entries the journal holds for `unit` with `match`.
+            func held(_ unit: String, _ match: String) throws -> Int {
+                let output = try systemd.check([
+                    "sh", "-c", "journalctl -q --no-pager -o cat _SYSTEMD_UNIT=\(unit) \(match) | wc -l",
+                ])
+                return Int(output.trimmingCharacters(in: .whitespacesAndNewlines)) ?? -1
+            }
+            func metrics() throws -> [String: Int] {
+                let text = try systemd.run(["cat", "/var/lib/prometheus/node-exporter/stallmon.prom"]).output
+                var values: [String: Int] = [:]
+                for line in text.split(separator: "\n") where !line.hasPrefix("#") {
+                    guard let space = line.lastIndex(of: " ") else { continue }
+                    values[String(line[..<space])] = Int(line[line.index(after: space)...])
+                }
+                return values
+            }
+            func waitForMetrics(_ expected: [String: Int], timeout: Double = 120) throws -> [String: Int] {
+                let deadline = Date(timeIntervalSinceNow: timeout)
+                var seen: [String: Int] = [:]
+                while Date() < deadline {
+                    seen = try metrics()
+                    if expected.allSatisfy({ seen[$0.key] == $0.value }) { break }
+                    usleep(250_000)
+                }
+                return seen.filter { expected[$0.key] != nil }
+            }
+
+            // A backlog before stallmond starts.
+            let units = (0..<4).map { "flood-\($0).service" }
+            for (index, unit) in units.enumerated() {
+                try flood(unit, count: 5000, first: index * 5000, overflow: index == 0)
+            }
+            let started = Date()
+            try systemd.check(["systemctl", "start", "stallmond.service"])
+            let readyAfter = Date().timeIntervalSince(started)
+            #expect(readyAfter < 10, "ready after \(readyAfter) s")
+
+            // Exactly what the journal holds: the sane stalls counted, the insane entries malformed.
+            func expectation() throws -> [String: Int] {
+                var expected: [String: Int] = [:]
+                for unit in units {
+                    // The two overflowing durations of flood-0 are malformed, not stalls.
+                    expected[#"stallmon_stalls_total{unit="\#(unit)"}"#] =
+                        try held(unit, ended) - (unit == units[0] ? 2 : 0)
+                }
+                expected[#"stallmon_suppressed_reports_total{unit="\#(units[0])"}"#] = 1
+                expected["stallmond_malformed_entries_total"] = 3
+                return expected
+            }
+            let backlog = try expectation()
+            #expect(backlog[#"stallmon_stalls_total{unit="flood-3.service"}"#] == 5000, "journald kept every entry")
+            let countedBacklog = try waitForMetrics(backlog)
+            #expect(countedBacklog == backlog, "counted \(countedBacklog), the journal holds \(backlog)")
+            #expect(
+                try metrics()[#"stallmond_folded_stalls_total{what="fingerprint"}"#] == backlog.filter {
+                    $0.key.hasPrefix("stallmon_stalls_total")
+                }.values.reduce(0, +) - 4 * CollectorConfiguration().maximumFingerprintsPerUnit)
+
+            // Again while it runs.
+            for (index, unit) in units.enumerated() {
+                try flood(unit, count: 2500, first: 20_000 + index * 2500, overflow: false)
+            }
+            let live = try expectation()
+            let countedLive = try waitForMetrics(live)
+            #expect(countedLive == live, "counted \(countedLive), the journal holds \(live)")
+
+            #expect(try systemd.property("ActiveState", of: "stallmond.service") == "active")
+            #expect(try systemd.property("NRestarts", of: "stallmond.service") == "0")
+            #expect(try systemd.property("StatusText", of: "stallmond.service").hasPrefix("collecting: "))
+            let stateBytes = try systemd.check(["stat", "-L", "-c", "%s", "/var/lib/stallmond/state.json"])
+            #expect((Int(stateBytes.trimmingCharacters(in: .whitespacesAndNewlines)) ?? .max) < 4_000_000)
+            // stallmond's own monitor never saw its loop stall past the threshold.
+            let ownStalls = try systemd.journal(matches: ["_SYSTEMD_UNIT=stallmond.service", ended])
+            #expect(
+                ownStalls.isEmpty, "\(ownStalls.map { ($0["STALL_DURATION_USEC"] ?? "", $0["STALL_BACKTRACE"] ?? "") })"
+            )
         }
 
         @Test func catalogExplainsEveryStallEntry() throws {
