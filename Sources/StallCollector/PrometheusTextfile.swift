@@ -1,4 +1,5 @@
 import Foundation
+import StallJournal
 
 /// The collector's metrics in Prometheus' text format, for node_exporter's textfile collector.
 public enum PrometheusTextfile {
@@ -102,15 +103,33 @@ public enum PrometheusTextfile {
         return lines.joined(separator: "\n") + "\n"
     }
 
-    /// Label values escape backslash, double quote and newline.
+    /// The longest label value written, in bytes of UTF-8 before escaping. The schema bounds
+    /// units and frames already (``FieldLimits``); this keeps the file bounded whatever state it
+    /// is rendered from.
+    static let maximumLabelBytes = 256
+
+    /// A label value: cut to ``maximumLabelBytes`` (then ending in `…` and a hash of the whole
+    /// value, so two long values never become the same series), and backslash, double quote and
+    /// newline escaped.
     static func escape(_ value: String) -> String {
+        var value = value
+        if value.utf8.count > maximumLabelBytes {
+            var hash: UInt64 = 0xcbf2_9ce4_8422_2325
+            for byte in value.utf8 {
+                hash ^= UInt64(byte)
+                hash &*= 0x100_0000_01b3
+            }
+            let digits = String(hash, radix: 16)
+            let suffix = "#" + String(repeating: "0", count: 16 - digits.count) + digits
+            value = FieldLimits.clamp(value, toBytes: maximumLabelBytes - suffix.utf8.count) + suffix
+        }
         var result = ""
-        for character in value {
+        for character in value.unicodeScalars {
             switch character {
             case "\\": result += "\\\\"
             case "\"": result += "\\\""
             case "\n": result += "\\n"
-            default: result.append(character)
+            default: result.unicodeScalars.append(character)
             }
         }
         return result

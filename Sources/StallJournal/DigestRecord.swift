@@ -36,37 +36,38 @@ public struct DigestRecord: Sendable, Hashable {
         public static let worstFrame = "STALLMOND_WORST_FRAME"
     }
 
+    /// The entry's fields, every value clamped to its bound in ``FieldLimits``.
     public var fields: [JournalField] {
         [
             JournalField("MESSAGE_ID", MessageID.collectorDigest),
-            JournalField("MESSAGE", message),
-            JournalField("PRIORITY", String(priority)),
-            JournalField("SYSLOG_IDENTIFIER", syslogIdentifier),
-            JournalField(Field.stalls, String(stalls)),
-            JournalField(Field.units, String(units)),
-            JournalField(Field.windowMicroseconds, String(windowMicroseconds)),
-            JournalField(Field.worstMicroseconds, String(worstMicroseconds)),
-            JournalField(Field.worstUnit, worstUnit),
-            JournalField(Field.worstFrame, worstFrame),
+            JournalField("MESSAGE", FieldLimits.clamp(message, toBytes: FieldLimits.messageBytes)),
+            JournalField("PRIORITY", String(min(max(priority, 0), 7))),
+            JournalField("SYSLOG_IDENTIFIER", FieldLimits.identifier(syslogIdentifier)),
+            JournalField(Field.stalls, String(FieldLimits.count(stalls))),
+            JournalField(Field.units, String(FieldLimits.count(units))),
+            JournalField(Field.windowMicroseconds, String(FieldLimits.microseconds(windowMicroseconds))),
+            JournalField(Field.worstMicroseconds, String(FieldLimits.microseconds(worstMicroseconds))),
+            JournalField(Field.worstUnit, FieldLimits.identifier(worstUnit)),
+            JournalField(Field.worstFrame, FieldLimits.clamp(worstFrame, toBytes: FieldLimits.frameBytes)),
         ]
     }
 
-    /// Decodes an entry read from the journal.
-    /// - Throws: ``JournalDecodingError`` naming the field that is missing or malformed.
+    /// Decodes an entry read from the journal, holding every field to its bound in ``FieldLimits``.
+    /// - Throws: ``JournalDecodingError`` naming the field that is missing, malformed or out of bounds.
     public init(journalFields fields: [String: String]) throws(JournalDecodingError) {
         let reader = FieldReader(fields: fields)
-        let messageID = try reader.string("MESSAGE_ID")
+        let messageID = try reader.string("MESSAGE_ID", maximumBytes: 32)
         guard messageID == MessageID.collectorDigest else {
             throw JournalDecodingError(field: "MESSAGE_ID", value: messageID, reason: "not a collector digest")
         }
-        message = try reader.string("MESSAGE")
-        priority = try reader.integer("PRIORITY", as: Int.self)
-        syslogIdentifier = reader.optionalString("SYSLOG_IDENTIFIER") ?? ""
-        stalls = try reader.integer(Field.stalls, as: Int.self)
-        units = try reader.integer(Field.units, as: Int.self)
-        windowMicroseconds = try reader.integer(Field.windowMicroseconds, as: UInt64.self)
-        worstMicroseconds = try reader.integer(Field.worstMicroseconds, as: UInt64.self)
-        worstUnit = reader.optionalString(Field.worstUnit) ?? ""
-        worstFrame = reader.optionalString(Field.worstFrame) ?? ""
+        message = try reader.string("MESSAGE", maximumBytes: FieldLimits.messageBytes)
+        priority = try reader.priority()
+        syslogIdentifier = reader.identifier("SYSLOG_IDENTIFIER") ?? ""
+        stalls = try reader.count(Field.stalls)
+        units = try reader.count(Field.units)
+        windowMicroseconds = try reader.microseconds(Field.windowMicroseconds)
+        worstMicroseconds = try reader.microseconds(Field.worstMicroseconds)
+        worstUnit = reader.identifier(Field.worstUnit) ?? ""
+        worstFrame = try reader.optionalString(Field.worstFrame, maximumBytes: FieldLimits.frameBytes) ?? ""
     }
 }

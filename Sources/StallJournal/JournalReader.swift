@@ -6,7 +6,9 @@ import CSystemd
 
 /// One entry read from the journal.
 public struct JournalEntry: Sendable, Hashable {
-    /// Every field, by name (binary fields are decoded as UTF-8 with replacement).
+    /// Every field, by name (binary fields are decoded as UTF-8 with replacement). A
+    /// ``JournalReader`` keeps at most ``FieldLimits/readBytes`` of each, and cuts the sender's
+    /// names (``identityFields``) to ``FieldLimits/identifierBytes`` with a marker.
     public var fields: [String: String]
     /// Where the entry is, for resuming after it (`sd_journal_get_cursor`).
     public var cursor: String
@@ -20,6 +22,9 @@ public struct JournalEntry: Sendable, Hashable {
     }
 
     public subscript(_ name: String) -> String? { fields[name] }
+
+    /// The fields that name the sender, which readers group by: cut, never rejected, when too long.
+    public static let identityFields: Set<String> = ["_SYSTEMD_UNIT", "_SYSTEMD_USER_UNIT", "SYSLOG_IDENTIFIER"]
 }
 
 /// Reads the system journal through libsystemd's `sd_journal` API.
@@ -27,14 +32,27 @@ public struct JournalEntry: Sendable, Hashable {
 /// - Important: Not thread-safe; use one reader from one thread.
 public final class JournalReader {
     private var journal: OpaquePointer?
+    /// The journal namespace read, `nil` for the default one; `nil` too for a directory.
+    private let namespace: String?
+    private let isSystemJournal: Bool
 
-    /// Opens the local journal (`sd_journal_open` with `SD_JOURNAL_LOCAL_ONLY`).
+    /// Opens the local journal (`sd_journal_open` with `SD_JOURNAL_LOCAL_ONLY`), or the journal of
+    /// a namespace (`LogNamespace=`; `sd_journal_open_namespace`).
     /// - Throws: ``SystemdError`` when the journal cannot be opened.
-    public init() throws(SystemdError) {
+    public init(namespace: String? = nil) throws(SystemdError) {
         var handle: OpaquePointer?
-        try SystemdError.check("sd_journal_open", sd_journal_open(&handle, Int32(SD_JOURNAL_LOCAL_ONLY)))
+        if let namespace {
+            try SystemdError.check(
+                "sd_journal_open_namespace",
+                sd_journal_open_namespace(&handle, namespace, Int32(SD_JOURNAL_LOCAL_ONLY)))
+        } else {
+            try SystemdError.check("sd_journal_open", sd_journal_open(&handle, Int32(SD_JOURNAL_LOCAL_ONLY)))
+        }
         journal = handle
-        _ = sd_journal_set_data_threshold(journal, 0)
+        self.namespace = namespace
+        isSystemJournal = true
+        // Compressed fields are decompressed only this far (a hint: uncompressed ones come whole).
+        _ = sd_journal_set_data_threshold(journal, FieldLimits.readBytes + 1)
     }
 
     /// Opens the journal files in `directory` (`sd_journal_open_directory`).
@@ -42,7 +60,9 @@ public final class JournalReader {
         var handle: OpaquePointer?
         try SystemdError.check("sd_journal_open_directory", sd_journal_open_directory(&handle, directory, 0))
         journal = handle
-        _ = sd_journal_set_data_threshold(journal, 0)
+        namespace = nil
+        isSystemJournal = false
+        _ = sd_journal_set_data_threshold(journal, FieldLimits.readBytes + 1)
     }
 
     deinit {
@@ -112,6 +132,68 @@ public final class JournalReader {
         try SystemdError.check("sd_journal_process", sd_journal_process(journal))
     }
 
+    /// How long a `poll` on ``fileDescriptor()`` may wait before ``process()`` must be called
+    /// anyway, in microseconds; `nil` for as long as it takes (`sd_journal_get_timeout`, as a
+    /// relative time).
+    public func pollTimeoutMicroseconds() throws(SystemdError) -> UInt64? {
+        var deadline: UInt64 = 0
+        try SystemdError.check("sd_journal_get_timeout", sd_journal_get_timeout(journal, &deadline))
+        guard deadline != UInt64.max else { return nil }
+        var now = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &now)
+        let current = UInt64(now.tv_sec) * 1_000_000 + UInt64(now.tv_nsec) / 1000
+        return deadline > current ? deadline - current : 0
+    }
+
+    /// Journal files and directories this process may not read: `sd_journal_open` skips them
+    /// without an error, so a reader without permission (outside the `systemd-journal` group)
+    /// would see an empty journal. Empty when every file of this machine's journal (in the
+    /// namespace read) is readable, under `/run/log/journal` and `/var/log/journal`; always empty
+    /// for a reader of a directory.
+    public func unreadablePaths() -> [String] {
+        guard isSystemJournal else { return [] }
+        var machine = sd_id128_t()
+        let machineID: String? =
+            sd_id128_get_machine(&machine) >= 0
+            ? withUnsafeBytes(of: machine.bytes) { bytes in
+                bytes.map { String(repeating: "0", count: $0 < 16 ? 1 : 0) + String($0, radix: 16) }.joined()
+            } : nil
+        var denied: [String] = []
+        for root in ["/run/log/journal", "/var/log/journal"] {
+            let (names, error) = Self.directoryEntries(root)
+            if error == EACCES { denied.append(root) }
+            for name in names {
+                // This machine's directory: `<machine-id>`, or `<machine-id>.<namespace>`.
+                let parts = name.split(separator: ".", maxSplits: 1).map(String.init)
+                guard let id = parts.first, id.utf8.count == 32, machineID == nil || id == machineID,
+                    parts.count == 2 ? parts[1] == namespace : namespace == nil
+                else { continue }
+                let directory = root + "/" + name
+                let (files, error) = Self.directoryEntries(directory)
+                if error == EACCES { denied.append(directory) }
+                for file in files where file.hasSuffix(".journal") {
+                    let path = directory + "/" + file
+                    if faccessat(AT_FDCWD, path, R_OK, AT_EACCESS) != 0, errno == EACCES { denied.append(path) }
+                }
+            }
+        }
+        return denied
+    }
+
+    /// The names in a directory, or the errno that kept it from being read.
+    private static func directoryEntries(_ path: String) -> (names: [String], error: Int32) {
+        guard let directory = opendir(path) else { return ([], errno) }
+        defer { closedir(directory) }
+        var names: [String] = []
+        while let entry = readdir(directory) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { bytes in
+                String(decoding: bytes.prefix { $0 != 0 }, as: UTF8.self)
+            }
+            if name != ".", name != ".." { names.append(name) }
+        }
+        return (names, 0)
+    }
+
     /// Waits up to `timeoutMicroseconds` for changes (`sd_journal_wait`).
     @discardableResult
     public func wait(timeoutMicroseconds: UInt64) throws(SystemdError) -> Int32 {
@@ -130,7 +212,11 @@ public final class JournalReader {
             let bytes = UnsafeRawBufferPointer(start: data, count: length)
             guard let equals = bytes.firstIndex(of: UInt8(ascii: "=")) else { continue }
             let name = String(decoding: bytes[..<equals], as: UTF8.self)
-            fields[name] = String(decoding: bytes[(equals + 1)...], as: UTF8.self)
+            // At most readBytes (and a byte more, so the schema sees it is too long): a hostile
+            // entry's field costs no more than that, whatever its size in the journal.
+            let value = bytes[(equals + 1)...].prefix(FieldLimits.readBytes + 1)
+            let text = String(decoding: value, as: UTF8.self)
+            fields[name] = JournalEntry.identityFields.contains(name) ? FieldLimits.identifier(text) : text
         }
         var cursorPointer: UnsafeMutablePointer<CChar>?
         try SystemdError.check("sd_journal_get_cursor", sd_journal_get_cursor(journal, &cursorPointer))

@@ -46,11 +46,25 @@ public struct JournalWriter: Sendable {
         }
     }
 
-    /// Sends one entry. Fields whose names journald would silently drop are rejected up front.
-    /// - Throws: ``SystemdError`` from `sd_journal_sendv`, or ``JournalDecodingError`` for a bad field name.
+    /// Sends one entry. Fields whose names journald would silently drop are rejected up front, and
+    /// so are values that no reader would accept: a `SYSLOG_IDENTIFIER` longer than
+    /// ``FieldLimits/identifierBytes`` or any value longer than ``FieldLimits/readBytes``. The
+    /// records (``StallRecord``, ``SuppressionRecord``, ``DigestRecord``) clamp their own fields,
+    /// far below that.
+    /// - Throws: ``SystemdError`` from `sd_journal_sendv`, or ``JournalDecodingError`` for a bad
+    ///   field name or an over-long value.
     public func send(_ fields: [JournalField]) throws {
-        for field in fields where !JournalField.isValidName(field.name) {
-            throw JournalDecodingError(field: field.name, value: nil, reason: "not a valid journal field name")
+        for field in fields {
+            guard JournalField.isValidName(field.name) else {
+                throw JournalDecodingError(field: field.name, value: nil, reason: "not a valid journal field name")
+            }
+            let length = field.value.utf8.count
+            let limit = field.name == "SYSLOG_IDENTIFIER" ? FieldLimits.identifierBytes : FieldLimits.readBytes
+            guard length <= limit else {
+                throw JournalDecodingError(
+                    field: field.name, value: field.value,
+                    reason: "\(length) bytes long, longer than the \(limit) allowed")
+            }
         }
         guard !fields.isEmpty else { return }
         // All fields in one buffer; each iovec points at its NAME=value slice.

@@ -49,7 +49,7 @@ public struct StallRecord: Sendable, Hashable {
     public var watchdogMicroseconds: UInt64 = 0
 
     /// `journalctl -o json` prints `null` for fields over 4096 bytes unless `--all` is given.
-    public static let maximumBacktraceBytes = 4096
+    public static let maximumBacktraceBytes = FieldLimits.backtraceBytes
 
     public init(
         event: Event, message: String, stallID: String, durationMicroseconds: UInt64,
@@ -90,33 +90,38 @@ public struct StallRecord: Sendable, Hashable {
         }
     }
 
-    /// The entry's fields, in the order they are written.
+    /// The entry's fields, in the order they are written: every value clamped to its bound in
+    /// ``FieldLimits``, so that every reader accepts what the monitor writes.
     public var fields: [JournalField] {
         [
             JournalField("MESSAGE_ID", messageID),
-            JournalField("MESSAGE", message),
-            JournalField("PRIORITY", String(priority)),
-            JournalField("SYSLOG_IDENTIFIER", syslogIdentifier),
+            JournalField("MESSAGE", FieldLimits.clamp(message, toBytes: FieldLimits.messageBytes)),
+            JournalField("PRIORITY", String(min(max(priority, 0), 7))),
+            JournalField("SYSLOG_IDENTIFIER", FieldLimits.identifier(syslogIdentifier)),
             JournalField(Field.id, stallID),
             JournalField(Field.event, event.rawValue),
-            JournalField(Field.durationMicroseconds, String(durationMicroseconds)),
-            JournalField(Field.thresholdMicroseconds, String(thresholdMicroseconds)),
-            JournalField(Field.activity, activity),
-            JournalField(Field.runLoopMode, runLoopMode),
-            JournalField(Field.callout, callout),
-            JournalField(Field.loop, loop),
+            JournalField(Field.durationMicroseconds, String(FieldLimits.microseconds(durationMicroseconds))),
+            JournalField(Field.thresholdMicroseconds, String(FieldLimits.microseconds(thresholdMicroseconds))),
+            JournalField(Field.activity, FieldLimits.clamp(activity, toBytes: FieldLimits.keywordBytes)),
+            JournalField(Field.runLoopMode, FieldLimits.clamp(runLoopMode, toBytes: FieldLimits.nameBytes)),
+            JournalField(Field.callout, FieldLimits.clamp(callout, toBytes: FieldLimits.keywordBytes)),
+            JournalField(Field.loop, FieldLimits.clamp(loop, toBytes: FieldLimits.nameBytes)),
             JournalField(Field.threadID, String(threadID)),
-            JournalField(Field.threadState, threadState),
-            JournalField(Field.threadSyscall, threadSyscall),
-            JournalField(Field.threadWaitChannel, threadWaitChannel),
-            JournalField(Field.cpuMicroseconds, String(cpuMicroseconds)),
-            JournalField(Field.samples, String(samples)),
-            JournalField(Field.samplesUnanswered, String(samplesUnanswered)),
-            JournalField(Field.stackSamples, String(stackSamples)),
+            JournalField(Field.threadState, FieldLimits.clamp(threadState, toBytes: FieldLimits.keywordBytes)),
+            JournalField(Field.threadSyscall, FieldLimits.clamp(threadSyscall, toBytes: FieldLimits.keywordBytes)),
+            JournalField(
+                Field.threadWaitChannel, FieldLimits.clamp(threadWaitChannel, toBytes: FieldLimits.waitChannelBytes)),
+            JournalField(Field.cpuMicroseconds, String(FieldLimits.microseconds(cpuMicroseconds))),
+            JournalField(Field.samples, String(FieldLimits.count(samples))),
+            JournalField(Field.samplesUnanswered, String(FieldLimits.count(samplesUnanswered))),
+            JournalField(Field.stackSamples, String(FieldLimits.count(stackSamples))),
             JournalField(Field.fingerprint, fingerprint),
-            JournalField(Field.frame, frame),
+            JournalField(Field.frame, FieldLimits.clamp(frame, toBytes: FieldLimits.frameBytes)),
             JournalField(Field.backtrace, Self.clampBacktrace(backtrace)),
-        ] + (event == .watchdog ? [JournalField(Field.watchdogMicroseconds, String(watchdogMicroseconds))] : [])
+        ]
+            + (event == .watchdog
+                ? [JournalField(Field.watchdogMicroseconds, String(FieldLimits.microseconds(watchdogMicroseconds)))]
+                : [])
     }
 
     /// Field names of stall entries.
@@ -167,39 +172,47 @@ public struct StallRecord: Sendable, Hashable {
 }
 
 extension StallRecord {
-    /// Decodes an entry read from the journal (for example a line of `journalctl -o json`).
-    /// - Throws: ``JournalDecodingError`` naming the field that is missing or malformed.
+    /// Decodes an entry read from the journal (for example a line of `journalctl -o json`), holding
+    /// every field to its bound in ``FieldLimits``.
+    /// - Throws: ``JournalDecodingError`` naming the field that is missing, malformed or out of bounds.
     public init(journalFields fields: [String: String]) throws(JournalDecodingError) {
         let reader = FieldReader(fields: fields)
-        let messageID = try reader.string("MESSAGE_ID")
+        let messageID = try reader.string("MESSAGE_ID", maximumBytes: 32)
         switch messageID {
         case MessageID.stallDetected: event = .detected
         case MessageID.stallEnded: event = .ended
         case MessageID.watchdogStall: event = .watchdog
         default: throw JournalDecodingError(field: "MESSAGE_ID", value: messageID, reason: "not a stall report")
         }
-        message = try reader.string("MESSAGE")
-        priority = try reader.integer("PRIORITY", as: Int.self)
-        syslogIdentifier = reader.optionalString("SYSLOG_IDENTIFIER") ?? ""
-        stallID = try reader.string(Field.id)
-        durationMicroseconds = try reader.integer(Field.durationMicroseconds, as: UInt64.self)
-        thresholdMicroseconds = try reader.integer(Field.thresholdMicroseconds, as: UInt64.self)
-        activity = try reader.string(Field.activity)
-        runLoopMode = try reader.string(Field.runLoopMode)
-        callout = try reader.string(Field.callout)
-        loop = reader.optionalString(Field.loop) ?? "main"
-        threadID = try reader.integer(Field.threadID, as: Int.self)
-        threadState = try reader.string(Field.threadState)
-        threadSyscall = reader.optionalString(Field.threadSyscall) ?? ""
-        threadWaitChannel = reader.optionalString(Field.threadWaitChannel) ?? ""
-        cpuMicroseconds = try reader.integer(Field.cpuMicroseconds, as: UInt64.self)
-        samples = try reader.integer(Field.samples, as: Int.self)
-        samplesUnanswered = try reader.optionalInteger(Field.samplesUnanswered, as: Int.self) ?? 0
-        stackSamples = try reader.optionalInteger(Field.stackSamples, as: Int.self) ?? 0
-        fingerprint = try reader.string(Field.fingerprint)
-        frame = reader.optionalString(Field.frame) ?? ""
-        backtrace = reader.optionalString(Field.backtrace) ?? ""
-        watchdogMicroseconds = try reader.optionalInteger(Field.watchdogMicroseconds, as: UInt64.self) ?? 0
+        if let written = try reader.optionalString(Field.event, maximumBytes: FieldLimits.keywordBytes),
+            written != event.rawValue
+        {
+            throw JournalDecodingError(
+                field: Field.event, value: written, reason: "does not match MESSAGE_ID (\(event.rawValue))")
+        }
+        message = try reader.string("MESSAGE", maximumBytes: FieldLimits.messageBytes)
+        priority = try reader.priority()
+        syslogIdentifier = reader.identifier("SYSLOG_IDENTIFIER") ?? ""
+        stallID = try reader.hex(Field.id, digits: FieldLimits.stallIDDigits)
+        durationMicroseconds = try reader.microseconds(Field.durationMicroseconds)
+        thresholdMicroseconds = try reader.microseconds(Field.thresholdMicroseconds)
+        activity = try reader.string(Field.activity, maximumBytes: FieldLimits.keywordBytes)
+        runLoopMode = try reader.string(Field.runLoopMode, maximumBytes: FieldLimits.nameBytes)
+        callout = try reader.string(Field.callout, maximumBytes: FieldLimits.keywordBytes)
+        loop = try reader.optionalString(Field.loop, maximumBytes: FieldLimits.nameBytes) ?? "main"
+        threadID = try reader.threadID(Field.threadID)
+        threadState = try reader.string(Field.threadState, maximumBytes: FieldLimits.keywordBytes)
+        threadSyscall = try reader.optionalString(Field.threadSyscall, maximumBytes: FieldLimits.keywordBytes) ?? ""
+        threadWaitChannel =
+            try reader.optionalString(Field.threadWaitChannel, maximumBytes: FieldLimits.waitChannelBytes) ?? ""
+        cpuMicroseconds = try reader.microseconds(Field.cpuMicroseconds)
+        samples = try reader.count(Field.samples)
+        samplesUnanswered = try reader.optionalCount(Field.samplesUnanswered) ?? 0
+        stackSamples = try reader.optionalCount(Field.stackSamples) ?? 0
+        fingerprint = try reader.hex(Field.fingerprint, digits: FieldLimits.fingerprintDigits)
+        frame = try reader.optionalString(Field.frame, maximumBytes: FieldLimits.frameBytes) ?? ""
+        backtrace = try reader.optionalString(Field.backtrace, maximumBytes: FieldLimits.backtraceBytes) ?? ""
+        watchdogMicroseconds = try reader.optionalMicroseconds(Field.watchdogMicroseconds) ?? 0
     }
 }
 
@@ -215,37 +228,12 @@ public struct JournalDecodingError: Error, Sendable, Hashable, CustomStringConve
         self.reason = reason
     }
 
+    /// One line for a terminal: the value cut to 80 characters, control characters escaped.
     public var description: String {
         if let value {
-            let shown = value.count > 80 ? String(value.prefix(80)) + "…" : value
-            return "field \(field)=\"\(shown)\": \(reason)"
+            let shown = value.unicodeScalars.count > 80 ? String(value.unicodeScalars.prefix(80)) + "…" : value
+            return "field \(field)=\"\(DisplayText.escaped(shown))\": \(reason)"
         }
         return "field \(field): \(reason)"
-    }
-}
-
-struct FieldReader {
-    let fields: [String: String]
-
-    func optionalString(_ name: String) -> String? { fields[name] }
-
-    func string(_ name: String) throws(JournalDecodingError) -> String {
-        guard let value = fields[name] else {
-            throw JournalDecodingError(field: name, value: nil, reason: "missing")
-        }
-        return value
-    }
-
-    func integer<T: FixedWidthInteger>(_ name: String, as type: T.Type) throws(JournalDecodingError) -> T {
-        let text = try string(name)
-        guard let value = T(text) else {
-            throw JournalDecodingError(field: name, value: text, reason: "not an integer in range")
-        }
-        return value
-    }
-
-    func optionalInteger<T: FixedWidthInteger>(_ name: String, as type: T.Type) throws(JournalDecodingError) -> T? {
-        guard fields[name] != nil else { return nil }
-        return try integer(name, as: type)
     }
 }

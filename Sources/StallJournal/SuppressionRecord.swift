@@ -41,44 +41,46 @@ public struct SuppressionRecord: Sendable, Hashable {
         public static let rateLimitIntervalMicroseconds = "STALL_RATE_LIMIT_INTERVAL_USEC"
     }
 
+    /// The entry's fields, every value clamped to its bound in ``FieldLimits``.
     public var fields: [JournalField] {
         [
             JournalField("MESSAGE_ID", MessageID.reportsSuppressed),
-            JournalField("MESSAGE", message),
-            JournalField("PRIORITY", String(priority)),
-            JournalField("SYSLOG_IDENTIFIER", syslogIdentifier),
-            JournalField(StallRecord.Field.loop, loop),
+            JournalField("MESSAGE", FieldLimits.clamp(message, toBytes: FieldLimits.messageBytes)),
+            JournalField("PRIORITY", String(min(max(priority, 0), 7))),
+            JournalField("SYSLOG_IDENTIFIER", FieldLimits.identifier(syslogIdentifier)),
+            JournalField(StallRecord.Field.loop, FieldLimits.clamp(loop, toBytes: FieldLimits.nameBytes)),
             JournalField(StallRecord.Field.threadID, String(threadID)),
             JournalField(StallRecord.Field.fingerprint, fingerprint),
-            JournalField(StallRecord.Field.frame, frame),
-            JournalField(Field.count, String(count)),
-            JournalField(Field.totalDurationMicroseconds, String(totalDurationMicroseconds)),
-            JournalField(Field.worstDurationMicroseconds, String(worstDurationMicroseconds)),
-            JournalField(Field.rateLimitBurst, String(rateLimitBurst)),
-            JournalField(Field.rateLimitIntervalMicroseconds, String(rateLimitIntervalMicroseconds)),
+            JournalField(StallRecord.Field.frame, FieldLimits.clamp(frame, toBytes: FieldLimits.frameBytes)),
+            JournalField(Field.count, String(FieldLimits.count(count))),
+            JournalField(Field.totalDurationMicroseconds, String(FieldLimits.microseconds(totalDurationMicroseconds))),
+            JournalField(Field.worstDurationMicroseconds, String(FieldLimits.microseconds(worstDurationMicroseconds))),
+            JournalField(Field.rateLimitBurst, String(FieldLimits.count(rateLimitBurst))),
+            JournalField(
+                Field.rateLimitIntervalMicroseconds, String(FieldLimits.microseconds(rateLimitIntervalMicroseconds))),
         ]
     }
 
-    /// Decodes an entry read from the journal.
-    /// - Throws: ``JournalDecodingError`` naming the field that is missing or malformed.
+    /// Decodes an entry read from the journal, holding every field to its bound in ``FieldLimits``.
+    /// - Throws: ``JournalDecodingError`` naming the field that is missing, malformed or out of bounds.
     public init(journalFields fields: [String: String]) throws(JournalDecodingError) {
         let reader = FieldReader(fields: fields)
-        let messageID = try reader.string("MESSAGE_ID")
+        let messageID = try reader.string("MESSAGE_ID", maximumBytes: 32)
         guard messageID == MessageID.reportsSuppressed else {
             throw JournalDecodingError(field: "MESSAGE_ID", value: messageID, reason: "not a suppression summary")
         }
-        message = try reader.string("MESSAGE")
-        priority = try reader.integer("PRIORITY", as: Int.self)
-        syslogIdentifier = reader.optionalString("SYSLOG_IDENTIFIER") ?? ""
-        loop = reader.optionalString(StallRecord.Field.loop) ?? "main"
-        threadID = try reader.integer(StallRecord.Field.threadID, as: Int.self)
-        fingerprint = try reader.string(StallRecord.Field.fingerprint)
-        frame = reader.optionalString(StallRecord.Field.frame) ?? ""
-        count = try reader.integer(Field.count, as: Int.self)
-        totalDurationMicroseconds = try reader.integer(Field.totalDurationMicroseconds, as: UInt64.self)
-        worstDurationMicroseconds = try reader.integer(Field.worstDurationMicroseconds, as: UInt64.self)
-        rateLimitBurst = try reader.integer(Field.rateLimitBurst, as: Int.self)
-        rateLimitIntervalMicroseconds = try reader.integer(Field.rateLimitIntervalMicroseconds, as: UInt64.self)
+        message = try reader.string("MESSAGE", maximumBytes: FieldLimits.messageBytes)
+        priority = try reader.priority()
+        syslogIdentifier = reader.identifier("SYSLOG_IDENTIFIER") ?? ""
+        loop = try reader.optionalString(StallRecord.Field.loop, maximumBytes: FieldLimits.nameBytes) ?? "main"
+        threadID = try reader.threadID(StallRecord.Field.threadID)
+        fingerprint = try reader.hex(StallRecord.Field.fingerprint, digits: FieldLimits.fingerprintDigits)
+        frame = try reader.optionalString(StallRecord.Field.frame, maximumBytes: FieldLimits.frameBytes) ?? ""
+        count = try reader.count(Field.count)
+        totalDurationMicroseconds = try reader.microseconds(Field.totalDurationMicroseconds)
+        worstDurationMicroseconds = try reader.microseconds(Field.worstDurationMicroseconds)
+        rateLimitBurst = try reader.count(Field.rateLimitBurst)
+        rateLimitIntervalMicroseconds = try reader.microseconds(Field.rateLimitIntervalMicroseconds)
     }
 }
 

@@ -137,15 +137,16 @@ struct Demo: ParsableCommand {
                 print(JSONLines.encode(record.fields))
                 continue
             }
-            print("\(index + 1). \(record.message)")
+            print("\(index + 1). \(DisplayText.escaped(record.message))")
             print(
-                "   callout \(record.callout), \(record.activity), mode \(record.runLoopMode), thread \(record.threadState)"
-                    + (record.threadSyscall.isEmpty ? "" : " in \(record.threadSyscall)")
+                DisplayText.escaped(
+                    "   callout \(record.callout), \(record.activity), mode \(record.runLoopMode), thread \(record.threadState)"
+                        + (record.threadSyscall.isEmpty ? "" : " in \(record.threadSyscall)"))
                     + ", cpu \(record.cpuMicroseconds / 1000) ms, \(record.stackSamples)/\(record.samples) samples, fingerprint \(record.fingerprint)"
             )
             let lines = record.backtrace.split(separator: "\n")
             let culprit = lines.firstIndex { $0.contains(record.frame.split(separator: " (").first ?? "") } ?? 0
-            for line in lines[culprit...].prefix(4) { print("   \(line)") }
+            for line in lines[culprit...].prefix(4) { print("   \(DisplayText.escaped(String(line)))") }
             print("")
         }
         if journal {
@@ -188,6 +189,6 @@ enum JSONLines {
         guard let data = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys]) else {
             return "{}"
         }
-        return String(decoding: data, as: UTF8.self)
+        return JSONText.escapingControls(String(decoding: data, as: UTF8.self))
     }
 }

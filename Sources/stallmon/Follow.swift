@@ -10,11 +10,19 @@ import StallJournal
 struct Follow: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Print new stall reports as they reach the journal.",
-        discussion: "Runs until interrupted. Shows detected, ended, watchdog and suppression entries."
+        discussion: """
+            Runs until interrupted. Shows detected, ended, watchdog and suppression entries. Entries \\
+            that do not match the schema are named on standard error, and make the exit status 65 \\
+            when it ends; a journal this user may not read exits 69. Control characters from the \\
+            journal are shown escaped (\\\\x1b).
+            """
     )
 
     @Option(help: "Only this systemd unit (e.g. foo.service).")
     var unit: String?
+
+    @Option(help: "Read this journal namespace (LogNamespace=) instead of the default one.")
+    var namespace: String?
 
     @Option(name: .customLong("lines"), help: "Show this many earlier entries first.")
     var lines = 0
@@ -29,15 +37,12 @@ struct Follow: ParsableCommand {
     }
 
     func run() throws {
-        // Runs until interrupted: a parent that spawned us with termination signals blocked
-        // (a libdispatch worker does) would otherwise never be able to stop us.
-        var termination = sigset_t()
-        sigemptyset(&termination)
-        for signal in [SIGINT, SIGTERM, SIGHUP, SIGPIPE] { sigaddset(&termination, signal) }
-        pthread_sigmask(SIG_UNBLOCK, &termination, nil)
-        let reader: JournalReader
+        // Runs until SIGINT, SIGTERM or SIGHUP, which end it with its exit status.
+        let termination = try TerminationSignals()
+        let reader = try JournalSource.open(namespace: namespace, command: "follow")
+        let journalDescriptor: Int32
         do {
-            reader = try JournalReader()
+            journalDescriptor = try reader.fileDescriptor()
             for messageID in [
                 MessageID.stallDetected, MessageID.stallEnded, MessageID.watchdogStall, MessageID.reportsSuppressed,
             ] {
@@ -51,28 +56,69 @@ struct Follow: ParsableCommand {
             while steps < lines + 1, try reader.previous() != nil { steps += 1 }
             if steps < lines + 1 { try reader.seekHead() }
         } catch {
-            FileHandle.standardError.write(Data("stallmon follow: cannot read the journal: \(error)\n".utf8))
+            JournalSource.complain("follow", "cannot read the journal: \(error)")
             throw ExitStatus.unavailable
         }
-        while true {
+        var malformed = 0
+        following: while true {
             do {
                 while let entry = try reader.next() {
-                    // Unbuffered: whoever reads a pipe sees each stall as it happens.
-                    FileHandle.standardOutput.write(Data(((json ? Self.json(entry) : Self.line(entry)) + "\n").utf8))
+                    switch Self.render(entry, json: json) {
+                    case .success(let text):
+                        // Unbuffered: whoever reads a pipe sees each stall as it happens.
+                        FileHandle.standardOutput.write(Data((text + "\n").utf8))
+                    case .failure(let error):
+                        malformed += 1
+                        JournalSource.complain("follow", "skipped malformed entry \(entry.cursor): \(error)")
+                    }
                 }
-                try reader.wait(timeoutMicroseconds: 1_000_000)
+                let timeout = try reader.pollTimeoutMicroseconds()
+                var descriptors = [
+                    pollfd(fd: journalDescriptor, events: Int16(POLLIN), revents: 0),
+                    pollfd(fd: termination.fileDescriptor, events: Int16(POLLIN), revents: 0),
+                ]
+                let milliseconds = timeout.map { Int32(clamping: ($0 + 999) / 1000) } ?? -1
+                if poll(&descriptors, 2, milliseconds) < 0, errno != EINTR {
+                    throw SystemdError(function: "poll", errno: errno)
+                }
+                if descriptors[1].revents != 0 { break following }
+                try reader.process()
             } catch {
-                FileHandle.standardError.write(Data("stallmon follow: \(error)\n".utf8))
+                JournalSource.complain("follow", "\(error)")
                 throw ExitStatus.unavailable
             }
         }
+        if malformed > 0 {
+            JournalSource.complain("follow", "\(malformed) malformed entries skipped")
+            throw ExitStatus.dataError
+        }
     }
 
-    static func line(_ entry: JournalEntry) -> String {
+    /// One entry as a line of output, or why it does not match the schema.
+    static func render(_ entry: JournalEntry, json: Bool) -> Result<String, JournalDecodingError> {
+        let fields: [JournalField]
+        let fingerprint: String?
+        do {
+            if entry["MESSAGE_ID"] == MessageID.reportsSuppressed {
+                fields = try SuppressionRecord(journalFields: entry.fields).fields
+                fingerprint = nil
+            } else {
+                let record = try StallRecord(journalFields: entry.fields)
+                fields = record.fields
+                fingerprint = record.event == .detected ? nil : record.fingerprint
+            }
+        } catch {
+            return .failure(error)
+        }
+        return .success(json ? Self.json(entry, fields: fields) : Self.line(entry, fingerprint: fingerprint))
+    }
+
+    static func line(_ entry: JournalEntry, fingerprint: String?) -> String {
         let time = Date(timeIntervalSince1970: Double(entry.realtimeMicroseconds) / 1e6)
         let formatter = DateFormatter()
         formatter.dateFormat = "HH:mm:ss.SSS"
-        let unit = entry["_SYSTEMD_UNIT"] ?? entry["SYSLOG_IDENTIFIER"] ?? "?"
+        let unit = DisplayText.cell(entry["_SYSTEMD_UNIT"] ?? entry["SYSLOG_IDENTIFIER"] ?? "?", limit: 64)
+        let pid = DisplayText.cell(entry["_PID"] ?? "?", limit: 12)
         let marker: String
         switch entry["MESSAGE_ID"] {
         case MessageID.stallDetected: marker = "stalling"
@@ -81,25 +127,56 @@ struct Follow: ParsableCommand {
         default: marker = "limited "
         }
         var text =
-            "\(formatter.string(from: time)) \(marker) \(unit)[\(entry["_PID"] ?? "?")]: \(entry["MESSAGE"] ?? "")"
-        if entry["MESSAGE_ID"] == MessageID.stallEnded || entry["MESSAGE_ID"] == MessageID.watchdogStall,
-            let fingerprint = entry[StallRecord.Field.fingerprint]
-        {
-            text += " [\(fingerprint)]"
-        }
+            "\(formatter.string(from: time)) \(marker) \(unit)[\(pid)]: \(DisplayText.escaped(entry["MESSAGE"] ?? ""))"
+        if let fingerprint { text += " [\(fingerprint)]" }
         return text
     }
 
-    static func json(_ entry: JournalEntry) -> String {
-        var object = entry.fields.filter {
-            $0.key.hasPrefix("STALL")
-                || ["MESSAGE", "MESSAGE_ID", "PRIORITY", "SYSLOG_IDENTIFIER", "_SYSTEMD_UNIT", "_PID"].contains($0.key)
-        }
+    /// The entry's schema fields (as the schema bounds them), where it came from and its cursor.
+    static func json(_ entry: JournalEntry, fields: [JournalField]) -> String {
+        var object: [String: String] = [:]
+        for field in fields { object[field.name] = field.value }
+        for name in ["_SYSTEMD_UNIT", "_PID"] { object[name] = entry[name] }
         object["__REALTIME_TIMESTAMP"] = String(entry.realtimeMicroseconds)
         object["__CURSOR"] = entry.cursor
         guard let data = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys]) else {
             return "{}"
         }
-        return String(decoding: data, as: UTF8.self)
+        return JSONText.escapingControls(String(decoding: data, as: UTF8.self))
+    }
+}
+
+/// SIGINT, SIGTERM and SIGHUP as a descriptor that becomes readable, so `follow` can end with its
+/// own exit status. They are blocked, and a thread waits for them (`sigwait`) and writes to a pipe.
+final class TerminationSignals {
+    /// Readable once a termination signal arrived.
+    let fileDescriptor: Int32
+
+    init() throws {
+        var signals = sigset_t()
+        sigemptyset(&signals)
+        for signal in [SIGINT, SIGTERM, SIGHUP] { sigaddset(&signals, signal) }
+        // Blocked here, and so in the thread started below; SIGPIPE (a reader that went away)
+        // keeps its default action, even where the parent blocked it.
+        pthread_sigmask(SIG_BLOCK, &signals, nil)
+        var brokenPipe = sigset_t()
+        sigemptyset(&brokenPipe)
+        sigaddset(&brokenPipe, SIGPIPE)
+        pthread_sigmask(SIG_UNBLOCK, &brokenPipe, nil)
+        var ends: [Int32] = [-1, -1]
+        guard pipe(&ends) == 0 else { throw SystemdError(function: "pipe", errno: errno) }
+        for end in ends { _ = fcntl(end, F_SETFD, FD_CLOEXEC) }
+        fileDescriptor = ends[0]
+        let writeEnd = ends[1]
+        let waited = signals
+        let waiter = Thread {
+            var set = waited
+            var received: Int32 = 0
+            sigwait(&set, &received)
+            var byte = UInt8(truncatingIfNeeded: received)
+            _ = write(writeEnd, &byte, 1)
+        }
+        waiter.name = "stallmon-signals"
+        waiter.start()
     }
 }

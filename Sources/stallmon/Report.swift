@@ -11,12 +11,16 @@ struct Report: ParsableCommand {
             Reads the ended (and watchdog) stall entries through the journal schema and prints one \
             row per unit and fingerprint: count, median and longest duration, callout and the \
             frame of the longest stall. Entries that do not match the schema are named on standard \
-            error and make the exit status 65.
+            error and make the exit status 65; a journal this user may not read exits 69. Control \
+            characters from the journal are shown escaped (\\x1b) and long cells are cut (…).
             """
     )
 
     @Option(help: "Only this systemd unit (e.g. foo.service).")
     var unit: String?
+
+    @Option(help: "Read this journal namespace (LogNamespace=) instead of the default one.")
+    var namespace: String?
 
     @Option(help: "Only entries since this time: 30s, 15m, 2h, 7d, today, yesterday, or YYYY-MM-DD[ HH:MM[:SS]].")
     var since: String?
@@ -32,11 +36,10 @@ struct Report: ParsableCommand {
     }
 
     func run() throws {
-        let reader: JournalReader
+        let reader = try JournalSource.open(namespace: namespace, command: "report")
         var stalls: [StallObservation] = []
         var malformed: [String] = []
         do {
-            reader = try JournalReader()
             for messageID in [MessageID.stallEnded, MessageID.watchdogStall] {
                 try reader.addMatch("MESSAGE_ID", messageID)
                 if let unit { try reader.addMatch("_SYSTEMD_UNIT", unit) }
@@ -59,25 +62,29 @@ struct Report: ParsableCommand {
                 }
             }
         } catch {
-            FileHandle.standardError.write(Data("stallmon report: cannot read the journal: \(error)\n".utf8))
+            JournalSource.complain("report", "cannot read the journal: \(error)")
             throw ExitStatus.unavailable
         }
         let groups = StallGroup.group(stalls)
         if json {
             let encoder = JSONEncoder()
             encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
-            print(String(decoding: try encoder.encode(groups), as: UTF8.self))
+            print(JSONText.escapingControls(String(decoding: try encoder.encode(groups), as: UTF8.self)))
         } else {
             print(Self.table(groups))
         }
         for problem in malformed.prefix(20) {
-            FileHandle.standardError.write(Data("stallmon report: skipped malformed \(problem)\n".utf8))
+            JournalSource.complain("report", "skipped malformed \(problem)")
         }
         if !malformed.isEmpty {
-            FileHandle.standardError.write(Data("stallmon report: \(malformed.count) malformed entries skipped\n".utf8))
+            JournalSource.complain("report", "\(malformed.count) malformed entries skipped")
             throw ExitStatus.dataError
         }
     }
+
+    /// The widest each column of the table gets, in characters; longer cells end in `…`. The JSON
+    /// output carries the whole values, which the schema bounds (``FieldLimits``).
+    static let columnLimits = [64, 16, 12, 12, 24, 16, 160]
 
     static func table(_ groups: [StallGroup]) -> String {
         guard !groups.isEmpty else { return "no stalls" }
@@ -88,14 +95,16 @@ struct Report: ParsableCommand {
                 milliseconds(group.maxMicroseconds)
                     + (group.watchdogKills > 0 ? " (\(group.watchdogKills) killed)" : ""),
                 group.callout, group.heaviestFrame,
-            ]
+            ].enumerated().map { column, cell in DisplayText.cell(cell, limit: columnLimits[column]) }
         }
-        let widths = header.indices.map { column in ([header] + rows).map { $0[column].count }.max() ?? 0 }
+        let widths = header.indices.map { column in
+            ([header] + rows).map { DisplayText.width($0[column]) }.max() ?? 0
+        }
         let numeric: Set<Int> = [2, 3, 4]
         func line(_ cells: [String]) -> String {
             cells.enumerated().map { column, cell in
                 if column == cells.count - 1 { return cell }
-                let padding = String(repeating: " ", count: widths[column] - cell.count)
+                let padding = String(repeating: " ", count: widths[column] - DisplayText.width(cell))
                 return numeric.contains(column) ? padding + cell : cell + padding
             }.joined(separator: "  ")
         }

@@ -8,7 +8,9 @@ import Testing
 struct CollectorTests {
     static func entry(
         _ event: StallRecord.Event = .ended, unit: String = "foo.service", fingerprint: String = "aaaaaaaaaaaaaaaa",
-        milliseconds: UInt64 = 300, stallID: String = UUID().uuidString, time: UInt64 = 1_000_000_000,
+        milliseconds: UInt64 = 300,
+        stallID: String = UUID().uuidString.replacingOccurrences(of: "-", with: "").lowercased(),
+        time: UInt64 = 1_000_000_000,
         cursor: String = "c"
     ) -> JournalEntry {
         let record = StallRecord(
@@ -93,21 +95,23 @@ struct CollectorTests {
         var configuration = CollectorConfiguration()
         configuration.maximumFingerprintsPerUnit = 2
         var aggregator = StallAggregator(configuration: configuration)
-        for (index, fingerprint) in ["f1", "f2", "f3", "f4", "f1"].enumerated() {
+        for (index, fingerprint) in [
+            "00000000000000f1", "00000000000000f2", "00000000000000f3", "00000000000000f4", "00000000000000f1",
+        ].enumerated() {
             aggregator.ingest(Self.entry(fingerprint: fingerprint, cursor: "\(index)"))
         }
         let text = PrometheusTextfile.render(aggregator.state, windows: [], now: 1_000_000_000, aggregator: aggregator)
         let series = text.split(separator: "\n").filter { $0.hasPrefix("stallmon_fingerprint_stalls_total{") }
         #expect(series.count == 3)
-        #expect(series.contains { $0.contains(#"fingerprint="f1""#) && $0.hasSuffix(" 2") })
+        #expect(series.contains { $0.contains(#"fingerprint="00000000000000f1""#) && $0.hasSuffix(" 2") })
         #expect(series.contains { $0.contains(#"fingerprint="other""#) && $0.hasSuffix(" 2") })
     }
 
     @Test func watchdogAndEndedReportsOfOneStallCountOnce() {
         var aggregator = StallAggregator(configuration: CollectorConfiguration())
-        aggregator.ingest(Self.entry(.watchdog, milliseconds: 1500, stallID: "s1"))
-        aggregator.ingest(Self.entry(.ended, milliseconds: 2100, stallID: "s1"))
-        aggregator.ingest(Self.entry(.ended, milliseconds: 300, stallID: "s2"))
+        aggregator.ingest(Self.entry(.watchdog, milliseconds: 1500, stallID: String(repeating: "1", count: 32)))
+        aggregator.ingest(Self.entry(.ended, milliseconds: 2100, stallID: String(repeating: "1", count: 32)))
+        aggregator.ingest(Self.entry(.ended, milliseconds: 300, stallID: String(repeating: "2", count: 32)))
         #expect(aggregator.state.units["foo.service"]?.stalls == 2)
         #expect(aggregator.state.units["foo.service"]?.watchdogStalls == 1)
         #expect(aggregator.state.units["foo.service"]?.fingerprints["aaaaaaaaaaaaaaaa"]?.worstMicroseconds == 2_100_000)
@@ -123,7 +127,7 @@ struct CollectorTests {
         }
         #expect(error.field == "STALL_DURATION_USEC")
         let suppression = SuppressionRecord(
-            message: "m", loop: "main", threadID: 1, fingerprint: "f", frame: "x", count: 4,
+            message: "m", loop: "main", threadID: 1, fingerprint: "ffffffffffffffff", frame: "x", count: 4,
             totalDurationMicroseconds: 1,
             worstDurationMicroseconds: 1, rateLimitBurst: 5, rateLimitIntervalMicroseconds: 60_000_000, priority: 5,
             syslogIdentifier: "foo")

@@ -69,7 +69,7 @@ struct SchemaTests {
         }
         dictionary["STALL_DURATION_USEC"] = "soon"
         #expect(
-            throws: JournalDecodingError(field: "STALL_DURATION_USEC", value: "soon", reason: "not an integer in range")
+            throws: JournalDecodingError(field: "STALL_DURATION_USEC", value: "soon", reason: "not an integer")
         ) {
             try StallRecord(journalFields: dictionary)
         }
@@ -78,6 +78,210 @@ struct SchemaTests {
         #expect(throws: JournalDecodingError(field: "STALL_ID", value: nil, reason: "missing")) {
             try StallRecord(journalFields: dictionary)
         }
+    }
+
+    static func endedFields() -> [String: String] {
+        var dictionary: [String: String] = [:]
+        for field in JournalSink.fields(for: .stallEnded(Self.report()), syslogIdentifier: "svc") {
+            dictionary[field.name] = field.value
+        }
+        return dictionary
+    }
+
+    static func suppressionFields() -> [String: String] {
+        let summary = SuppressionReport(
+            loop: "main", threadID: 7, fingerprint: "00000000deadbeef", frame: "Service.refresh()", count: 3,
+            totalDuration: .seconds(1), worstDuration: .milliseconds(400), burst: 5, interval: .seconds(60))
+        var dictionary: [String: String] = [:]
+        for field in JournalSink.fields(for: .suppressed(summary), syslogIdentifier: "svc") {
+            dictionary[field.name] = field.value
+        }
+        return dictionary
+    }
+
+    /// Decodes `fields` with `field` set to `value`; the error, or nil when it decoded.
+    static func decodingError(
+        _ fields: [String: String], _ field: String, _ value: String,
+        decode: ([String: String]) throws(JournalDecodingError) -> Void
+    ) -> JournalDecodingError? {
+        var fields = fields
+        fields[field] = value
+        do {
+            try decode(fields)
+            return nil
+        } catch {
+            return error
+        }
+    }
+
+    @Test func numbersOutsideTheirBoundsMakeTheEntryMalformed() {
+        let year = String(FieldLimits.maximumMicroseconds)
+        let pastYear = String(FieldLimits.maximumMicroseconds + 1)
+        let stall: [String: [String]] = [
+            "STALL_DURATION_USEC": ["-1", pastYear, "9223372036854775807", "18446744073709551616"],
+            "STALL_CPU_USEC": ["-1", pastYear],
+            "STALL_THRESHOLD_USEC": ["-250000", pastYear],
+            "STALL_WATCHDOG_USEC": ["-1", pastYear],
+            "STALL_SAMPLES": ["-1000", "4294967296", "9223372036854775807"],
+            "STALL_SAMPLES_UNANSWERED": ["-1"],
+            "STALL_STACK_SAMPLES": ["-1", "4294967296"],
+            "STALL_THREAD_TID": ["0", "-1", "4194305"],
+            "PRIORITY": ["-1", "8", "99"],
+        ]
+        let ended = Self.endedFields()
+        for (field, values) in stall {
+            for value in values {
+                let error = Self.decodingError(ended, field, value) { fields throws(JournalDecodingError) in
+                    _ = try StallRecord(journalFields: fields)
+                }
+                #expect(error?.field == field, "\(field)=\(value) decoded")
+                #expect(error?.value == value)
+                #expect(error?.description.contains("field \(field)=\"\(value)\"") == true)
+            }
+        }
+        let suppression: [String: [String]] = [
+            "STALL_SUPPRESSED_COUNT": ["-1000", "9223372036854775807", "4294967296"],
+            "STALL_SUPPRESSED_TOTAL_USEC": ["-1", pastYear],
+            "STALL_SUPPRESSED_WORST_USEC": ["-1", pastYear],
+            "STALL_RATE_LIMIT_BURST": ["-5"],
+            "STALL_RATE_LIMIT_INTERVAL_USEC": ["-1", pastYear],
+            "STALL_THREAD_TID": ["0"],
+        ]
+        let suppressed = Self.suppressionFields()
+        for (field, values) in suppression {
+            for value in values {
+                let error = Self.decodingError(suppressed, field, value) { fields throws(JournalDecodingError) in
+                    _ = try SuppressionRecord(journalFields: fields)
+                }
+                #expect(error?.field == field, "\(field)=\(value) decoded")
+            }
+        }
+        // The bounds themselves are accepted.
+        #expect(
+            Self.decodingError(ended, "STALL_DURATION_USEC", year) { fields throws(JournalDecodingError) in
+                _ = try StallRecord(journalFields: fields)
+            } == nil)
+        #expect(
+            Self.decodingError(suppressed, "STALL_SUPPRESSED_COUNT", "4294967295") {
+                fields throws(JournalDecodingError) in
+                _ = try SuppressionRecord(journalFields: fields)
+            } == nil)
+    }
+
+    @Test func fingerprintAndStallIDMustBeLowercaseHexOfTheirLength() {
+        let ended = Self.endedFields()
+        for value in ["00000000DEADBEEF", "00000000deadbee", "00000000deadbeef0", "00000000deadbeeg", "", "other"] {
+            let error = Self.decodingError(ended, "STALL_FINGERPRINT", value) { fields throws(JournalDecodingError) in
+                _ = try StallRecord(journalFields: fields)
+            }
+            #expect(
+                error
+                    == JournalDecodingError(
+                        field: "STALL_FINGERPRINT", value: value, reason: "not 16 lowercase hex digits"))
+        }
+        let suppression = Self.decodingError(Self.suppressionFields(), "STALL_FINGERPRINT", "x") {
+            fields throws(JournalDecodingError) in _ = try SuppressionRecord(journalFields: fields)
+        }
+        #expect(suppression?.field == "STALL_FINGERPRINT")
+        for value in ["0123456789ABCDEF0123456789ABCDEF", "0123456789abcdef", "0123456789abcdef0123456789abcdez"] {
+            let error = Self.decodingError(ended, "STALL_ID", value) { fields throws(JournalDecodingError) in
+                _ = try StallRecord(journalFields: fields)
+            }
+            #expect(
+                error == JournalDecodingError(field: "STALL_ID", value: value, reason: "not 32 lowercase hex digits"))
+        }
+        let event = Self.decodingError(ended, "STALL_EVENT", "detected") { fields throws(JournalDecodingError) in
+            _ = try StallRecord(journalFields: fields)
+        }
+        #expect(event?.field == "STALL_EVENT")
+    }
+
+    @Test func overLongStringsMakeTheEntryMalformedButNamesAreCut() throws {
+        let ended = Self.endedFields()
+        let limits: [String: Int] = [
+            "MESSAGE": FieldLimits.messageBytes, "STALL_FRAME": FieldLimits.frameBytes,
+            "STALL_BACKTRACE": FieldLimits.backtraceBytes, "STALL_LOOP": FieldLimits.nameBytes,
+            "STALL_RUNLOOP_MODE": FieldLimits.nameBytes, "STALL_ACTIVITY": FieldLimits.keywordBytes,
+            "STALL_CALLOUT": FieldLimits.keywordBytes, "STALL_THREAD_STATE": FieldLimits.keywordBytes,
+            "STALL_THREAD_SYSCALL": FieldLimits.keywordBytes, "STALL_THREAD_WCHAN": FieldLimits.waitChannelBytes,
+        ]
+        for (field, limit) in limits {
+            let fits = Self.decodingError(ended, field, String(repeating: "é", count: limit / 2)) {
+                fields throws(JournalDecodingError) in _ = try StallRecord(journalFields: fields)
+            }
+            #expect(fits == nil, "\(field) at its limit rejected")
+            let error = Self.decodingError(ended, field, String(repeating: "x", count: limit + 1)) {
+                fields throws(JournalDecodingError) in _ = try StallRecord(journalFields: fields)
+            }
+            #expect(error?.field == field)
+            #expect(error?.reason == "\(limit + 1) bytes long, longer than the \(limit) allowed")
+            // The error shows 80 characters of the value, not all of it.
+            #expect((error?.description.utf8.count ?? .max) < 200)
+        }
+        var fields = ended
+        fields["SYSLOG_IDENTIFIER"] = String(repeating: "A", count: 100_000)
+        let record = try StallRecord(journalFields: fields)
+        #expect(record.syslogIdentifier.utf8.count <= FieldLimits.identifierBytes)
+        #expect(record.syslogIdentifier.hasSuffix("…"))
+        #expect(record.syslogIdentifier.hasPrefix(String(repeating: "A", count: 200)))
+    }
+
+    @Test func writersClampEveryFieldToWhatReadersAccept() throws {
+        var report = Self.report()
+        report.duration = .seconds(400 * 86_400)
+        report.samples = Int.max
+        report.runLoopMode = String(repeating: "m", count: 10_000)
+        let frames = [
+            StallFrame(
+                address: 0x1000, image: "/usr/bin/service", symbol: "s",
+                function: "Service." + String(repeating: "ü", count: 50_000) + "()", offset: 1,
+                file: "/src/Service.swift", line: 1)
+        ]
+        report.stack = frames
+        let huge = String(repeating: "I", count: 100_000)
+        let fields = JournalSink.fields(for: .stallEnded(report), syslogIdentifier: huge)
+        var dictionary: [String: String] = [:]
+        for field in fields { dictionary[field.name] = field.value }
+        #expect((dictionary["STALL_FRAME"]?.utf8.count ?? .max) <= FieldLimits.frameBytes)
+        #expect(dictionary["STALL_FRAME"]?.hasSuffix("…") == true)
+        #expect((dictionary["MESSAGE"]?.utf8.count ?? .max) <= FieldLimits.messageBytes)
+        #expect((dictionary["SYSLOG_IDENTIFIER"]?.utf8.count ?? .max) <= FieldLimits.identifierBytes)
+        #expect(dictionary["STALL_DURATION_USEC"] == String(FieldLimits.maximumMicroseconds))
+        #expect(dictionary["STALL_SAMPLES"] == String(FieldLimits.maximumCount))
+        // What the writer sends, every reader accepts.
+        _ = try StallRecord(journalFields: dictionary)
+
+        // The writer itself refuses what no reader would accept.
+        #expect(throws: JournalDecodingError.self) {
+            try JournalWriter(socketPath: "/nonexistent").send([
+                JournalField("MESSAGE", "x"), JournalField("SYSLOG_IDENTIFIER", huge),
+            ])
+        }
+        #expect(throws: JournalDecodingError.self) {
+            try JournalWriter(socketPath: "/nonexistent").send([
+                JournalField("MESSAGE", String(repeating: "x", count: FieldLimits.readBytes + 1))
+            ])
+        }
+    }
+
+    @Test func controlCharactersAreShownAsVisibleEscapes() {
+        #expect(
+            DisplayText.escaped("plain Service.refresh() (Service.swift:42)")
+                == "plain Service.refresh() (Service.swift:42)")
+        #expect(DisplayText.escaped("a\u{1b}[2Jb") == "a\\x1b[2Jb")
+        #expect(DisplayText.escaped("\u{1b}]0;title\u{07}") == "\\x1b]0;title\\x07")
+        #expect(DisplayText.escaped("\u{9b}31m\u{9d}x\u{7f}") == "\\u009b31m\\u009dx\\x7f")
+        #expect(DisplayText.escaped("line\nbreak\ttab\r\u{0}") == "line\\x0abreak\\x09tab\\x0d\\x00")
+        #expect(DisplayText.escaped("\u{202e}evil") == "\\u202eevil")
+        #expect(DisplayText.escaped("back\\slash") == "back\\\\slash")
+        #expect(DisplayText.escaped("ünïcödé 名前") == "ünïcödé 名前")
+        // Cells are cut by Unicode scalars, so a pile of combining marks is bounded too.
+        let zalgo = "a" + String(repeating: "\u{301}", count: 10_000)
+        #expect(DisplayText.cell(zalgo, limit: 10).unicodeScalars.count == 10)
+        #expect(DisplayText.cell(String(repeating: "\u{1b}", count: 100), limit: 9) == "\\x1b\\x1b…")
+        // The error shown for a malformed entry is escaped too.
+        let error = JournalDecodingError(field: "STALL_FRAME", value: "\u{1b}[2J", reason: "r")
+        #expect(error.description == "field STALL_FRAME=\"\\x1b[2J\": r")
     }
 
     @Test func backtraceIsCutAtALineToFitFourKilobytes() {

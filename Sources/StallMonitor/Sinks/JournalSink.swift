@@ -8,10 +8,11 @@ public struct JournalSink: ReportSink {
 
     /// - Parameters:
     ///   - syslogIdentifier: `SYSLOG_IDENTIFIER` of stall entries; `nil` uses the program's name.
+    ///     Cut to ``FieldLimits/identifierBytes`` (with a marker), the longest readers accept.
     ///   - writer: Where entries go; the default is journald's native socket.
     public init(syslogIdentifier: String? = nil, writer: JournalWriter = JournalWriter()) {
         self.writer = writer
-        self.syslogIdentifier = syslogIdentifier ?? ProgramName.current
+        self.syslogIdentifier = FieldLimits.identifier(syslogIdentifier ?? ProgramName.current)
         self.failures = FailureCounter()
     }
 
