@@ -1,14 +1,24 @@
-/// x86_64 system call names by number (from the kernel's asm/unistd_64.h), for reports that say
-/// which call a stalled thread sits in.
+/// System call names by number, for reports that say which call a stalled thread sits in: x86_64
+/// (the kernel's asm/unistd_64.h) and aarch64 (asm-generic/unistd.h, which arm64 uses), chosen by
+/// the architecture the library is built for.
 enum SyscallNames {
     static func name(_ number: Int) -> String {
         #if arch(x86_64)
-            if number >= 0, number < x86_64.count, let name = x86_64[number] { return name }
+            name(number, in: x86_64)
+        #elseif arch(arm64)
+            name(number, in: aarch64)
+        #else
+            "syscall \(number)"
         #endif
+    }
+
+    /// The name of `number` in `table`, or `syscall N`.
+    static func name(_ number: Int, in table: [String?]) -> String {
+        if number >= 0, number < table.count, let name = table[number] { return name }
         return "syscall \(number)"
     }
 
-    private static let x86_64: [String?] = [
+    static let x86_64: [String?] = [
         "read", "write", "open", "close", "stat", "fstat",
         "lstat", "poll", "lseek", "mmap", "mprotect", "munmap",
         "brk", "rt_sigaction", "rt_sigprocmask", "rt_sigreturn", "ioctl", "pread64",
@@ -87,5 +97,57 @@ enum SyscallNames {
         "landlock_create_ruleset", "landlock_add_rule", "landlock_restrict_self", "memfd_secret", "process_mrelease",
         "futex_waitv",
         "set_mempolicy_home_node",
+    ]
+
+    /// arm64 has no numbers 403–423: asm-generic gives them to the 64-bit time calls of 32-bit
+    /// architectures.
+    static let aarch64: [String?] = [
+        "io_setup", "io_destroy", "io_submit", "io_cancel", "io_getevents", "setxattr", "lsetxattr", "fsetxattr",
+        "getxattr", "lgetxattr", "fgetxattr", "listxattr", "llistxattr", "flistxattr", "removexattr",
+        "lremovexattr", "fremovexattr", "getcwd", "lookup_dcookie", "eventfd2", "epoll_create1", "epoll_ctl",
+        "epoll_pwait", "dup", "dup3", "fcntl", "inotify_init1", "inotify_add_watch", "inotify_rm_watch", "ioctl",
+        "ioprio_set", "ioprio_get", "flock", "mknodat", "mkdirat", "unlinkat", "symlinkat", "linkat", "renameat",
+        "umount2", "mount", "pivot_root", "nfsservctl", "statfs", "fstatfs", "truncate", "ftruncate", "fallocate",
+        "faccessat", "chdir", "fchdir", "chroot", "fchmod", "fchmodat", "fchownat", "fchown", "openat", "close",
+        "vhangup", "pipe2", "quotactl", "getdents64", "lseek", "read", "write", "readv", "writev", "pread64",
+        "pwrite64", "preadv", "pwritev", "sendfile", "pselect6", "ppoll", "signalfd4", "vmsplice", "splice", "tee",
+        "readlinkat", "newfstatat", "fstat", "sync", "fsync", "fdatasync", "sync_file_range2", "timerfd_create",
+        "timerfd_settime", "timerfd_gettime", "utimensat", "acct", "capget", "capset", "personality", "exit",
+        "exit_group", "waitid", "set_tid_address", "unshare", "futex", "set_robust_list", "get_robust_list",
+        "nanosleep", "getitimer", "setitimer", "kexec_load", "init_module", "delete_module", "timer_create",
+        "timer_gettime", "timer_getoverrun", "timer_settime", "timer_delete", "clock_settime", "clock_gettime",
+        "clock_getres", "clock_nanosleep", "syslog", "ptrace", "sched_setparam", "sched_setscheduler",
+        "sched_getscheduler", "sched_getparam", "sched_setaffinity", "sched_getaffinity", "sched_yield",
+        "sched_get_priority_max", "sched_get_priority_min", "sched_rr_get_interval", "restart_syscall", "kill",
+        "tkill", "tgkill", "sigaltstack", "rt_sigsuspend", "rt_sigaction", "rt_sigprocmask", "rt_sigpending",
+        "rt_sigtimedwait", "rt_sigqueueinfo", "rt_sigreturn", "setpriority", "getpriority", "reboot", "setregid",
+        "setgid", "setreuid", "setuid", "setresuid", "getresuid", "setresgid", "getresgid", "setfsuid", "setfsgid",
+        "times", "setpgid", "getpgid", "getsid", "setsid", "getgroups", "setgroups", "uname", "sethostname",
+        "setdomainname", "getrlimit", "setrlimit", "getrusage", "umask", "prctl", "getcpu", "gettimeofday",
+        "settimeofday", "adjtimex", "getpid", "getppid", "getuid", "geteuid", "getgid", "getegid", "gettid",
+        "sysinfo", "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify", "mq_getsetattr",
+        "msgget", "msgctl", "msgrcv", "msgsnd", "semget", "semctl", "semtimedop", "semop", "shmget", "shmctl",
+        "shmat", "shmdt", "socket", "socketpair", "bind", "listen", "accept", "connect", "getsockname",
+        "getpeername", "sendto", "recvfrom", "setsockopt", "getsockopt", "shutdown", "sendmsg", "recvmsg",
+        "readahead", "brk", "munmap", "mremap", "add_key", "request_key", "keyctl", "clone", "execve", "mmap",
+        "fadvise64", "swapon", "swapoff", "mprotect", "msync", "mlock", "munlock", "mlockall", "munlockall",
+        "mincore", "madvise", "remap_file_pages", "mbind", "get_mempolicy", "set_mempolicy", "migrate_pages",
+        "move_pages", "rt_tgsigqueueinfo", "perf_event_open", "accept4", "recvmmsg", "arch_specific_syscall", nil,
+        nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, "wait4", "prlimit64", "fanotify_init",
+        "fanotify_mark", "name_to_handle_at", "open_by_handle_at", "clock_adjtime", "syncfs", "setns", "sendmmsg",
+        "process_vm_readv", "process_vm_writev", "kcmp", "finit_module", "sched_setattr", "sched_getattr",
+        "renameat2", "seccomp", "getrandom", "memfd_create", "bpf", "execveat", "userfaultfd", "membarrier",
+        "mlock2", "copy_file_range", "preadv2", "pwritev2", "pkey_mprotect", "pkey_alloc", "pkey_free", "statx",
+        "io_pgetevents", "rseq", "kexec_file_load", nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
+        nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
+        nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
+        nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
+        nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
+        nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
+        nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, "pidfd_send_signal", "io_uring_setup",
+        "io_uring_enter", "io_uring_register", "open_tree", "move_mount", "fsopen", "fsconfig", "fsmount", "fspick",
+        "pidfd_open", "clone3", "close_range", "openat2", "pidfd_getfd", "faccessat2", "process_madvise",
+        "epoll_pwait2", "mount_setattr", "quotactl_fd", "landlock_create_ruleset", "landlock_add_rule",
+        "landlock_restrict_self", "memfd_secret", "process_mrelease", "futex_waitv", "set_mempolicy_home_node",
     ]
 }
