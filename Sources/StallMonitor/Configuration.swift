@@ -95,7 +95,7 @@ extension StallMonitor {
             if let syslogIdentifier {
                 try Self.check(
                     Self.isValidSyslogIdentifier(syslogIdentifier), .syslogIdentifier,
-                    StrictJSON.quoted(syslogIdentifier),
+                    ConfigurationValue.shownQuoted(syslogIdentifier),
                     "must be 1 to \(Self.maximumSyslogIdentifierLength) printable ASCII characters, "
                         + "without spaces, '=', '[' or ':'"
                 )
@@ -107,7 +107,7 @@ extension StallMonitor {
                 try Self.check(
                     (1...255).contains(mode.utf8.count)
                         && !mode.unicodeScalars.contains { $0.properties.generalCategory == .control },
-                    .additionalModes, StrictJSON.quoted(mode),
+                    .additionalModes, ConfigurationValue.shownQuoted(mode),
                     "mode names must be 1 to 255 bytes, without control characters")
             }
         }

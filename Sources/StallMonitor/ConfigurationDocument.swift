@@ -191,7 +191,7 @@ public struct ConfigurationValue: Sendable, CustomStringConvertible {
     }
 
     init(environment text: String) {
-        description = Self.shown(StrictJSON.quoted(text))
+        description = Self.shownQuoted(text)
         let trimmed = text.trimmingCharacters(in: .whitespaces)
         number = Self.number(trimmed)
         switch trimmed.lowercased() {
@@ -246,8 +246,14 @@ public struct ConfigurationValue: Sendable, CustomStringConvertible {
 
     /// A value as shown in messages: long ones are cut, with their length.
     public static func shown(_ text: String) -> String {
-        guard text.count > 80 else { return text }
-        return String(text.prefix(60)) + "… (\(text.count) characters)"
+        guard text.utf8.count > 120, text.count > 120 else { return text }
+        return String(text.prefix(100)) + "… (\(text.count) characters)"
+    }
+
+    /// A string in double quotes as shown in messages: long ones are cut, with their length.
+    static func shownQuoted(_ text: String) -> String {
+        guard text.utf8.count > 60, text.count > 60 else { return StrictJSON.quoted(text) }
+        return String(StrictJSON.quoted(String(text.prefix(60))).dropLast()) + "… (\(text.count) characters)"
     }
 
     private func fail(_ key: String, _ source: String, _ reason: String) -> ConfigurationError {

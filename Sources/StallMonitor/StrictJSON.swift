@@ -54,7 +54,7 @@ enum StrictJSON: Sendable, Equatable {
         case .null: return "null"
         case .bool(let value): return value ? "true" : "false"
         case .number(let text): return text
-        case .string(let value): return Self.quoted(value)
+        case .string(let value): return ConfigurationValue.shownQuoted(value)
         case .array(let values): return "[" + values.map(\.text).joined(separator: ", ") + "]"
         case .object(let members):
             return "{" + members.map { "\(Self.quoted($0.key)): \($0.value.text)" }.joined(separator: ", ") + "}"
