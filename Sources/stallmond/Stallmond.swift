@@ -120,6 +120,9 @@ final class Daemon {
         do {
             let configuration = try CollectorConfiguration.load(
                 path: location.path, required: location.required)
+            if configuration.monitorThreshold != monitor.configuration.threshold {
+                logger.notice("monitor_threshold_ms changes take effect at the next start")
+            }
             collector.apply(configuration)
             logger.notice("configuration reloaded", metadata: ["configuration": "\(configuration.summary)"])
             StallMonitor.notifyServiceManager("READY=1\nSTATUS=\(collector.statusLine)")

@@ -89,8 +89,10 @@ struct FuzzTests {
                 let again = try StallRecord(journalFields: Self.dictionary(record.fields))
                 if again != record, record.event != .watchdog, record.watchdogMicroseconds != 0 {
                     // STALL_WATCHDOG_USEC is read from any stall entry but written only on watchdog ones.
-                    withKnownIssue("STALL_WATCHDOG_USEC on a detected or ended entry does not round-trip") {
-                        #expect(again == record, "a record reads back as written: \(Self.shown(input))")
+                    if Self.firstTime("STALL_WATCHDOG_USEC") {
+                        withKnownIssue("STALL_WATCHDOG_USEC on a detected or ended entry does not round-trip") {
+                            #expect(again == record, "a record reads back as written: \(Self.shown(input))")
+                        }
                     }
                 } else {
                     #expect(again == record, "a record reads back as written: \(Self.shown(input))")
@@ -250,13 +252,18 @@ struct FuzzTests {
 
     /// Counts, thread ids and priorities are never negative; a syslog priority is 0 to 7.
     static func checkCounts(_ values: [(String, Int)], _ input: [UInt8]) {
-        for (field, value) in values where value < 0 || (field == "PRIORITY" && value > 7) {
+        for (field, value) in values where (value < 0 || (field == "PRIORITY" && value > 7)) && firstTime(field) {
             // The journal records accept these today; their parsers are being tightened separately.
             withKnownIssue("the journal parsers accept negative counts and priorities past 7", isIntermittent: true) {
                 Issue.record("accepted \(field)=\(value) from \(shown(input))")
             }
         }
     }
+
+    /// Known issues are recorded once per field and run, not once per input.
+    nonisolated(unsafe) static var reported: Set<String> = []
+
+    static func firstTime(_ field: String) -> Bool { reported.insert(field).inserted }
 
     // MARK: The harness
 
