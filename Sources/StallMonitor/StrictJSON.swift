@@ -3,7 +3,7 @@
 /// Configuration files are read with this parser rather than `JSONSerialization`, which accepts
 /// trailing commas, lets a repeated key silently win, and reads `true` and `1` alike: a
 /// configuration file must mean exactly what it says, or be refused with the line and column.
-enum StrictJSON: Sendable, Equatable {
+enum StrictJSON: Sendable {
     case null
     case bool(Bool)
     /// The number's text, e.g. `1e10`; it matches JSON's number grammar.
@@ -12,19 +12,6 @@ enum StrictJSON: Sendable, Equatable {
     case array([StrictJSON])
     /// Members in the file's order; keys are unique.
     case object([(key: String, value: StrictJSON)])
-
-    static func == (lhs: StrictJSON, rhs: StrictJSON) -> Bool {
-        switch (lhs, rhs) {
-        case (.null, .null): return true
-        case (.bool(let a), .bool(let b)): return a == b
-        case (.number(let a), .number(let b)): return a == b
-        case (.string(let a), .string(let b)): return a == b
-        case (.array(let a), .array(let b)): return a == b
-        case (.object(let a), .object(let b)):
-            return a.count == b.count && zip(a, b).allSatisfy { $0.key == $1.key && $0.value == $1.value }
-        default: return false
-        }
-    }
 
     /// Deepest nesting accepted; configuration files need two levels.
     static let maximumDepth = 32
