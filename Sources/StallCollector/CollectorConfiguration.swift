@@ -42,9 +42,57 @@ public struct CollectorConfiguration: Sendable, Hashable {
         case maximumUnits = "max_units"
     }
 
-    /// The file's path when none is given: `$STALLMOND_CONFIG`, then `/etc/stallmon/stallmond.json`.
-    public static func defaultPath(_ environment: [String: String] = ProcessInfo.processInfo.environment) -> String {
-        environment["STALLMOND_CONFIG"].flatMap { $0.isEmpty ? nil : $0 } ?? "/etc/stallmon/stallmond.json"
+    /// The default configuration file.
+    public static let defaultPath = "/etc/stallmon/stallmond.json"
+    /// The variable naming the configuration file when `--config` does not.
+    public static let fileEnvironmentVariable = "STALLMOND_CONFIG"
+
+    /// Which file to read, and whether it must exist.
+    public struct Location: Sendable, Hashable {
+        public var path: String
+        /// `false` only for the default path: a missing default file means the defaults.
+        public var required: Bool
+
+        public init(path: String, required: Bool) {
+            self.path = path
+            self.required = required
+        }
+
+        /// `--config PATH`, else `$STALLMOND_CONFIG`, else the default path (which may be absent).
+        /// - Throws: ``ConfigurationError`` when either names an empty path: an empty value is a
+        ///   mistake (`STALLMOND_CONFIG=$UNSET`), never a request for the default file.
+        public static func resolve(
+            option: String?, environment: [String: String] = ProcessInfo.processInfo.environment
+        ) throws(ConfigurationError) -> Self {
+            if let option {
+                guard !option.isEmpty else {
+                    throw ConfigurationError(
+                        key: "(file)", value: "\"\"", reason: "names no file (the path is empty)", source: "--config")
+                }
+                return Self(path: option, required: true)
+            }
+            if let path = environment[CollectorConfiguration.fileEnvironmentVariable] {
+                guard !path.isEmpty else {
+                    throw ConfigurationError(
+                        key: "(file)", value: "\"\"",
+                        reason: "is set but empty: name a configuration file, or unset it to use "
+                            + CollectorConfiguration.defaultPath,
+                        source: CollectorConfiguration.fileEnvironmentVariable)
+                }
+                return Self(path: path, required: true)
+            }
+            return Self(path: CollectorConfiguration.defaultPath, required: false)
+        }
+    }
+
+    /// The one way stallmond reads its configuration, at `--check-config`, at start and on
+    /// reload alike: where the file is, the file, then the `STALLMOND_<KEY>` overrides, validated.
+    /// - Throws: ``ConfigurationError`` naming the key, the value, why, and the file or variable.
+    public static func load(
+        option: String?, environment: [String: String] = ProcessInfo.processInfo.environment
+    ) throws(ConfigurationError) -> (configuration: Self, location: Location) {
+        let location = try Location.resolve(option: option, environment: environment)
+        return (try load(path: location.path, required: location.required, environment: environment), location)
     }
 
     /// Reads the file at `path` (a missing file at the default path means the defaults), then the
@@ -53,27 +101,29 @@ public struct CollectorConfiguration: Sendable, Hashable {
     public static func load(
         path: String, required: Bool, environment: [String: String] = ProcessInfo.processInfo.environment
     ) throws(ConfigurationError) -> Self {
+        let json = required || FileManager.default.fileExists(atPath: path) ? try ConfigurationDocument.read(path) : nil
+        return try parse(json: json, source: path, environment: environment)
+    }
+
+    /// The defaults, then the JSON document `json` (named `source` in errors) if any, then the
+    /// `STALLMOND_<KEY>` overrides in `environment`, validated.
+    /// - Throws: ``ConfigurationError`` naming the key, the value, why, and the file or variable.
+    public static func parse(json: Data?, source: String, environment: [String: String]) throws(ConfigurationError)
+        -> Self
+    {
         let keys = Key.allCases.map(\.rawValue)
         var entries: [ConfigurationDocument.Entry] = []
-        if required || FileManager.default.fileExists(atPath: path) {
-            entries = try ConfigurationDocument.parseJSON(
-                ConfigurationDocument.read(path), source: path, knownKeys: keys)
+        if let json {
+            entries = try ConfigurationDocument.parseJSON(json, source: source, knownKeys: keys)
         }
-        entries += ConfigurationDocument.environment(environment, prefix: "STALLMOND_", knownKeys: keys)
+        entries += try ConfigurationDocument.environment(
+            environment, prefix: "STALLMOND_", knownKeys: keys, otherVariables: [fileEnvironmentVariable])
         var configuration = Self()
-        var origins: [String: ConfigurationDocument.Entry] = [:]
         for entry in entries {
             try configuration.set(Key(rawValue: entry.key)!, to: entry.value, source: entry.source)
-            origins[entry.key] = entry
         }
-        do {
+        try ConfigurationDocument.validate(entries, defaultSource: "defaults") { () throws(ConfigurationError) in
             try configuration.validate()
-        } catch {
-            // Name the value as the operator wrote it, and where.
-            var error = error
-            error.source = origins[error.key]?.source ?? "defaults"
-            error.value = origins[error.key]?.value.description ?? error.value
-            throw error
         }
         return configuration
     }
@@ -83,10 +133,13 @@ public struct CollectorConfiguration: Sendable, Hashable {
         switch key {
         case .metricsPath: metricsPath = try value.text(key: name, source: source) ?? ""
         case .metricsInterval: metricsInterval = try value.seconds(key: name, source: source)
-        case .windows: windows = try value.numberList(key: name, source: source).map { .nanoseconds(Int64($0 * 1e9)) }
+        case .windows: windows = try value.durationList(key: name, source: source, unit: 1e9)
         case .maximumFingerprintsPerUnit: maximumFingerprintsPerUnit = try value.integer(key: name, source: source)
         case .histogramBuckets:
-            histogramBuckets = try value.numberList(key: name, source: source).map { .nanoseconds(Int64($0 * 1e6)) }
+            // To the microsecond, the precision of the metrics' `le` label.
+            histogramBuckets = try value.durationList(key: name, source: source, unit: 1e6).map {
+                .microseconds(($0.nanoseconds + 500) / 1000)
+            }
         case .digestInterval: digestInterval = try value.seconds(key: name, source: source)
         case .stateDirectory:
             let text = try value.text(key: name, source: source)
@@ -97,42 +150,91 @@ public struct CollectorConfiguration: Sendable, Hashable {
         }
     }
 
-    /// Checks every value.
+    /// The configuration of stallmond's own stall monitor, which watches its main run loop.
+    /// ``validate()`` checks it, so that a configuration `--check-config` accepts also starts.
+    public var monitorConfiguration: StallMonitor.Configuration {
+        var configuration = StallMonitor.Configuration()
+        configuration.threshold = monitorThreshold
+        // A threshold under the default sampling interval samples at the threshold.
+        configuration.sampleInterval = min(configuration.sampleInterval, max(monitorThreshold, .milliseconds(1)))
+        configuration.syslogIdentifier = "stallmond"
+        return configuration
+    }
+
+    /// Checks every value, stallmond's own monitor's included: `--check-config`, start and reload
+    /// all run this one check.
     /// - Throws: ``ConfigurationError`` naming the first invalid value and why.
     public func validate() throws(ConfigurationError) {
         func check(_ condition: Bool, _ key: Key, _ value: String, _ reason: String) throws(ConfigurationError) {
-            guard condition else { throw ConfigurationError(key: key.rawValue, value: value, reason: reason) }
+            guard condition else {
+                throw ConfigurationError(key: key.rawValue, value: ConfigurationValue.shown(value), reason: reason)
+            }
         }
-        func seconds(_ duration: Duration) -> String { "\(duration.totalSeconds)" }
+        func seconds(_ duration: Duration) -> String {
+            let value = duration.totalSeconds
+            return value == value.rounded() && abs(value) < 1e15 ? "\(Int64(value))" : "\(value)"
+        }
+        func isPath(_ path: String) -> Bool {
+            path.hasPrefix("/") && path.utf8.count <= 4096
+                && !path.unicodeScalars.contains { $0.properties.generalCategory == .control }
+        }
         try check(
-            metricsPath.isEmpty || (metricsPath.hasPrefix("/") && metricsPath.hasSuffix(".prom")), .metricsPath,
+            metricsPath.isEmpty || (isPath(metricsPath) && metricsPath.hasSuffix(".prom")), .metricsPath,
             metricsPath,
-            "must be an absolute path ending in .prom (node_exporter's textfile collector reads only those), or empty")
+            "must be an absolute path ending in .prom (node_exporter's textfile collector reads only those), "
+                + "at most 4096 bytes without control characters, or empty")
         try check(metricsInterval >= .seconds(1), .metricsInterval, seconds(metricsInterval), "must be at least 1 s")
         try check(
-            !windows.isEmpty && windows.count <= 8, .windows, "\(windows.map(seconds))", "must list 1 to 8 windows")
+            metricsInterval <= .seconds(86400), .metricsInterval, seconds(metricsInterval), "must be at most 1 day")
+        let windowList = "[\(windows.map(seconds).joined(separator: ", "))]"
+        try check(!windows.isEmpty && windows.count <= 8, .windows, windowList, "must list 1 to 8 windows")
         try check(
-            windows.allSatisfy { $0 >= .seconds(10) && $0 <= .seconds(30 * 86400) }, .windows,
-            "\(windows.map(seconds))", "each window must be between 10 s and 30 days")
+            windows.allSatisfy { $0 >= .seconds(10) && $0 <= .seconds(30 * 86400) }, .windows, windowList,
+            "each window must be between 10 s and 30 days")
+        try check(
+            windows.allSatisfy { $0 == .seconds($0.components.seconds) }, .windows, windowList,
+            "each window must be a whole number of seconds")
+        try check(
+            zip(windows, windows.dropFirst()).allSatisfy { $0 < $1 }, .windows, windowList,
+            "windows must be strictly increasing (each is one series of stallmon_window_stalls)")
         try check(
             (1...1000).contains(maximumFingerprintsPerUnit), .maximumFingerprintsPerUnit,
             "\(maximumFingerprintsPerUnit)", "must be between 1 and 1000")
+        func milliseconds(_ duration: Duration) -> String {
+            let nanoseconds = duration.nanoseconds
+            return nanoseconds % 1_000_000 == 0 ? "\(nanoseconds / 1_000_000)" : "\(Double(nanoseconds) / 1e6)"
+        }
+        let bucketList = "[\(histogramBuckets.map(milliseconds).joined(separator: ", "))]"
         try check(
             !histogramBuckets.isEmpty && histogramBuckets.count <= 30, .histogramBuckets,
             "\(histogramBuckets.count) buckets", "must list 1 to 30 bucket bounds")
         try check(
-            zip(histogramBuckets, histogramBuckets.dropFirst()).allSatisfy { $0 < $1 } && histogramBuckets[0] > .zero,
-            .histogramBuckets,
-            "\(histogramBuckets.map(\.milliseconds))",
-            "bounds must be positive and strictly increasing")
+            histogramBuckets.allSatisfy { $0 >= .milliseconds(1) && $0 <= .seconds(86400) }, .histogramBuckets,
+            bucketList, "each bound must be between 1 ms and 1 day (86400000 ms)")
+        // The `le` label shows whole microseconds: two bounds within one microsecond would be
+        // two series with one label. (The file's values are rounded to the microsecond when read.)
+        let microseconds = histogramBuckets.map(\.microseconds)
+        try check(
+            zip(microseconds, microseconds.dropFirst()).allSatisfy { $0 < $1 }, .histogramBuckets, bucketList,
+            "bounds must be strictly increasing, to the microsecond (the precision of le)")
         try check(
             digestInterval == .zero || digestInterval >= .seconds(10), .digestInterval, seconds(digestInterval),
             "must be 0 (off) or at least 10 s")
-        if let stateDirectory {
-            try check(stateDirectory.hasPrefix("/"), .stateDirectory, stateDirectory, "must be an absolute path")
-        }
         try check(
-            monitorThreshold >= .milliseconds(10), .monitorThreshold, "\(monitorThreshold)", "must be at least 10 ms")
+            digestInterval <= .seconds(30 * 86400), .digestInterval, seconds(digestInterval), "must be at most 30 days")
+        if let stateDirectory {
+            try check(
+                isPath(stateDirectory), .stateDirectory, stateDirectory,
+                "must be an absolute path of at most 4096 bytes without control characters")
+        }
+        // stallmond's own monitor: the library's own check, under the collector's key.
+        do {
+            try monitorConfiguration.validate()
+        } catch {
+            throw ConfigurationError(
+                key: Key.monitorThreshold.rawValue, value: milliseconds(monitorThreshold),
+                reason: error.key == "threshold_ms" ? error.reason : "stallmond's own monitor refuses it: \(error)")
+        }
         try check(
             (100...10_000_000).contains(maximumTrackedStalls), .maximumTrackedStalls, "\(maximumTrackedStalls)",
             "must be between 100 and 10000000")

@@ -212,7 +212,10 @@ extension StallRecord {
         fingerprint = try reader.hex(Field.fingerprint, digits: FieldLimits.fingerprintDigits)
         frame = try reader.optionalString(Field.frame, maximumBytes: FieldLimits.frameBytes) ?? ""
         backtrace = try reader.optionalString(Field.backtrace, maximumBytes: FieldLimits.backtraceBytes) ?? ""
-        watchdogMicroseconds = try reader.optionalMicroseconds(Field.watchdogMicroseconds) ?? 0
+        // Held to its bounds wherever it appears, but part of watchdog records only: the writer
+        // writes it on those alone, so that every record reads back as written.
+        let watchdog = try reader.optionalMicroseconds(Field.watchdogMicroseconds) ?? 0
+        watchdogMicroseconds = event == .watchdog ? watchdog : 0
     }
 }
 

@@ -70,6 +70,8 @@ extension StallMonitor {
                 (1...4096).contains(maximumStacks), .maximumStacks, "\(maximumStacks)", "must be between 1 and 4096"
             )
             try Self.check(startupGracePeriod >= .zero, .startupGracePeriod, startupGracePeriod, "must not be negative")
+            try Self.check(
+                startupGracePeriod <= .seconds(86400), .startupGracePeriod, startupGracePeriod, "must be at most 1 day")
             if let signal {
                 let low = stallmon_sigrtmin(), high = stallmon_sigrtmax()
                 let allowed = [SIGUSR1, SIGUSR2, SIGPROF] + Array(low...high)
@@ -85,18 +87,40 @@ extension StallMonitor {
                 rateLimit.interval >= .seconds(1), .rateLimitInterval, rateLimit.interval, "must be at least 1 s"
             )
             try Self.check(
+                rateLimit.interval <= .seconds(86400), .rateLimitInterval, rateLimit.interval, "must be at most 1 day")
+            try Self.check(
                 (1...10_000).contains(reportQueueCapacity), .reportQueueCapacity, "\(reportQueueCapacity)",
                 "must be between 1 and 10000"
             )
             if let syslogIdentifier {
                 try Self.check(
-                    !syslogIdentifier.isEmpty && !syslogIdentifier.contains(where: { $0.isNewline || $0 == "=" }),
-                    .syslogIdentifier, syslogIdentifier, "must be non-empty, without newlines or '='"
+                    Self.isValidSyslogIdentifier(syslogIdentifier), .syslogIdentifier,
+                    ConfigurationValue.shownQuoted(syslogIdentifier),
+                    "must be 1 to \(Self.maximumSyslogIdentifierLength) printable ASCII characters, "
+                        + "without spaces, '=', '[' or ':'"
                 )
             }
+            try Self.check(
+                additionalModes.count <= 16, .additionalModes, "\(additionalModes.count) modes",
+                "must list at most 16 modes")
             for mode in additionalModes {
-                try Self.check(!mode.isEmpty, .additionalModes, mode, "mode names must not be empty")
+                try Self.check(
+                    (1...255).contains(mode.utf8.count)
+                        && !mode.unicodeScalars.contains { $0.properties.generalCategory == .control },
+                    .additionalModes, ConfigurationValue.shownQuoted(mode),
+                    "mode names must be 1 to 255 bytes, without control characters")
             }
+        }
+
+        /// The longest `syslog_identifier`: RFC 5424's bound on APP-NAME, which a syslog relay fed
+        /// by journald (`ForwardToSyslog=`) passes on.
+        public static let maximumSyslogIdentifierLength = 48
+
+        /// Printable ASCII without spaces, `=`, `[` or `:` (journald reads the syslog form
+        /// `IDENTIFIER[PID]: MESSAGE` up to the first of them), 1 to 48 characters.
+        static func isValidSyslogIdentifier(_ identifier: String) -> Bool {
+            (1...maximumSyslogIdentifierLength).contains(identifier.utf8.count)
+                && identifier.utf8.allSatisfy { (0x21...0x7E).contains($0) && !"=[:".utf8.contains($0) }
         }
 
         private static func check(
@@ -108,7 +132,9 @@ extension StallMonitor {
         private static func check(
             _ condition: Bool, _ key: ConfigurationKey, _ value: String, _ reason: String
         ) throws(ConfigurationError) {
-            guard condition else { throw ConfigurationError(key: key.rawValue, value: value, reason: reason) }
+            guard condition else {
+                throw ConfigurationError(key: key.rawValue, value: ConfigurationValue.shown(value), reason: reason)
+            }
         }
     }
 }

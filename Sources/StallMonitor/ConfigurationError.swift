@@ -16,8 +16,10 @@ public struct ConfigurationError: Error, Sendable, Hashable, CustomStringConvert
         self.source = source
     }
 
+    /// `source: key = value: reason`; ` = value` is left out when there is no value to show
+    /// (a file that is not JSON).
     public var description: String {
         let origin = source.map { "\($0): " } ?? ""
-        return "\(origin)\(key) = \(value): \(reason)"
+        return value.isEmpty ? "\(origin)\(key): \(reason)" : "\(origin)\(key) = \(value): \(reason)"
     }
 }

@@ -16,13 +16,9 @@ extension StallMonitor.Configuration {
     ///   - source: Named in errors, usually the file's path.
     /// - Throws: ``ConfigurationError`` naming the key, the value and why it is invalid.
     public init(json: Data, source: String) throws(ConfigurationError) {
-        self.init()
-        let entries = try ConfigurationDocument.parseJSON(
-            json, source: source, knownKeys: ConfigurationKey.allCases.map(\.rawValue))
-        for entry in entries {
-            try set(ConfigurationKey(rawValue: entry.key)!, to: entry.value, source: entry.source)
-        }
-        try validated(source: source)
+        self = try Self(
+            entries: ConfigurationDocument.parseJSON(json, source: source, knownKeys: Self.keys),
+            defaultSource: source)
     }
 
     /// Reads a JSON configuration file.
@@ -32,35 +28,48 @@ extension StallMonitor.Configuration {
     }
 
     /// The defaults, overridden by the file named in `STALLMON_CONFIG` (if set), overridden in turn
-    /// by `STALLMON_<KEY>` variables such as `STALLMON_THRESHOLD_MS=500`.
+    /// by `STALLMON_<KEY>` variables such as `STALLMON_THRESHOLD_MS=500`. `STALLMON_CONFIG` set
+    /// to an empty string, and any other `STALLMON_` variable that is not a key, are errors.
     /// - Throws: ``ConfigurationError`` naming the variable or file, the key and the value.
     public static func fromEnvironment(
         _ environment: [String: String] = ProcessInfo.processInfo.environment
     ) throws(ConfigurationError) -> Self {
-        var configuration = Self()
-        var origins: [String: String] = [:]
-        if let path = environment[fileEnvironmentVariable], !path.isEmpty {
-            configuration = try Self(contentsOfFile: path)
-            for key in ConfigurationKey.allCases { origins[key.rawValue] = path }
+        var entries: [ConfigurationDocument.Entry] = []
+        var defaultSource = "defaults"
+        if let path = environment[fileEnvironmentVariable] {
+            guard !path.isEmpty else {
+                throw ConfigurationError(
+                    key: "(file)", value: "\"\"",
+                    reason: "is set but empty: name a configuration file, or unset it for the defaults",
+                    source: fileEnvironmentVariable)
+            }
+            entries = try ConfigurationDocument.parseJSON(
+                ConfigurationDocument.read(path), source: path, knownKeys: keys)
+            defaultSource = path
         }
-        let overrides = ConfigurationDocument.environment(
-            environment, prefix: "STALLMON_", knownKeys: ConfigurationKey.allCases.map(\.rawValue))
-        for entry in overrides {
-            try configuration.set(ConfigurationKey(rawValue: entry.key)!, to: entry.value, source: entry.source)
-            origins[entry.key] = entry.source
-        }
-        try configuration.validated(source: "defaults", origins: origins)
-        return configuration
+        entries += try ConfigurationDocument.environment(
+            environment, prefix: "STALLMON_", knownKeys: keys, otherVariables: otherEnvironmentVariables)
+        return try Self(entries: entries, defaultSource: defaultSource)
     }
 
-    /// Validates, naming where the offending value came from.
-    private func validated(source: String, origins: [String: String] = [:]) throws(ConfigurationError) {
-        do {
-            try validate()
-        } catch {
-            var error = error
-            error.source = error.source ?? origins[error.key] ?? source
-            throw error
+    /// `STALLMON_` variables that are not configuration keys.
+    static let otherEnvironmentVariables = [
+        fileEnvironmentVariable,
+        // stallmon-bench's children print their measurements with it.
+        "STALLMON_BENCH_DEBUG",
+    ]
+
+    private static var keys: [String] { ConfigurationKey.allCases.map(\.rawValue) }
+
+    /// The defaults with `entries` applied in order, validated; errors name the entry's value and source.
+    private init(entries: [ConfigurationDocument.Entry], defaultSource: String) throws(ConfigurationError) {
+        self.init()
+        for entry in entries {
+            try set(ConfigurationKey(rawValue: entry.key)!, to: entry.value, source: entry.source)
+        }
+        let configuration = self
+        try ConfigurationDocument.validate(entries, defaultSource: defaultSource) { () throws(ConfigurationError) in
+            try configuration.validate()
         }
     }
 
@@ -90,18 +99,25 @@ extension StallMonitor.Configuration {
             reportWhileDebuggerAttached = try value.flag(key: key.rawValue, source: source)
         case .notifyStatus: notifyStatus = try value.flag(key: key.rawValue, source: source)
         case .signal:
-            guard let text = value.string ?? value.number.map({ String(Int($0)) }) else {
-                throw fail("must be \"auto\", a signal name such as \"SIGRTMIN+4\", or a number")
+            let reason = "must be \"auto\", a signal name such as \"SIGRTMIN+4\", or a signal number"
+            if let number = value.number {
+                guard number == number.rounded(), abs(number) <= 1_000_000 else { throw fail(reason) }
+                signal = Int32(number)
+            } else {
+                guard let text = value.string, let parsed = SignalName.parse(text) else { throw fail(reason) }
+                signal = parsed.number
             }
-            guard let parsed = SignalName.parse(text) else {
-                throw fail("must be \"auto\", a signal name such as \"SIGRTMIN+4\", or a number")
-            }
-            signal = parsed.number
         case .syslogIdentifier:
+            guard !value.isNull else {
+                syslogIdentifier = nil
+                break
+            }
             guard let text = value.string else { throw fail("must be a string (or null for the program's name)") }
-            syslogIdentifier = text.isEmpty || value.isNull ? nil : text
+            syslogIdentifier = text.isEmpty ? nil : text
         case .additionalModes:
-            guard let list = value.strings else { throw fail("must be a list of run-loop mode names") }
+            guard let list = value.strings else {
+                throw fail("must be a list of run-loop mode names" + (value.listProblem.map { " (\($0))" } ?? ""))
+            }
             additionalModes = list
         }
     }
@@ -114,18 +130,26 @@ enum SignalName {
         var number: Int32?
     }
 
+    /// `nil` when the text is none of these. Numbers are not range-checked here (``StallMonitor/Configuration/validate()`` does).
     static func parse(_ text: String) -> Parsed? {
         let name = text.uppercased()
+        func isNumber(_ digits: Substring) -> Bool {
+            (1...9).contains(digits.count) && digits.allSatisfy { $0.isASCII && $0.isNumber }
+        }
         if name == "AUTO" { return Parsed(number: nil) }
-        if let number = Int32(name) { return Parsed(number: number) }
+        if isNumber(Substring(name)) { return Parsed(number: Int32(name)) }
         let fixed: [String: Int32] = ["SIGUSR1": SIGUSR1, "SIGUSR2": SIGUSR2, "SIGPROF": SIGPROF]
         if let number = fixed[name] { return Parsed(number: number) }
-        for (prefix, base) in [("SIGRTMIN", stallmon_sigrtmin()), ("SIGRTMAX", stallmon_sigrtmax())]
-        where name.hasPrefix(prefix) {
+        // SIGRTMIN+N counts up from SIGRTMIN, SIGRTMAX-N down from SIGRTMAX.
+        for (prefix, sign, base, direction) in [
+            ("SIGRTMIN", "+", stallmon_sigrtmin(), Int32(1)), ("SIGRTMAX", "-", stallmon_sigrtmax(), Int32(-1)),
+        ] where name.hasPrefix(prefix) {
             let rest = name.dropFirst(prefix.count)
             if rest.isEmpty { return Parsed(number: base) }
-            guard let offset = Int32(rest) else { return nil }  // "+4" and "-2" parse as signed integers
-            return Parsed(number: base + offset)
+            guard rest.hasPrefix(sign), isNumber(rest.dropFirst()), let offset = Int32(rest.dropFirst()) else {
+                return nil
+            }
+            return Parsed(number: base + direction * offset)  // at most 9 digits: no overflow
         }
         return nil
     }

@@ -31,19 +31,18 @@ struct Stallmond: ParsableCommand {
     var checkConfig = false
 
     func run() throws {
-        let path = config ?? CollectorConfiguration.defaultPath()
-        let required = config != nil || ProcessInfo.processInfo.environment["STALLMOND_CONFIG"] != nil
+        // --check-config and the start read and validate through this one call.
         let configuration: CollectorConfiguration
+        let location: CollectorConfiguration.Location
         do {
-            configuration = try CollectorConfiguration.load(path: path, required: required)
+            (configuration, location) = try CollectorConfiguration.load(option: config)
         } catch {
             FileHandle.standardError.write(Data("stallmond: invalid configuration: \(error)\n".utf8))
             throw ExitCode(78)
         }
         if checkConfig {
-            print(
-                "stallmond: configuration OK (\(FileManager.default.fileExists(atPath: path) ? path : "defaults")): \(configuration.summary)"
-            )
+            let source = FileManager.default.fileExists(atPath: location.path) ? location.path : "defaults"
+            print("stallmond: configuration OK (\(source)): \(configuration.summary)")
             return
         }
 
@@ -51,7 +50,11 @@ struct Stallmond: ParsableCommand {
         let logger = Logger(label: "stallmond")
         let daemon: Daemon
         do {
-            daemon = try Daemon(configuration: configuration, path: path, required: required, logger: logger)
+            daemon = try Daemon(configuration: configuration, location: location, logger: logger)
+        } catch let error as ConfigurationError {
+            // validate() covers the monitor's configuration; should it still refuse, it is a configuration error.
+            logger.critical("invalid configuration: \(error)")
+            throw ExitCode(78)
         } catch {
             logger.critical("cannot start: \(error)")
             throw ExitCode(69)
@@ -65,19 +68,14 @@ final class Daemon {
     private let collector: Collector
     private let monitor: StallMonitor
     private let logger: Logger
-    private let path: String
-    private let required: Bool
+    private let location: CollectorConfiguration.Location
     private var signalSources: [any DispatchSourceSignal] = []
 
-    init(configuration: CollectorConfiguration, path: String, required: Bool, logger: Logger) throws {
+    init(configuration: CollectorConfiguration, location: CollectorConfiguration.Location, logger: Logger) throws {
         self.logger = logger
-        self.path = path
-        self.required = required
+        self.location = location
         collector = try Collector(configuration: configuration, logger: logger)
-        var monitorConfiguration = StallMonitor.Configuration()
-        monitorConfiguration.threshold = configuration.monitorThreshold
-        monitorConfiguration.syslogIdentifier = "stallmond"
-        monitor = try StallMonitor(configuration: monitorConfiguration, logger: logger)
+        monitor = try StallMonitor(configuration: configuration.monitorConfiguration, logger: logger)
     }
 
     func run() -> Never {
@@ -124,7 +122,11 @@ final class Daemon {
         StallMonitor.notifyServiceManager(
             "RELOADING=1\nMONOTONIC_USEC=\(UInt64(time.tv_sec) * 1_000_000 + UInt64(time.tv_nsec) / 1000)")
         do {
-            let configuration = try CollectorConfiguration.load(path: path, required: required)
+            let configuration = try CollectorConfiguration.load(
+                path: location.path, required: location.required)
+            if configuration.monitorThreshold != monitor.configuration.threshold {
+                logger.notice("monitor_threshold_ms changes take effect at the next start")
+            }
             collector.apply(configuration)
             logger.notice("configuration reloaded", metadata: ["configuration": "\(configuration.summary)"])
             StallMonitor.notifyServiceManager("READY=1")

@@ -1,4 +1,5 @@
 import Foundation
+import StallCollector
 import Testing
 
 @testable import StallMonitor
@@ -54,8 +55,20 @@ struct ConfigurationTests {
         Invalid(key: "report_queue_capacity", value: "0", reason: "must be between 1 and 10000") {
             $0.reportQueueCapacity = 0
         },
-        Invalid(key: "syslog_identifier", value: "a=b", reason: "must be non-empty, without newlines or '='") {
+        Invalid(key: "syslog_identifier", value: "\"a=b\"", reason: "must be 1 to 48 printable ASCII characters") {
             $0.syslogIdentifier = "a=b"
+        },
+        Invalid(key: "syslog_identifier", value: "\"foo bar\"", reason: "must be 1 to 48 printable ASCII characters") {
+            $0.syslogIdentifier = "foo bar"
+        },
+        Invalid(
+            key: "syslog_identifier", value: "\"" + String(repeating: "x", count: 60) + "… (100000 characters)",
+            reason: "must be 1 to 48 printable ASCII characters"
+        ) {
+            $0.syslogIdentifier = String(repeating: "x", count: 100_000)
+        },
+        Invalid(key: "startup_grace_period_ms", value: "86400001 ms", reason: "must be at most 1 day") {
+            $0.startupGracePeriod = .milliseconds(86_400_001)
         },
     ]
 
@@ -98,6 +111,9 @@ struct ConfigurationTests {
 
         let notJSON = try #require(error("{threshold_ms: 1"))
         #expect(notJSON.reason.hasPrefix("not valid JSON"))
+        #expect(
+            notJSON.description
+                == "/etc/x.json: (file): not valid JSON: a key in double quotes was expected at line 1, column 2")
 
         let badSignal = try #require(error(#"{"signal": "SIGFOO"}"#))
         #expect(badSignal.key == "signal")
@@ -130,12 +146,246 @@ struct ConfigurationTests {
             _ = try StallMonitor.Configuration.fromEnvironment(["STALLMON_THRESHOLD_MS": "5"])
         } throws: { error in
             (error as? ConfigurationError)?.description
-                == "STALLMON_THRESHOLD_MS: threshold_ms = 5 ms: must be at least 10 ms"
+                == #"STALLMON_THRESHOLD_MS: threshold_ms = "5": must be at least 10 ms"#
         }
         #expect(throws: ConfigurationError.self) {
             _ = try StallMonitor.Configuration.fromEnvironment(["STALLMON_CONFIG": "/nonexistent/stallmon.json"])
         }
     }
+
+    static func error(json: String) -> ConfigurationError? {
+        do {
+            _ = try StallMonitor.Configuration(json: Data(json.utf8), source: "/etc/x.json")
+            return nil
+        } catch {
+            return error
+        }
+    }
+
+    static func error(environment: [String: String]) -> ConfigurationError? {
+        do {
+            _ = try StallMonitor.Configuration.fromEnvironment(environment)
+            return nil
+        } catch {
+            return error
+        }
+    }
+
+    @Test(arguments: [
+        #"{"signal": 1e300}"#, #"{"signal": -1e300}"#, #"{"signal": 34.9}"#, #"{"signal": "SIGRTMIN+2147483647"}"#,
+        #"{"signal": "SIGRTMAX-2147483648"}"#, #"{"signal": "SIGRTMIN++4"}"#, #"{"signal": "SIGRTMIN4"}"#,
+        #"{"signal": "34.9"}"#, #"{"signal": true}"#,
+    ])
+    func signalThatIsNoSignalIsAnErrorNotACrash(_ json: String) throws {
+        let error = try #require(Self.error(json: json))
+        #expect(error.key == "signal")
+        #expect(error.source == "/etc/x.json")
+        #expect(error.reason.hasPrefix("must be"))
+    }
+
+    @Test func signalFromTheEnvironmentThatIsNoSignalIsAnError() throws {
+        for text in ["SIGRTMIN+2147483647", "SIGRTMAX-99999999999", "34.9", "0x22"] {
+            let error = try #require(Self.error(environment: ["STALLMON_SIGNAL": text]), "\(text)")
+            #expect(error.key == "signal")
+            #expect(error.source == "STALLMON_SIGNAL")
+            #expect(error.value == "\"\(text)\"")
+        }
+        // Still read: the forms the README names.
+        let rtmin = stallmon_sigrtminForTests()
+        for (text, number) in [
+            ("SIGRTMIN+3", rtmin + 3), ("sigrtmax-2", SignalName.parse("SIGRTMAX")!.number! - 2),
+            ("SIGUSR2", SIGUSR2), ("\(rtmin + 1)", rtmin + 1),
+        ] {
+            #expect(try StallMonitor.Configuration.fromEnvironment(["STALLMON_SIGNAL": text]).signal == number)
+        }
+        #expect(try StallMonitor.Configuration(json: Data(#"{"signal": 36}"#.utf8), source: "x").signal == 36)
+    }
+
+    @Test func jsonThatIsNotStrictlyJSONIsRefusedWithLineAndColumn() throws {
+        let trailing = try #require(Self.error(json: "{\n  \"threshold_ms\": 300,\n}"))
+        #expect(trailing.key == "(file)")
+        #expect(trailing.reason == "not valid JSON: a trailing comma before '}' at line 3, column 1")
+        let trailingInList = try #require(Self.error(json: #"{"additional_modes": ["a",]}"#))
+        #expect(trailingInList.reason.contains("a trailing comma before ']'"))
+        let twice = try #require(Self.error(json: #"{"threshold_ms": 300, "threshold_ms": 20}"#))
+        #expect(twice.reason.contains(#"the key "threshold_ms" appears more than once"#))
+        for text in [
+            #"{"threshold_ms": 0x10}"#, #"{"threshold_ms": 01}"#, #"{"threshold_ms": .5}"#,
+            #"{"threshold_ms": NaN}"#, "{\"threshold_ms\": 300}\n{}", String(repeating: "[", count: 100_000),
+        ] {
+            let error = try #require(Self.error(json: text), "\(text.prefix(40))")
+            #expect(error.reason.hasPrefix("not valid JSON"), "\(text.prefix(40))")
+        }
+        // A boolean is not a number, and a number is not a boolean.
+        #expect(Self.error(json: #"{"threshold_ms": true}"#)?.key == "threshold_ms")
+        #expect(Self.error(json: #"{"notify_status": 1}"#)?.key == "notify_status")
+    }
+
+    @Test func numbersOutsideEveryRangeAreRefusedWithTheValueAsWritten() throws {
+        let huge = try #require(Self.error(json: #"{"threshold_ms": 1e13}"#))
+        #expect(huge.description == "/etc/x.json: threshold_ms = 1e13: must be at most 1 hour")
+        let infinite = try #require(Self.error(json: #"{"rate_limit_interval_s": 1e400}"#))
+        #expect(infinite.description == "/etc/x.json: rate_limit_interval_s = 1e400: must be at most 1 day")
+        let negative = try #require(Self.error(json: #"{"max_frames": -1e300}"#))
+        #expect(negative.description == "/etc/x.json: max_frames = -1e300: must be between 1 and 128")
+        let hexadecimal = try #require(Self.error(environment: ["STALLMON_THRESHOLD_MS": "0x10"]))
+        #expect(
+            hexadecimal.description
+                == #"STALLMON_THRESHOLD_MS: threshold_ms = "0x10": must be a number of milliseconds"#)
+        for text in ["+300", ".5", "300ms", "inf", "nan", "1_000", "3e"] {
+            #expect(Self.error(environment: ["STALLMON_THRESHOLD_MS": text])?.key == "threshold_ms", "\(text)")
+        }
+        #expect(
+            try StallMonitor.Configuration.fromEnvironment(["STALLMON_THRESHOLD_MS": " 1e3 "]).threshold == .seconds(1))
+    }
+
+    @Test func misspelledVariableIsAnErrorNamingTheKeyItResembles() throws {
+        let typo = try #require(Self.error(environment: ["STALLMON_TRESHOLD_MS": "500"]))
+        #expect(typo.source == "STALLMON_TRESHOLD_MS")
+        #expect(typo.key == "treshold_ms")
+        #expect(typo.reason.hasPrefix("unknown variable; did you mean STALLMON_THRESHOLD_MS?"))
+        let lowercase = try #require(Self.error(environment: ["stallmon_notify_status": "1"]))
+        #expect(lowercase.reason.hasPrefix("unknown variable; did you mean STALLMON_NOTIFY_STATUS?"))
+        let unlike = try #require(Self.error(environment: ["STALLMON_COLOUR": "blue"]))
+        #expect(unlike.reason.hasPrefix("unknown variable (known: STALLMON_THRESHOLD_MS"))
+        let config = try #require(Self.error(environment: ["STALLMON_CONFG": "/etc/x.json"]))
+        #expect(config.reason.hasPrefix("unknown variable; did you mean STALLMON_CONFIG?"))
+        // Variables of other prefixes are none of the monitor's business.
+        #expect(Self.error(environment: ["STALLMOND_WINDOWS_S": "60", "STALLMONX": "1", "PATH": "/bin"]) == nil)
+        let unknownKey = try #require(Self.error(json: #"{"sample_intervall_ms": 5}"#))
+        #expect(unknownKey.reason.hasPrefix("unknown key; did you mean sample_interval_ms?"))
+    }
+
+    @Test func emptyListElementsAndAnEmptyConfigPathAreErrors() throws {
+        let modes = try #require(Self.error(environment: ["STALLMON_ADDITIONAL_MODES": "a,,b"]))
+        #expect(modes.key == "additional_modes")
+        #expect(modes.reason == "must be a list of run-loop mode names (an element between commas is empty)")
+        #expect(Self.error(environment: ["STALLMON_ADDITIONAL_MODES": "a,"])?.key == "additional_modes")
+        let empty = try #require(Self.error(environment: ["STALLMON_CONFIG": ""]))
+        #expect(empty.source == "STALLMON_CONFIG")
+        #expect(empty.reason.hasPrefix("is set but empty"))
+    }
+
+    @Test func syslogIdentifierIsBoundedTo48PrintableCharacters() throws {
+        let longest = String(repeating: "a", count: 48)
+        #expect(
+            try StallMonitor.Configuration.fromEnvironment(["STALLMON_SYSLOG_IDENTIFIER": longest]).syslogIdentifier
+                == longest)
+        let long = try #require(
+            Self.error(json: #"{"syslog_identifier": ""# + String(repeating: "a", count: 100_000) + #""}"#))
+        #expect(long.key == "syslog_identifier")
+        #expect(long.description.count < 200, "the message shows the start of the value and its length")
+        #expect(long.value.hasSuffix("(100000 characters)"))
+        #expect(Self.error(environment: ["STALLMON_SYSLOG_IDENTIFIER": longest + "a"])?.key == "syslog_identifier")
+        #expect(Self.error(json: #"{"syslog_identifier": "café"}"#)?.key == "syslog_identifier")
+        #expect(Self.error(json: #"{"syslog_identifier": "a\u0000b"}"#)?.key == "syslog_identifier")
+    }
 }
 
 func stallmon_sigrtminForTests() -> Int32 { SignalName.parse("SIGRTMIN")!.number! }
+
+/// stallmond's configuration: the same reading rules, its own bounds, and one check for
+/// `--check-config`, start and reload.
+struct CollectorConfigurationTests {
+    static func error(json: String? = nil, environment: [String: String] = [:]) -> ConfigurationError? {
+        do {
+            _ = try CollectorConfiguration.parse(
+                json: json.map { Data($0.utf8) }, source: "/etc/stallmon/stallmond.json", environment: environment)
+            return nil
+        } catch {
+            return error
+        }
+    }
+
+    @Test(arguments: [
+        #"{"windows_s": [1e10]}"#, #"{"windows_s": [-1e10]}"#, #"{"windows_s": [300, 1e300]}"#,
+        #"{"windows_s": [1e400]}"#, #"{"histogram_buckets_ms": [1e20]}"#, #"{"histogram_buckets_ms": [-5]}"#,
+        #"{"histogram_buckets_ms": [250, 1e300]}"#, #"{"metrics_interval_s": 1e300}"#,
+        #"{"digest_interval_s": -1e300}"#, #"{"monitor_threshold_ms": 1e300}"#, #"{"max_tracked_stalls": 1e300}"#,
+    ])
+    func hugeOrNegativeValueInTheFileIsAnErrorNotACrash(_ json: String) throws {
+        let error = try #require(Self.error(json: json))
+        let key = try #require(json.split(separator: "\"").dropFirst().first.map(String.init))
+        #expect(error.key == key)
+        #expect(error.source == "/etc/stallmon/stallmond.json")
+        #expect(json.contains(error.value), "the value as written: \(error)")
+    }
+
+    @Test func hugeOrNegativeValueInTheEnvironmentIsAnErrorNotACrash() throws {
+        for (variable, value) in [
+            ("STALLMOND_WINDOWS_S", "1e10"), ("STALLMOND_WINDOWS_S", "300,-1e19"),
+            ("STALLMOND_HISTOGRAM_BUCKETS_MS", "1e16"), ("STALLMOND_HISTOGRAM_BUCKETS_MS", "-1e300"),
+        ] {
+            let error = try #require(Self.error(environment: [variable: value]), "\(variable)=\(value)")
+            #expect(error.source == variable)
+            #expect(error.value == "\"\(value)\"")
+        }
+    }
+
+    @Test func monitorThresholdThatTheCheckAcceptsAlsoStartsTheMonitor() throws {
+        for milliseconds in [10, 15, 19, 20, 250, 3_600_000] {
+            let configuration = try CollectorConfiguration.parse(
+                json: Data(#"{"monitor_threshold_ms": \#(milliseconds)}"#.utf8), source: "x", environment: [:])
+            #expect(configuration.monitorConfiguration.threshold == .milliseconds(milliseconds))
+            _ = try StallMonitor(configuration: configuration.monitorConfiguration, sinks: [])
+        }
+        for (milliseconds, reason) in [(9, "must be at least 10 ms"), (3_600_001, "must be at most 1 hour")] {
+            let error = try #require(Self.error(json: #"{"monitor_threshold_ms": \#(milliseconds)}"#))
+            #expect(
+                error.description == "/etc/stallmon/stallmond.json: monitor_threshold_ms = \(milliseconds): \(reason)")
+        }
+    }
+
+    @Test func histogramBoundsThatShareAnLeLabelAreRefused() throws {
+        let same = try #require(Self.error(json: #"{"histogram_buckets_ms": [1.0001, 1.0002, 5]}"#))
+        #expect(same.key == "histogram_buckets_ms")
+        #expect(same.reason == "bounds must be strictly increasing, to the microsecond (the precision of le)")
+        let tiny = try #require(Self.error(json: #"{"histogram_buckets_ms": [0.0001, 0.0002]}"#))
+        #expect(tiny.reason == "each bound must be between 1 ms and 1 day (86400000 ms)")
+        // Fractions of a millisecond to the microsecond are kept, and stay distinct.
+        let fine = try CollectorConfiguration.parse(
+            json: Data(#"{"histogram_buckets_ms": [1.001, 1.002, 12.5]}"#.utf8), source: "x", environment: [:])
+        #expect(fine.histogramBuckets == [.microseconds(1001), .microseconds(1002), .microseconds(12500)])
+        let windows = try #require(Self.error(json: #"{"windows_s": [300, 300]}"#))
+        #expect(windows.reason.hasPrefix("windows must be strictly increasing"))
+        #expect(Self.error(json: #"{"windows_s": [300.5]}"#)?.reason == "each window must be a whole number of seconds")
+    }
+
+    @Test func looseInputIsRefusedNamingWhatAndWhere() throws {
+        let trailing = try #require(Self.error(json: #"{"windows_s": [300, 3600],}"#))
+        #expect(
+            trailing.description.hasPrefix("/etc/stallmon/stallmond.json: (file): not valid JSON: a trailing comma"))
+        let list = try #require(Self.error(environment: ["STALLMOND_WINDOWS_S": "300,,3600"]))
+        #expect(
+            list.description
+                == #"STALLMOND_WINDOWS_S: windows_s = "300,,3600": must be a list of numbers (an element between commas is empty)"#
+        )
+        let hexadecimal = try #require(Self.error(environment: ["STALLMOND_METRICS_INTERVAL_S": "0x10"]))
+        #expect(
+            hexadecimal.description
+                == #"STALLMOND_METRICS_INTERVAL_S: metrics_interval_s = "0x10": must be a number of seconds"#)
+        let typo = try #require(Self.error(environment: ["STALLMOND_WINDOW_S": "60"]))
+        #expect(typo.source == "STALLMOND_WINDOW_S")
+        #expect(typo.reason.hasPrefix("unknown variable; did you mean STALLMOND_WINDOWS_S?"))
+        #expect(Self.error(environment: ["STALLMOND_CONFIG": "/x.json", "STALLMON_THRESHOLD_MS": "5"]) == nil)
+        let path = try #require(Self.error(json: #"{"metrics_path": "/a\nb.prom"}"#))
+        #expect(path.key == "metrics_path")
+    }
+
+    @Test func emptyConfigPathIsAnErrorNamingWhereItWasSet() throws {
+        #expect {
+            _ = try CollectorConfiguration.Location.resolve(option: nil, environment: ["STALLMOND_CONFIG": ""])
+        } throws: { error in
+            "\(error)".hasPrefix(#"STALLMOND_CONFIG: (file) = "": is set but empty"#)
+        }
+        #expect(throws: ConfigurationError.self) {
+            _ = try CollectorConfiguration.Location.resolve(option: "", environment: [:])
+        }
+        #expect(
+            try CollectorConfiguration.Location.resolve(option: nil, environment: [:])
+                == .init(path: "/etc/stallmon/stallmond.json", required: false))
+        #expect(
+            try CollectorConfiguration.Location.resolve(option: "/a.json", environment: ["STALLMOND_CONFIG": ""])
+                == .init(path: "/a.json", required: true))
+    }
+}
