@@ -6,6 +6,7 @@ let package = Package(
     products: [
         .library(name: "StallMonitor", targets: ["StallMonitor"]),
         .library(name: "StallJournal", targets: ["StallJournal"]),
+        .library(name: "StallMonitorNIO", targets: ["StallMonitorNIO"]),
         .executable(name: "stallmon", targets: ["stallmon"]),
         .executable(name: "stallmond", targets: ["stallmond"]),
         .executable(name: "stallmon-bench", targets: ["stallmon-bench"]),
@@ -13,6 +14,7 @@ let package = Package(
     dependencies: [
         .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
         .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
+        .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),
     ],
     targets: [
         // libsystemd: journald (sd_journal_sendv) and service notification (sd_notify).
@@ -42,6 +44,18 @@ let package = Package(
                 "CSymbolize",
                 "CSystemd",
                 "StallJournal",
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        // SwiftNIO event loops: a metrics delegate that counts ticks, and one watchdog per group.
+        // Its own target, so that services without NIO never build NIO.
+        .target(
+            name: "StallMonitorNIO",
+            dependencies: [
+                "StallMonitor",
+                "CStallCapture",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
@@ -83,6 +97,18 @@ let package = Package(
         .executableTarget(
             name: "StallmonFixture",
             dependencies: ["StallMonitor", "StallJournal"]
+        ),
+        // An HTTP server on SwiftNIO whose handlers stall on request; `stallmon demo --nio` and the
+        // tests run it as a child process.
+        .executableTarget(
+            name: "StallmonNIOServer",
+            dependencies: [
+                "StallMonitor",
+                "StallMonitorNIO",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+            ]
         ),
         .testTarget(
             name: "StallMonitorTests",

@@ -14,6 +14,9 @@ public struct StallReport: Sendable, Hashable {
         case beforeSources = "before-sources"
         /// After kCFRunLoopAfterWaiting: timers, ports and the main queue after a wakeup.
         case afterWaiting = "after-waiting"
+        /// An event loop's cycle (SwiftNIO): its I/O handlers and its tasks, from leaving
+        /// `epoll_wait` to the end of its tick.
+        case eventLoopCycle = "event-loop-cycle"
     }
 
     /// What the run loop was calling out to, recognized from the frames.
@@ -25,6 +28,16 @@ public struct StallReport: Sendable, Hashable {
         case observer
         case performBlock = "perform-block"
         case unknown
+        /// An event loop (SwiftNIO) reading from a channel: `channelRead` and its pipeline.
+        case channelRead = "channel-read"
+        /// An event loop writing or flushing through a channel's pipeline.
+        case channelWrite = "channel-write"
+        /// A task of `EventLoop.scheduleTask`.
+        case scheduledTask = "scheduled-task"
+        /// A task of `EventLoop.execute` or `submit`.
+        case executeTask = "execute-task"
+        /// A callback of an `EventLoopFuture`.
+        case futureCallback = "future-callback"
 
         /// `timer callout`, `main-queue block`, …
         public var phrase: String {
@@ -36,6 +49,11 @@ public struct StallReport: Sendable, Hashable {
             case .observer: "observer callout"
             case .performBlock: "perform-block callout"
             case .unknown: "unknown callout"
+            case .channelRead: "channel read"
+            case .channelWrite: "channel write"
+            case .scheduledTask: "scheduled task"
+            case .executeTask: "execute task"
+            case .futureCallback: "future callback"
             }
         }
 
@@ -54,7 +72,7 @@ public struct StallReport: Sendable, Hashable {
             for frame in frames {
                 if let symbol = frame.symbol, let kind = functionNames[symbol] { return kind }
             }
-            return .unknown
+            return recognizeEventLoopWork(frames) ?? .unknown
         }
     }
 
@@ -147,7 +165,9 @@ public struct StallReport: Sendable, Hashable {
     /// The one line a human reads first, e.g.
     /// `main run loop stalled 312 ms in timer callout at Service.refresh() (Service.swift:42); 97% on CPU`.
     public var message: String {
-        let loopName = loop == "main" ? "main run loop" : "run loop of thread \(loop)"
+        let loopName =
+            activity == .eventLoopCycle
+            ? "event loop \(loop)" : loop == "main" ? "main run loop" : "run loop of thread \(loop)"
         let length = "\(duration.milliseconds) ms"
         var text: String
         switch event {

@@ -1,0 +1,82 @@
+#ifndef STALLMON_STALLCAPTURE_TICKS_H
+#define STALLMON_STALLCAPTURE_TICKS_H
+
+// Event loops that tell us when a tick ends (SwiftNIO's metrics delegate), and the kernel's view
+// of a thread's system call, which tells the watchdog when such a loop is idle in epoll_wait.
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/// What the loop thread publishes at the end of every tick; read by the watchdog.
+typedef struct stallmon_ticks stallmon_ticks;
+
+/// Creates tick state (zeroed) for one loop thread, or NULL. Freed with stallmon_ticks_free once
+/// no thread is bound to it any more.
+stallmon_ticks *stallmon_ticks_create(void);
+void stallmon_ticks_free(stallmon_ticks *ticks);
+
+/// Binds the calling thread to `ticks` (NULL unbinds): stallmon_tick on this thread then counts
+/// into it.
+void stallmon_ticks_bind(stallmon_ticks *ticks);
+
+/// Loop thread, at the end of every tick: two relaxed loads, two stores (one release), no system
+/// call, no lock, no allocation. Does nothing on a thread that is not bound.
+void stallmon_tick(uint64_t end_ns);
+
+/// The number of ticks so far and the end of the latest (0 before the first).
+uint64_t stallmon_ticks_sequence(const stallmon_ticks *ticks);
+uint64_t stallmon_ticks_latest_end(const stallmon_ticks *ticks);
+
+/// Asks the loop to record the end of the first tick after `sequence` (0 stops watching).
+void stallmon_ticks_watch(stallmon_ticks *ticks, uint64_t sequence);
+/// When that tick has ended, stores its end and returns 1; 0 otherwise.
+int stallmon_ticks_watched_end(const stallmon_ticks *ticks, uint64_t sequence, uint64_t *end_ns);
+
+/// A thread's system call as `/proc/self/task/<tid>/syscall` shows it.
+typedef struct {
+    int state;          ///< 0: blocked in `number`; 1: running in user space; -1: unreadable
+    long number;
+    uint64_t args[6];
+    uint64_t sp;
+    uint64_t pc;
+} stallmon_syscall_view;
+
+/// Reads `/proc/self/task/<tid>/syscall` with one open, read and close; no allocation.
+void stallmon_read_syscall(pid_t tid, stallmon_syscall_view *out);
+
+/// 1 when `number` is epoll_wait, epoll_pwait or epoll_pwait2 on this architecture.
+int stallmon_syscall_is_epoll_wait(long number);
+
+// MARK: - The watchdog's wait: an io_uring whose poll requests watch the loops' epoll descriptors
+
+/// A poll of an epoll descriptor completes with the wakeup itself: io_uring takes the event mask
+/// from the wakeup and does not poll the descriptor again, so a loop that consumes its events
+/// before the watchdog runs is still seen waking. (A nested epoll instance or poll(2) checks the
+/// descriptor again when the watcher runs, and then misses such a wakeup.)
+typedef struct stallmon_watch stallmon_watch;
+
+/// Creates the ring (room for `entries` pending polls) or returns NULL and stores errno in `error`
+/// (ENOSYS or EPERM where io_uring is unavailable or disabled).
+stallmon_watch *stallmon_watch_create(unsigned entries, int *error);
+void stallmon_watch_free(stallmon_watch *watch);
+/// Submits a one-shot poll for readability of `fd` under `key`. Returns 0 or -errno.
+int stallmon_watch_poll(stallmon_watch *watch, int fd, uint64_t key);
+/// Waits until a poll completes, at most `timeout_ns` (UINT64_MAX: without limit), then stores the
+/// keys of the completed polls (at most `capacity`). Returns their number (0 after a timeout or an
+/// interruption) or -errno.
+int stallmon_watch_wait(stallmon_watch *watch, uint64_t timeout_ns, uint64_t *keys, int capacity);
+
+/// An eventfd (close-on-exec, non-blocking) to wake the watchdog with, or -errno.
+int stallmon_eventfd_create(void);
+/// Makes the eventfd readable.
+void stallmon_eventfd_signal(int fd);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,129 @@
+import CStallCapture
+import Logging
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// The monitor of one group of event loops, from start to stop: a reporter per loop (each with its
+/// own rate limit and status), the sampling signal and slot, and the group's one watchdog thread.
+/// Framework adapters (StallMonitorNIO) register the loops' threads and bind their tick state.
+package final class EventLoopGroupSession: @unchecked Sendable {
+    package let configuration: StallMonitor.Configuration
+    private let watchdog: EventLoopWatchdog
+    private let reporters: [Reporter]
+    private let descriptions: [MonitorDescription]
+    private let slot: Int32
+    private let logger: Logger
+
+    /// Starts watching `loops`, whose threads count their ticks into the paired tick state.
+    /// - Throws: ``StallMonitorError`` when no sampler slot is free or the configured signal is taken.
+    package init(
+        configuration: StallMonitor.Configuration, sinks: [any ReportSink], logger: Logger,
+        loops: [(EventLoopWatchdog.Loop, EventLoopWatchdog.TickState)]
+    ) throws(StallMonitorError) {
+        self.configuration = configuration
+        self.logger = logger
+        let signal = try Self.samplingSignal(configuration, threadIDs: loops.map { $0.0.threadID }, logger: logger)
+        slot = stallmon_sampler_slot_claim()
+        guard slot >= 0 else { throw StallMonitorError.tooManyMonitors() }
+        _ = stallmon_continue_watch_install()
+        reporters = loops.map { loop, _ in
+            Reporter(configuration: configuration, loopName: loop.name, threadID: Int(loop.threadID), sinks: sinks)
+        }
+        descriptions = loops.map { loop, _ in
+            MonitorDescription(
+                loop: loop.name, threadID: Int(loop.threadID), configuration: configuration, signal: signal)
+        }
+        do {
+            watchdog = try EventLoopWatchdog(
+                configuration: configuration, loops: loops, reporters: reporters, signal: signal, slot: slot)
+        } catch {
+            stallmon_sampler_slot_release(slot)
+            throw error
+        }
+        if let reason = watchdog.unavailableReason {
+            logger.warning(
+                "idle event loops are looked at once per threshold: \(reason)",
+                metadata: ["stallmon.threshold_ms": "\(configuration.threshold.milliseconds)"]
+            )
+        }
+        watchdog.start()
+        for (reporter, description) in zip(reporters, descriptions) { reporter.emit(.started(description)) }
+        logger.info(
+            "stallmon started",
+            metadata: [
+                "stallmon.loops": "\(loops.map(\.0.name).joined(separator: ","))",
+                "stallmon.configuration": "\(configuration.summary)",
+            ]
+        )
+    }
+
+    /// Stops the watchdog (stalls in progress get their ended reports) and waits until every
+    /// report is out.
+    package func stop() {
+        watchdog.stop()
+        let total = statistics
+        for (reporter, description) in zip(reporters, descriptions) {
+            let statistics = StallMonitor.Statistics(
+                stalls: 0, suppressedReports: reporter.suppressedReports.load(),
+                droppedReports: reporter.droppedReports.load()
+            )
+            reporter.emit(.stopped(description, statistics))
+            reporter.drain()
+        }
+        stallmon_sampler_slot_release(slot)
+        logger.info("stallmon stopped", metadata: ["stallmon.stalls": "\(total.stalls)"])
+    }
+
+    package var statistics: StallMonitor.Statistics {
+        StallMonitor.Statistics(
+            stalls: watchdog.stalls,
+            suppressedReports: reporters.reduce(0) { $0 + $1.suppressedReports.load() },
+            droppedReports: reporters.reduce(0) { $0 + $1.droppedReports.load() }
+        )
+    }
+
+    /// Times the watchdog thread woke up, for measurements.
+    package var watchdogWakeups: Int { watchdog.wakeups }
+    package var watchdogThreadID: Int32 { watchdog.threadID }
+
+    /// One line per loop, e.g. `loop of NIO-ELT-0-#0 healthy; no stalls in 1h`.
+    package var status: String {
+        reporters.map { $0.status.line() }.joined(separator: "; ")
+    }
+
+    /// The configured signal, or the highest real-time signal that has no handler and that none of
+    /// the loop threads blocks (`nil`, with a warning, when there is none).
+    private static func samplingSignal(_ configuration: StallMonitor.Configuration, threadIDs: [pid_t], logger: Logger)
+        throws(StallMonitorError) -> Int32?
+    {
+        let inspectors = threadIDs.map { ThreadInspector(threadID: $0) }
+        if let signal = configuration.signal {
+            let rc = stallmon_sampler_install(signal)
+            guard rc == 0 else {
+                throw StallMonitorError.signalUnavailable(
+                    signal, reason: rc == -EBUSY ? "another handler owns it" : "sigaction failed (errno \(-rc))")
+            }
+            return signal
+        }
+        let candidates = Array(stride(from: stallmon_sigrtmax() - 4, through: stallmon_sigrtmin() + 4, by: -1))
+        let unblocked = candidates.filter { signal in !inspectors.contains { $0.blocks(signal) } }
+        guard let signal = (unblocked + candidates).first(where: { stallmon_sampler_install($0) == 0 }) else {
+            logger.warning("no free real-time signal for sampling; stall reports will carry no stack")
+            return nil
+        }
+        if inspectors.contains(where: { $0.blocks(signal) }) {
+            logger.warning(
+                "an event loop thread blocks the sampling signal; its stall reports will carry no stack",
+                metadata: ["signal": "\(SignalName.name(of: signal))"]
+            )
+        }
+        return signal
+    }
+}
+
+extension StallMonitor.Statistics {
+    /// No stalls, nothing suppressed or dropped.
+    package static let zero = Self(stalls: 0, suppressedReports: 0, droppedReports: 0)
+}

@@ -1,0 +1,498 @@
+import CStallCapture
+import Foundation
+import Synchronization
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// One watchdog thread for a group of epoll event loops that count their ticks (SwiftNIO's, through
+/// its metrics delegate): the same stall reports as the run-loop watchdog, for every loop of the
+/// group, from one thread.
+///
+/// A loop's cycle is `epoll_wait`, its I/O handlers, its tasks, then the tick the loop publishes.
+/// Nothing is called when a cycle starts, so the watchdog finds out from the kernel:
+/// - A loop blocked in `epoll_wait` (`/proc/self/task/<tid>/syscall`) is idle. The watchdog submits
+///   a one-shot io_uring poll of that loop's epoll descriptor (the call's first argument). The
+///   loop's wakeup completes the poll, and the poll takes its result from the wakeup itself, so the
+///   watchdog learns of it even when the loop has consumed its events by the time the watchdog
+///   runs. (A nested epoll instance does not: it polls the loop's descriptor again when the
+///   watchdog runs and, finding nothing ready, sleeps on; on this kernel it missed 1094 of 2000
+///   wakeups.) Polling the descriptor consumes none of the loop's events, and an idle group costs
+///   the watchdog no wakeup at all.
+/// - From a cycle's start the watchdog sleeps until start + threshold. A loop that has ticked
+///   since has made progress: it is idle again (armed again) or busy in a later cycle, which counts
+///   from the end of the latest tick. A loop that has not ticked and is not in `epoll_wait` has
+///   stalled: it is sampled like a stalled run loop until its next tick, whose end closes the stall.
+///
+/// A loop is re-armed only at a deadline, so a loop that goes idle and wakes on every request
+/// costs the watchdog at most two wakeups per threshold, and a loop that ticked is looked at up to
+/// a quarter threshold early, so that nearby deadlines share a wakeup. Without io_uring (disabled
+/// by `kernel.io_uring_disabled` or a seccomp filter), idle loops are looked at once per threshold.
+package final class EventLoopWatchdog: @unchecked Sendable {
+    /// One loop of the group, as its thread registered it.
+    package struct Loop: Sendable {
+        package var threadID: pid_t
+        package var name: String
+
+        package init(threadID: pid_t, name: String) {
+            self.threadID = threadID
+            self.name = name
+        }
+    }
+
+    package struct TickState: @unchecked Sendable {
+        package let pointer: OpaquePointer
+    }
+
+    let configuration: StallMonitor.Configuration
+    private let loops: [LoopState]
+    private let reporters: [Reporter]
+    private let signal: Int32?
+    private let slot: Int32
+    private let startedAt = stallmon_now_ns()
+    /// Polls of idle loops' epoll descriptors, and of `stopFD`; `nil` where io_uring is unavailable
+    /// (then idle loops are looked at once per threshold).
+    private let watch: OpaquePointer?
+    private let stopFD: Int32
+    private let finished = DispatchSemaphore(value: 0)
+    /// The stop signal where there is no io_uring.
+    private let stopWaiter = DispatchSemaphore(value: 0)
+    private let stopping = Atomic<Bool>(false)
+    private let wakeupCount = Atomic<Int>(0)
+    private let stallCount = Atomic<Int>(0)
+    private let watchdogThreadID = Atomic<Int32>(0)
+    private let runQueue = RunQueueClock()
+    private var sample = stallmon_sample()
+
+    /// The watchdog thread's name, in the kernel (at most 15 bytes).
+    package static let threadName = "stallmon-nio"
+
+    /// - Parameters:
+    ///   - loops: The loops to watch, with their tick state (from ``makeTickState()``), bound on
+    ///     their threads.
+    ///   - reporters: One per loop, in the same order.
+    init(
+        configuration: StallMonitor.Configuration, loops: [(Loop, TickState)], reporters: [Reporter], signal: Int32?,
+        slot: Int32
+    ) throws(StallMonitorError) {
+        self.configuration = configuration
+        self.loops = loops.map { LoopState(loop: $0.0, ticks: $0.1.pointer) }
+        self.reporters = reporters
+        self.signal = signal
+        self.slot = slot
+        stopFD = stallmon_eventfd_create()
+        guard stopFD >= 0 else { throw StallMonitorError.outOfMemory() }
+        var error: Int32 = 0
+        var created = stallmon_watch_create(UInt32(min(4096, max(64, 2 * loops.count + 2))), &error)
+        if let ring = created {
+            error = -stallmon_watch_poll(ring, stopFD, UInt64.max)
+            if error != 0 {
+                stallmon_watch_free(ring)
+                created = nil
+            }
+        }
+        watch = created
+        unavailableReason = created == nil ? "io_uring is unavailable (errno \(error))" : nil
+    }
+
+    deinit {
+        stallmon_watch_free(watch)
+        close(stopFD)
+    }
+
+    /// Why idle loops are polled once per threshold instead of waking the watchdog, or `nil`.
+    package let unavailableReason: String?
+
+    /// Tick state for one loop thread; bind it there with `stallmon_ticks_bind`.
+    package static func makeTickState() -> TickState? {
+        stallmon_ticks_create().map(TickState.init)
+    }
+
+    package static func freeTickState(_ state: TickState) {
+        stallmon_ticks_free(state.pointer)
+    }
+
+    /// Times the watchdog thread woke up, for measurements.
+    package var wakeups: Int { wakeupCount.load(ordering: .relaxed) }
+    package var stalls: Int { stallCount.load(ordering: .relaxed) }
+    package var threadID: pid_t { watchdogThreadID.load(ordering: .acquiring) }
+
+    func start() {
+        let thread = Thread { [self] in
+            watchdogThreadID.store(stallmon_gettid(), ordering: .releasing)
+            stallmon_set_thread_name(Self.threadName)
+            stallmon_set_timer_slack(1)
+            runQueue.open()
+            run()
+            runQueue.close()
+            finished.signal()
+        }
+        thread.name = Self.threadName
+        thread.stackSize = 512 * 1024
+        thread.start()
+    }
+
+    /// Stops the thread and waits for it; stalls in progress get their ended reports.
+    func stop() {
+        stopping.store(true, ordering: .releasing)
+        stallmon_eventfd_signal(stopFD)
+        stopWaiter.signal()
+        finished.wait()
+    }
+
+    private var threshold: UInt64 { UInt64(configuration.threshold.nanoseconds) }
+    private var sampleInterval: UInt64 { UInt64(configuration.sampleInterval.nanoseconds) }
+
+    // MARK: - Per-loop state
+
+    final class LoopState {
+        enum Phase {
+            /// Not yet looked at, or its epoll descriptor could not be armed: looked at every threshold.
+            case unknown(since: UInt64)
+            /// In `epoll_wait`, with a poll of its epoll descriptor pending.
+            case idle
+            /// In a cycle that began at `start` (no tick since `sequence`).
+            case timing(start: UInt64, sequence: UInt64)
+            case stalled(StallInProgress)
+        }
+
+        let loop: Loop
+        let ticks: OpaquePointer
+        let inspector: ThreadInspector
+        var phase: Phase = .unknown(since: 0)
+        /// The loop's epoll descriptor the latest poll was submitted for (-1: none).
+        var registeredFD: Int32 = -1
+        /// Whether that poll is still pending: it completes at the loop's next wakeup.
+        var pollPending = false
+        /// CPU time of the thread when its current cycle was first seen, and when it was read.
+        var cpuBase: (cpu: Int64, time: UInt64) = (-1, 0)
+
+        init(loop: Loop, ticks: OpaquePointer) {
+            self.loop = loop
+            self.ticks = ticks
+            self.inspector = ThreadInspector(threadID: loop.threadID)
+        }
+
+        var sequence: UInt64 { stallmon_ticks_sequence(ticks) }
+    }
+
+    final class StallInProgress {
+        let stallID = Watchdog.newStallID()
+        let start: UInt64
+        let sequence: UInt64
+        let suppressed: Bool
+        var nextSample: UInt64
+        var samples = 0
+        var unanswered = 0
+        var stacks: StackAggregator
+        var firstStack: [UInt] = []
+        var states: [Character: Int] = [:]
+        var waits: [KernelWait: Int] = [:]
+        var latestView = KernelThreadView()
+        var viewedAt: UInt64 = 0
+        var noStackReason: String?
+
+        init(start: UInt64, sequence: UInt64, suppressed: Bool, nextSample: UInt64, capacity: Int) {
+            self.start = start
+            self.sequence = sequence
+            self.suppressed = suppressed
+            self.nextSample = nextSample
+            self.stacks = StackAggregator(capacity: capacity)
+        }
+    }
+
+    // MARK: - Watching
+
+    private func run() {
+        let now = stallmon_now_ns()
+        for index in loops.indices { examine(index, now: now) }
+        var keys = [UInt64](repeating: 0, count: 64)
+        while !stopping.load(ordering: .acquiring) {
+            let queuedBefore = runQueue.waited()
+            let timeout = nextTimeout()
+            let count: Int32
+            if let watch {
+                count = keys.withUnsafeMutableBufferPointer {
+                    stallmon_watch_wait(watch, timeout, $0.baseAddress, Int32($0.count))
+                }
+            } else {
+                _ = stopWaiter.wait(
+                    timeout: timeout == UInt64.max ? .distantFuture : .now() + .nanoseconds(Int(timeout)))
+                count = 0
+            }
+            wakeupCount.add(1, ordering: .relaxed)
+            // A cycle started when the loop's descriptor woke the watchdog's poll, which is when
+            // the watchdog became runnable: time it then spent waiting for a CPU is the loop's.
+            var woke = stallmon_now_ns()
+            if let before = queuedBefore, let after = runQueue.waited(), after > before, after - before < woke {
+                woke -= after - before
+            }
+            for key in keys.prefix(Int(max(0, count))) where key != UInt64.max {
+                let index = Int(key)
+                guard loops.indices.contains(index) else { continue }
+                loops[index].pollPending = false
+                guard case .idle = loops[index].phase else { continue }
+                startCycle(index, at: woke)
+            }
+            let now = stallmon_now_ns()
+            for index in loops.indices { visit(index, now: now) }
+        }
+        let end = stallmon_now_ns()
+        for index in loops.indices {
+            if case .stalled(let stall) = loops[index].phase { finish(index, stall, end: end) }
+        }
+    }
+
+    /// Nanoseconds until the earliest deadline or sample (UInt64.max: none; the group is idle).
+    private func nextTimeout() -> UInt64 {
+        var earliest: UInt64?
+        for state in loops {
+            let next: UInt64
+            switch state.phase {
+            case .idle: continue
+            case .unknown(let since): next = since + threshold
+            case .timing(let start, _): next = start + threshold
+            case .stalled(let stall): next = stall.nextSample
+            }
+            earliest = min(earliest ?? next, next)
+        }
+        guard let earliest else { return UInt64.max }
+        let now = stallmon_now_ns()
+        return earliest > now ? earliest - now : 0
+    }
+
+    /// What the loop does now: idle in `epoll_wait` (then armed), or in a cycle since its latest tick.
+    private func examine(_ index: Int, now: UInt64) {
+        let state = loops[index]
+        var view = stallmon_syscall_view()
+        stallmon_read_syscall(state.loop.threadID, &view)
+        if view.state == 0, stallmon_syscall_is_epoll_wait(view.number) == 1 {
+            let sequence = state.sequence
+            if arm(state, descriptor: Int32(truncatingIfNeeded: view.args.0)) {
+                state.phase = .idle
+                // The loop may have woken between the read and the arming, and its events may
+                // be consumed already: then it began its cycle after `now`.
+                var again = stallmon_syscall_view()
+                stallmon_read_syscall(state.loop.threadID, &again)
+                if state.sequence != sequence
+                    || !(again.state == 0 && stallmon_syscall_is_epoll_wait(again.number) == 1)
+                {
+                    startCycle(index, at: now)
+                }
+                return
+            }
+            state.phase = .unknown(since: now)
+            return
+        }
+        if view.state < 0 {
+            // The thread is gone, or /proc cannot be read: look again in a threshold.
+            state.phase = .unknown(since: now)
+            return
+        }
+        // Busy: the cycle counts from the end of the latest tick, unless that lies a threshold or
+        // more back (the loop may have slept since, unseen): then from now.
+        let end = stallmon_ticks_latest_end(state.ticks)
+        let start = end != 0 && end <= now && now - end < threshold ? end : now
+        startCycle(index, at: start)
+    }
+
+    private func startCycle(_ index: Int, at start: UInt64) {
+        let state = loops[index]
+        let sequence = state.sequence
+        // A tick that ended after `start` is counted in `sequence` already: the cycle being timed
+        // began after it.
+        let start = max(start, stallmon_ticks_latest_end(state.ticks))
+        state.phase = .timing(start: start, sequence: sequence)
+        state.cpuBase = (stallmon_thread_cpu_ns(state.loop.threadID), stallmon_now_ns())
+    }
+
+    /// Handles what is due for one loop at `now`; a loop that ticked is re-examined up to a quarter
+    /// threshold before its deadline, so that nearby deadlines share a wakeup.
+    private func visit(_ index: Int, now: UInt64) {
+        let state = loops[index]
+        switch state.phase {
+        case .idle:
+            return
+        case .unknown(let since):
+            if now >= since + threshold { examine(index, now: now) }
+        case .timing(let start, let sequence):
+            let deadline = start + threshold
+            if state.sequence != sequence {
+                if now + threshold / 4 >= deadline { examine(index, now: now) }
+                return
+            }
+            guard now >= deadline else { return }
+            var view = stallmon_syscall_view()
+            stallmon_read_syscall(state.loop.threadID, &view)
+            if view.state == 0, stallmon_syscall_is_epoll_wait(view.number) == 1 {
+                examine(index, now: now)
+                return
+            }
+            if view.state < 0 {
+                state.phase = .unknown(since: now)
+                return
+            }
+            beginStall(index, start: start, sequence: sequence, now: now)
+        case .stalled(let stall):
+            var end: UInt64 = 0
+            if stallmon_ticks_watched_end(state.ticks, stall.sequence, &end) == 1 {
+                finish(index, stall, end: end)
+            } else if state.sequence != stall.sequence {
+                // The tick ended before the loop saw the watch: the latest tick end bounds it.
+                finish(index, stall, end: min(stallmon_ticks_latest_end(state.ticks), now))
+            } else if now >= stall.nextSample {
+                takeSample(state, stall)
+                stall.nextSample += sampleInterval
+                let after = stallmon_now_ns()
+                if stall.nextSample < after { stall.nextSample = after + sampleInterval }
+            }
+        }
+    }
+
+    // MARK: - Arming
+
+    /// Makes sure a poll of the loop's epoll descriptor is pending. A poll submitted earlier, while
+    /// the loop was busy, still completes at its next wakeup.
+    private func arm(_ state: LoopState, descriptor: Int32) -> Bool {
+        guard let watch, let index = loops.firstIndex(where: { $0 === state }) else { return false }
+        if state.pollPending, state.registeredFD == descriptor { return true }
+        guard stallmon_watch_poll(watch, descriptor, UInt64(index)) == 0 else { return false }
+        state.registeredFD = descriptor
+        state.pollPending = true
+        return true
+    }
+
+    // MARK: - Stalls
+
+    private func beginStall(_ index: Int, start: UInt64, sequence: UInt64, now: UInt64) {
+        let state = loops[index]
+        stallmon_ticks_watch(state.ticks, sequence)
+        guard state.sequence == sequence else {
+            stallmon_ticks_watch(state.ticks, 0)
+            examine(index, now: now)  // it ticked just as it crossed the threshold
+            return
+        }
+        let suppressed =
+            now < startedAt + UInt64(configuration.startupGracePeriod.nanoseconds)
+            || (!configuration.reportWhileDebuggerAttached && ThreadInspector.tracerPID() != 0)
+        let stall = StallInProgress(
+            start: start, sequence: sequence, suppressed: suppressed, nextSample: now + sampleInterval,
+            capacity: configuration.maximumStacks
+        )
+        state.phase = .stalled(stall)
+        takeSample(state, stall)
+        if !suppressed {
+            reporters[index].submit(
+                captured(
+                    state, stall, event: .detected, end: stallmon_now_ns(),
+                    stacks: stall.firstStack.isEmpty ? [] : [(stall.firstStack, 1)]))
+        }
+    }
+
+    private func finish(_ index: Int, _ stall: StallInProgress, end: UInt64) {
+        let state = loops[index]
+        stallmon_ticks_watch(state.ticks, 0)
+        stallCount.add(1, ordering: .relaxed)
+        if !stall.suppressed {
+            reporters[index].submit(captured(state, stall, event: .ended, end: end, stacks: stall.stacks.all))
+        }
+        examine(index, now: stallmon_now_ns())
+    }
+
+    private func captured(
+        _ state: LoopState, _ stall: StallInProgress, event: StallReport.Event, end: UInt64,
+        stacks: [(stack: [UInt], count: Int)]
+    ) -> CapturedStall {
+        let duration = end > stall.start ? end - stall.start : 0
+        var cpu: UInt64 = 0
+        let used = stallmon_thread_cpu_ns(state.loop.threadID)
+        if state.cpuBase.cpu >= 0, used >= state.cpuBase.cpu {
+            cpu = min(UInt64(used - state.cpuBase.cpu), duration)
+        }
+        return CapturedStall(
+            event: event, stallID: stall.stallID, startNanoseconds: stall.start, duration: duration, paused: 0,
+            activity: .eventLoopCycle, runLoopMode: "none", cpu: cpu, samples: stall.samples,
+            unansweredSamples: stall.unanswered, stacks: stacks, threadState: Self.dominantState(stall.states),
+            kernelView: Self.dominantWait(stall.waits, fallback: stall.latestView),
+            noStackReason: stall.firstStack.isEmpty ? stall.noStackReason : nil,
+            capturedNanoseconds: stallmon_now_ns()
+        )
+    }
+
+    /// One sample of a stalled loop: the kernel's view (every 100 ms at most) and its stack. A
+    /// thread inside a system call is never signalled: a handler would end calls such as
+    /// `nanosleep` or `epoll_wait` with EINTR.
+    private func takeSample(_ state: LoopState, _ stall: StallInProgress) {
+        stall.samples += 1
+        let now = stallmon_now_ns()
+        if stall.viewedAt == 0 || now - stall.viewedAt >= 100_000_000 {
+            let view = state.inspector.view()
+            stall.viewedAt = now
+            stall.latestView = view
+            stall.states[view.state, default: 0] += 1
+            stall.waits[KernelWait(syscall: view.syscall, waitChannel: view.waitChannel), default: 0] += 1
+        }
+        guard let addresses = capture(state, stall) else {
+            stall.unanswered += 1
+            return
+        }
+        stall.stacks.add(addresses)
+        if stall.firstStack.isEmpty { stall.firstStack = addresses }
+    }
+
+    private func capture(_ state: LoopState, _ stall: StallInProgress) -> [UInt]? {
+        guard let signal else {
+            stall.noStackReason = "no free signal for sampling"
+            return nil
+        }
+        var view = stallmon_syscall_view()
+        stallmon_read_syscall(state.loop.threadID, &view)
+        if view.state == 0 {
+            stall.noStackReason =
+                "thread is blocked in \(SyscallNames.name(view.number)); not signalled, which would interrupt it"
+            return nil
+        }
+        stallmon_sample_thread(
+            slot, state.loop.threadID, signal, Int32(configuration.maximumFrames),
+            UInt64(configuration.sampleTimeout.nanoseconds), &sample
+        )
+        guard sample.status == Int32(STALLMON_SAMPLE_OK.rawValue) else {
+            stall.noStackReason =
+                sample.status == Int32(STALLMON_SAMPLE_TIMEOUT.rawValue)
+                ? "thread did not answer within \(configuration.sampleTimeout.milliseconds) ms"
+                : "sampling failed (status \(sample.status), error \(sample.error))"
+            return nil
+        }
+        let count = Int(sample.frame_count)
+        return withUnsafeBytes(of: sample.frames) { raw in Array(raw.bindMemory(to: UInt.self).prefix(count)) }
+    }
+
+    private static func dominantWait(_ waits: [KernelWait: Int], fallback: KernelThreadView) -> KernelThreadView {
+        guard
+            let wait = waits.max(by: { lhs, rhs in
+                lhs.value != rhs.value ? lhs.value < rhs.value : (lhs.key.syscall == nil && rhs.key.syscall != nil)
+            })?.key
+        else { return fallback }
+        var view = fallback
+        view.syscall = wait.syscall
+        view.waitChannel = wait.waitChannel
+        return view
+    }
+
+    private static func dominantState(_ states: [Character: Int]) -> Character {
+        let preference: [Character] = ["R", "D", "S", "T", "t", "Z"]
+        func rank(_ state: Character) -> Int { preference.firstIndex(of: state) ?? preference.count }
+        return states.max { lhs, rhs in
+            lhs.value != rhs.value ? lhs.value < rhs.value : rank(lhs.key) > rank(rhs.key)
+        }?.key ?? "?"
+    }
+}
+
+extension EventLoopWatchdog.Loop {
+    /// The calling thread, named as the kernel shows it (`NIO-ELT-0-#1` for SwiftNIO's loops).
+    package static func current() -> Self {
+        let threadID = stallmon_gettid()
+        return Self(threadID: threadID, name: ThreadInspector(threadID: threadID).name() ?? "tid-\(threadID)")
+    }
+}

@@ -1,0 +1,207 @@
+import CStallCapture
+import Dispatch
+import Logging
+import NIOCore
+import NIOPosix
+import StallMonitor
+import Synchronization
+
+/// Watches every event loop of a SwiftNIO `MultiThreadedEventLoopGroup` and reports each stall: a
+/// loop cycle (its I/O handlers and tasks, from `epoll_wait` to the end of its tick) that lasts
+/// longer than the threshold. One watchdog thread serves the whole group.
+///
+/// ```swift
+/// let monitor = try NIOStallMonitor()
+/// let group = MultiThreadedEventLoopGroup(numberOfThreads: 4, metricsDelegate: monitor.metricsDelegate)
+/// try monitor.start(group)
+/// ```
+///
+/// Or in one call: `let group = try monitor.makeEventLoopGroup(numberOfThreads: 4)`.
+///
+/// Reports are the run-loop monitor's (journald fields, rate limits, symbolication), with
+/// `STALL_LOOP` the loop thread's name (`NIO-ELT-0-#1`), `STALL_ACTIVITY=event-loop-cycle`, and
+/// `STALL_CALLOUT` what the loop was running: `channel-read`, `channel-write`, `scheduled-task`,
+/// `execute-task`, `future-callback` or `unknown`.
+public final class NIOStallMonitor: Sendable {
+    public let configuration: StallMonitor.Configuration
+    private let logger: Logger
+    private let sinks: [any ReportSink]
+    private let state = Mutex<EventLoopGroupSession?>(nil)
+
+    /// Creates a monitor; nothing is watched until ``start(_:)``.
+    /// - Parameters:
+    ///   - configuration: Thresholds and limits; `nil` reads them from the environment as
+    ///     `StallMonitor` does (`$STALLMON_CONFIG`, `STALLMON_<KEY>`).
+    ///   - logger: Receives the monitor's own diagnostics.
+    ///   - sinks: Where reports go; `nil` means the journal when journald runs, standard error otherwise.
+    /// - Throws: `ConfigurationError` for an invalid configuration.
+    public init(
+        configuration: StallMonitor.Configuration? = nil, logger: Logger = Logger(label: "stallmon"),
+        sinks: [any ReportSink]? = nil
+    ) throws(ConfigurationError) {
+        let resolved: StallMonitor.Configuration
+        if let configuration {
+            resolved = configuration
+        } else {
+            resolved = try StallMonitor.Configuration.fromEnvironment()
+        }
+        try resolved.validate()
+        self.configuration = resolved
+        self.logger = logger
+        self.sinks = sinks ?? StallMonitor.defaultSinks(resolved)
+    }
+
+    /// Pass this to `MultiThreadedEventLoopGroup(numberOfThreads:metricsDelegate:)`. On the loop
+    /// thread, after every tick, it makes two stores: no lock, no system call, no allocation.
+    public var metricsDelegate: any NIOEventLoopMetricsDelegate { TickCounter() }
+
+    /// Creates a group whose loops are watched from the start (the delegate and ``start(_:)`` in one call).
+    public func makeEventLoopGroup(numberOfThreads: Int) throws -> MultiThreadedEventLoopGroup {
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: numberOfThreads, metricsDelegate: metricsDelegate)
+        do {
+            try start(group)
+        } catch {
+            try? group.syncShutdownGracefully()
+            throw error
+        }
+        return group
+    }
+
+    /// Starts watching every loop of `group`, which must have been created with ``metricsDelegate``.
+    /// Runs one short task on each loop to learn its thread.
+    /// - Important: Call it off the group's loops: it waits for those tasks.
+    /// - Throws: `NIOStallMonitorError` when the monitor runs already, a loop does not answer
+    ///   within a second, or the group counts no ticks (it was created without ``metricsDelegate``);
+    ///   `StallMonitorError` when no sampler slot or signal is free.
+    public func start(_ group: MultiThreadedEventLoopGroup) throws {
+        try state.withLock { session in
+            guard session == nil else { throw NIOStallMonitorError.alreadyRunning() }
+            var loops: [(EventLoopWatchdog.Loop, EventLoopWatchdog.TickState)] = []
+            for loop in group.makeIterator() {
+                guard let ticks = EventLoopWatchdog.makeTickState() else { throw NIOStallMonitorError.outOfMemory() }
+                let registered = loop.submit { () -> EventLoopWatchdog.Loop in
+                    stallmon_ticks_bind(ticks.pointer)
+                    return EventLoopWatchdog.Loop.current()
+                }
+                guard let described = try? Self.wait(registered, on: loop) ?? nil else {
+                    throw NIOStallMonitorError.loopDidNotAnswer()
+                }
+                loops.append((described, ticks))
+            }
+            // The task above ran inside a tick: a group with the delegate has counted it by now
+            // (or will in a moment). One without would be watched blind; refuse it.
+            let deadline = NIODeadline.now() + .seconds(1)
+            for (loop, ticks) in loops {
+                while stallmon_ticks_sequence(ticks.pointer) == 0 {
+                    guard NIODeadline.now() < deadline else {
+                        throw NIOStallMonitorError.noTicks(loop: loop.name)
+                    }
+                    usleep(1_000)
+                }
+            }
+            session = try EventLoopGroupSession(
+                configuration: configuration, sinks: sinks, logger: logger, loops: loops)
+        }
+    }
+
+    /// The future's value once it completes, or `nil` after a second (a stalled loop).
+    private static func wait<Value: Sendable>(_ future: EventLoopFuture<Value>, on loop: any EventLoop) throws -> Value?
+    {
+        let answered = DispatchSemaphore(value: 0)
+        let result = Mutex<Result<Value, any Error>?>(nil)
+        future.whenComplete { outcome in
+            result.withLock { $0 = outcome }
+            answered.signal()
+        }
+        guard answered.wait(timeout: .now() + 1) == .success else { return nil }
+        return try result.withLock { $0 }?.get()
+    }
+
+    /// Stops watching: stalls in progress get their ended reports, and every report is out when it
+    /// returns. The loops keep counting ticks (two stores each) until the group shuts down.
+    public func stop() {
+        let session = state.withLock { session in
+            defer { session = nil }
+            return session
+        }
+        session?.stop()
+    }
+
+    public var isRunning: Bool { state.withLock { $0 != nil } }
+
+    /// Counts since ``start(_:)``; zero when not running.
+    public var statistics: StallMonitor.Statistics {
+        state.withLock { $0?.statistics } ?? .zero
+    }
+
+    /// One health line per loop, e.g. `loop of NIO-ELT-0-#0 healthy; no stalls in 1h`.
+    public var status: String {
+        state.withLock { $0?.status } ?? "stall monitor not running"
+    }
+
+    /// Times the group's watchdog thread has woken up since ``start(_:)``, for measurements: 0 for a
+    /// group that stays idle.
+    public var watchdogWakeups: Int {
+        state.withLock { $0?.watchdogWakeups } ?? 0
+    }
+
+    /// Kernel id of the group's watchdog thread (0 when not running).
+    public var watchdogThreadID: Int32 {
+        state.withLock { $0?.watchdogThreadID } ?? 0
+    }
+}
+
+/// Counts ticks into the state its loop thread was bound to.
+struct TickCounter: NIOEventLoopMetricsDelegate {
+    func processedTick(info: NIOEventLoopTickInfo) {
+        stallmon_tick(info.endTime.uptimeNanoseconds)
+    }
+}
+
+/// Why a group could not be watched.
+public struct NIOStallMonitorError: Error, Sendable, CustomStringConvertible {
+    private enum Code: Sendable, Hashable {
+        case alreadyRunning
+        case loopDidNotAnswer
+        case noTicks(String)
+        case outOfMemory
+    }
+
+    private let code: Code
+    /// Where the error was raised.
+    public let file: String
+    public let line: Int
+
+    private init(_ code: Code, file: String, line: Int) {
+        self.code = code
+        self.file = file
+        self.line = line
+    }
+
+    static func alreadyRunning(file: String = #fileID, line: Int = #line) -> Self {
+        Self(.alreadyRunning, file: file, line: line)
+    }
+
+    static func loopDidNotAnswer(file: String = #fileID, line: Int = #line) -> Self {
+        Self(.loopDidNotAnswer, file: file, line: line)
+    }
+
+    static func noTicks(loop: String, file: String = #fileID, line: Int = #line) -> Self {
+        Self(.noTicks(loop), file: file, line: line)
+    }
+
+    static func outOfMemory(file: String = #fileID, line: Int = #line) -> Self {
+        Self(.outOfMemory, file: file, line: line)
+    }
+
+    public var description: String {
+        switch code {
+        case .alreadyRunning: "the monitor is already running"
+        case .loopDidNotAnswer: "an event loop of the group did not run a task within a second"
+        case .noTicks(let loop):
+            "event loop \(loop) counts no ticks: create the group with "
+                + "MultiThreadedEventLoopGroup(numberOfThreads:metricsDelegate: monitor.metricsDelegate)"
+        case .outOfMemory: "out of memory"
+        }
+    }
+}
