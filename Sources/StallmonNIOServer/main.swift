@@ -1,0 +1,287 @@
+// An HTTP/1.1 server on SwiftNIO whose handlers stall on request, monitored by NIOStallMonitor:
+// `stallmon demo --nio`, the tests and the benchmark run it as a child process.
+//
+//   StallmonNIOServer [--port N] [--threads N] [--threshold-ms N] [--no-monitor]
+//
+// It prints `listening on <port>` once ready and serves:
+//   /hello            a short answer
+//   /cpu?ms=N         spins on the CPU for N ms inside the handler
+//   /sleep?ms=N       blocks in nanosleep for N ms (a blocking system call)
+//   /lock?ms=N        waits N ms for a mutex another thread holds
+//   /stats            the monitor's counters: watchdog wakeups, stalls
+// Stalling handlers answer with the time the handler itself measured: `{"handler":…,"truth_us":…}`.
+// SIGTERM or SIGINT stops the monitor (every report written) and exits.
+import CStallCapture
+import Dispatch
+import NIOCore
+import NIOHTTP1
+import NIOPosix
+import StallMonitor
+import StallMonitorNIO
+import Synchronization
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+struct Options {
+    var port = 0
+    var threads = 2
+    var thresholdMilliseconds: Int?
+    var monitor = true
+
+    static func parse(_ arguments: [String]) -> Options {
+        var options = Options()
+        var iterator = arguments.dropFirst().makeIterator()
+        while let argument = iterator.next() {
+            func value() -> Int {
+                guard let text = iterator.next(), let number = Int(text), number >= 0 else {
+                    fail("\(argument) needs a non-negative number")
+                }
+                return number
+            }
+            switch argument {
+            case "--port": options.port = value()
+            case "--threads": options.threads = max(1, value())
+            case "--threshold-ms": options.thresholdMilliseconds = value()
+            case "--no-monitor": options.monitor = false
+            default: fail("unknown argument \(argument)")
+            }
+        }
+        return options
+    }
+}
+
+func fail(_ message: String) -> Never {
+    FileHandleOutput.standardError("StallmonNIOServer: \(message)\n")
+    exit(64)
+}
+
+enum FileHandleOutput {
+    static func standardError(_ text: String) {
+        var text = text
+        text.withUTF8 { _ = write(2, $0.baseAddress, $0.count) }
+    }
+
+    static func standardOutput(_ text: String) {
+        var text = text
+        text.withUTF8 { _ = write(1, $0.baseAddress, $0.count) }
+    }
+}
+
+// MARK: - The stalling handlers (what the reports should name)
+
+/// Spins on the CPU for `milliseconds`.
+@inline(never)
+func stallOnCPU(milliseconds: Int) -> UInt64 {
+    let start = stallmon_now_ns()
+    var accumulator: UInt64 = 0
+    while stallmon_now_ns() - start < UInt64(milliseconds) * 1_000_000 {
+        for index in 0..<1000 { accumulator = accumulator &* 31 &+ UInt64(index) }
+    }
+    blackHole(accumulator)
+    return stallmon_now_ns() - start
+}
+
+/// Blocks in `nanosleep` for `milliseconds`, resuming after any interruption.
+@inline(never)
+func stallInSleep(milliseconds: Int) -> UInt64 {
+    let start = stallmon_now_ns()
+    var request = timespec(tv_sec: milliseconds / 1000, tv_nsec: (milliseconds % 1000) * 1_000_000)
+    var remaining = timespec()
+    while nanosleep(&request, &remaining) != 0, errno == EINTR {
+        interruptions.add(1, ordering: .relaxed)
+        request = remaining
+    }
+    return stallmon_now_ns() - start
+}
+
+/// Waits for a mutex that another thread holds for `milliseconds`.
+@inline(never)
+func stallOnLock(milliseconds: Int) -> UInt64 {
+    let start = stallmon_now_ns()
+    let holding = DispatchSemaphore(value: 0)
+    let holder = Thread {
+        pthread_mutex_lock(&sharedMutex)
+        holding.signal()
+        usleep(UInt32(milliseconds) * 1000)
+        pthread_mutex_unlock(&sharedMutex)
+    }
+    holder.start()
+    holding.wait()
+    pthread_mutex_lock(&sharedMutex)
+    pthread_mutex_unlock(&sharedMutex)
+    return stallmon_now_ns() - start
+}
+
+@inline(never)
+func blackHole(_ value: UInt64) {
+    if value == 1 { FileHandleOutput.standardError("") }
+}
+
+nonisolated(unsafe) var sharedMutex = pthread_mutex_t()
+/// Times `nanosleep` returned EINTR in a handler: a monitor that signalled a blocked loop shows here.
+let interruptions = Atomic<Int>(0)
+
+final class Thread {
+    private let body: () -> Void
+
+    init(_ body: @escaping () -> Void) {
+        self.body = body
+    }
+
+    func start() {
+        let box = Unmanaged.passRetained(self).toOpaque()
+        var thread = pthread_t()
+        let rc = pthread_create(
+            &thread, nil,
+            { context in
+                let this = Unmanaged<Thread>.fromOpaque(context!).takeRetainedValue()
+                this.body()
+                return nil
+            }, box)
+        if rc == 0 { pthread_detach(thread) }
+    }
+}
+
+// MARK: - HTTP
+
+final class StallHandler: ChannelInboundHandler, Sendable {
+    typealias InboundIn = HTTPServerRequestPart
+    typealias OutboundOut = HTTPServerResponsePart
+
+    let monitor: NIOStallMonitor?
+
+    init(monitor: NIOStallMonitor?) {
+        self.monitor = monitor
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        guard case .head(let head) = unwrapInboundIn(data) else { return }
+        let (path, milliseconds) = Self.route(head.uri)
+        let loop = ThreadName.current()
+        var body: String
+        switch path {
+        case "/cpu": body = Self.answer("cpu", stallOnCPU(milliseconds: milliseconds), loop)
+        case "/sleep": body = Self.answer("sleep", stallInSleep(milliseconds: milliseconds), loop)
+        case "/lock": body = Self.answer("lock", stallOnLock(milliseconds: milliseconds), loop)
+        case "/stats":
+            let statistics = monitor?.statistics
+            body =
+                "{\"wakeups\":\(monitor?.watchdogWakeups ?? 0),\"stalls\":\(statistics?.stalls ?? 0),"
+                + "\"interruptions\":\(interruptions.load(ordering: .relaxed))}"
+        default: body = "hello from \(loop)"
+        }
+        body += "\n"
+        var headers = HTTPHeaders()
+        headers.add(name: "Content-Length", value: String(body.utf8.count))
+        headers.add(name: "Content-Type", value: path == "/hello" ? "text/plain" : "application/json")
+        let keepAlive = head.isKeepAlive
+        if !keepAlive { headers.add(name: "Connection", value: "close") }
+        context.write(wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: .ok, headers: headers))))
+            .whenFailure { _ in }
+        var buffer = context.channel.allocator.buffer(capacity: body.utf8.count)
+        buffer.writeString(body)
+        context.write(wrapOutboundOut(.body(.byteBuffer(buffer)))).whenFailure { _ in }
+        let done = context.writeAndFlush(wrapOutboundOut(.end(nil)))
+        if !keepAlive {
+            let channel = context.channel
+            done.whenComplete { _ in channel.close(promise: nil) }
+        }
+    }
+
+    static func route(_ uri: String) -> (path: String, milliseconds: Int) {
+        let parts = uri.split(separator: "?", maxSplits: 1)
+        let path = parts.first.map(String.init) ?? "/"
+        var milliseconds = 300
+        if parts.count == 2 {
+            for pair in parts[1].split(separator: "&") where pair.hasPrefix("ms=") {
+                milliseconds = min(Int(pair.dropFirst(3)) ?? milliseconds, 60_000)
+            }
+        }
+        return (path, milliseconds)
+    }
+
+    static func answer(_ handler: String, _ nanoseconds: UInt64, _ loop: String) -> String {
+        "{\"handler\":\"\(handler)\",\"truth_us\":\(nanoseconds / 1000),\"loop\":\"\(loop)\"}"
+    }
+}
+
+enum ThreadName {
+    static func current() -> String {
+        // The kernel's name of the thread (`comm`), which NIO sets to `NIO-ELT-<group>-#<n>`.
+        let descriptor = open("/proc/thread-self/comm", O_RDONLY | O_CLOEXEC)
+        guard descriptor >= 0 else { return "?" }
+        defer { close(descriptor) }
+        var bytes = [UInt8](repeating: 0, count: 32)
+        let count = read(descriptor, &bytes, bytes.count)
+        guard count > 0 else { return "?" }
+        return String(decoding: bytes[0..<count].prefix { $0 != UInt8(ascii: "\n") }, as: UTF8.self)
+    }
+}
+
+// MARK: - Main
+
+nonisolated(unsafe) var signalSources: [any DispatchSourceSignal] = []
+
+/// SIGTERM and SIGINT stop the monitor, so that every report is written, then exit. The handlers
+/// run on a dispatch queue, not the main actor.
+nonisolated func installStopHandlers(monitor: NIOStallMonitor?) {
+    for signalNumber in [SIGTERM, SIGINT] {
+        signal(signalNumber, SIG_IGN)
+        let source = DispatchSource.makeSignalSource(signal: signalNumber, queue: .global())
+        source.setEventHandler {
+            monitor?.stop()
+            exit(0)
+        }
+        source.resume()
+        signalSources.append(source)
+    }
+}
+
+let options = Options.parse(CommandLine.arguments)
+pthread_mutex_init(&sharedMutex, nil)
+signal(SIGPIPE, SIG_IGN)
+
+let monitor: NIOStallMonitor?
+let group: MultiThreadedEventLoopGroup
+do {
+    if options.monitor {
+        var configuration = try StallMonitor.Configuration.fromEnvironment()
+        if let threshold = options.thresholdMilliseconds {
+            configuration.threshold = .milliseconds(threshold)
+            configuration.sampleInterval = min(configuration.sampleInterval, configuration.threshold)
+        }
+        let created = try NIOStallMonitor(configuration: configuration)
+        group = try created.makeEventLoopGroup(numberOfThreads: options.threads)
+        monitor = created
+    } else {
+        group = MultiThreadedEventLoopGroup(numberOfThreads: options.threads)
+        monitor = nil
+    }
+} catch {
+    fail("\(error)")
+}
+
+let bootstrap = ServerBootstrap(group: group)
+    .serverChannelOption(.backlog, value: 256)
+    .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+    .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
+    .childChannelInitializer { channel in
+        channel.eventLoop.makeCompletedFuture {
+            try channel.pipeline.syncOperations.configureHTTPServerPipeline()
+            try channel.pipeline.syncOperations.addHandler(StallHandler(monitor: monitor))
+        }
+    }
+
+let channel: any Channel
+do {
+    channel = try bootstrap.bind(host: "127.0.0.1", port: options.port).wait()
+} catch {
+    fail("cannot listen on 127.0.0.1:\(options.port): \(error)")
+}
+
+installStopHandlers(monitor: monitor)
+
+FileHandleOutput.standardOutput("listening on \(channel.localAddress?.port ?? 0)\n")
+try channel.closeFuture.wait()
