@@ -113,7 +113,8 @@ let package = Package(
         .testTarget(
             name: "StallMonitorTests",
             dependencies: [
-                "StallMonitor", "StallJournal", "StallCollector", "StallmonFixture", "stallmon", "stallmond",
+                "StallMonitor", "StallJournal", "StallCollector", "StallmonFixture", "StallmonNIOServer", "stallmon",
+                "stallmond",
             ]
         ),
     ]

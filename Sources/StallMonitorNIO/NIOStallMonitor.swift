@@ -68,7 +68,7 @@ public final class NIOStallMonitor: Sendable {
     }
 
     /// Starts watching every loop of `group`, which must have been created with ``metricsDelegate``.
-    /// Runs one short task on each loop to learn its thread.
+    /// Runs one short task on each loop to learn its thread (and unblock the sampling signal there).
     /// - Important: Call it off the group's loops: it waits for those tasks.
     /// - Throws: `NIOStallMonitorError` when the monitor runs already, a loop does not answer
     ///   within a second, or the group counts no ticks (it was created without ``metricsDelegate``);
@@ -76,11 +76,13 @@ public final class NIOStallMonitor: Sendable {
     public func start(_ group: MultiThreadedEventLoopGroup) throws {
         try state.withLock { session in
             guard session == nil else { throw NIOStallMonitorError.alreadyRunning() }
+            let signal = try EventLoopGroupSession.samplingSignal(configuration, logger: logger)
             var loops: [(EventLoopWatchdog.Loop, EventLoopWatchdog.TickState)] = []
             for loop in group.makeIterator() {
                 guard let ticks = EventLoopWatchdog.makeTickState() else { throw NIOStallMonitorError.outOfMemory() }
                 let registered = loop.submit { () -> EventLoopWatchdog.Loop in
                     stallmon_ticks_bind(ticks.pointer)
+                    if let signal { EventLoopGroupSession.unblockOnCurrentThread(signal) }
                     return EventLoopWatchdog.Loop.current()
                 }
                 guard let described = try? Self.wait(registered, on: loop) ?? nil else {
@@ -100,7 +102,7 @@ public final class NIOStallMonitor: Sendable {
                 }
             }
             session = try EventLoopGroupSession(
-                configuration: configuration, sinks: sinks, logger: logger, loops: loops)
+                configuration: configuration, sinks: sinks, logger: logger, loops: loops, signal: signal)
         }
     }
 

@@ -151,13 +151,27 @@ final class StallHandler: ChannelInboundHandler, Sendable {
     typealias OutboundOut = HTTPServerResponsePart
 
     let monitor: NIOStallMonitor?
+    /// The head of the request being read (the channel's own loop only touches it).
+    private let pending: NIOLoopBoundBox<HTTPRequestHead?>
 
-    init(monitor: NIOStallMonitor?) {
+    init(monitor: NIOStallMonitor?, eventLoop: any EventLoop) {
         self.monitor = monitor
+        self.pending = NIOLoopBoundBox(nil, eventLoop: eventLoop)
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        guard case .head(let head) = unwrapInboundIn(data) else { return }
+        switch unwrapInboundIn(data) {
+        case .head(let head): pending.value = head
+        case .body: break
+        case .end:
+            guard let head = pending.value else { return }
+            pending.value = nil
+            respond(context: context, head: head)
+        }
+    }
+
+    /// Runs the handler the path names, inside the channel read of the request's end.
+    private func respond(context: ChannelHandlerContext, head: HTTPRequestHead) {
         let (path, milliseconds) = Self.route(head.uri)
         let loop = ThreadName.current()
         var body: String
@@ -270,7 +284,7 @@ let bootstrap = ServerBootstrap(group: group)
     .childChannelInitializer { channel in
         channel.eventLoop.makeCompletedFuture {
             try channel.pipeline.syncOperations.configureHTTPServerPipeline()
-            try channel.pipeline.syncOperations.addHandler(StallHandler(monitor: monitor))
+            try channel.pipeline.syncOperations.addHandler(StallHandler(monitor: monitor, eventLoop: channel.eventLoop))
         }
     }
 

@@ -17,14 +17,20 @@ package final class EventLoopGroupSession: @unchecked Sendable {
     private let logger: Logger
 
     /// Starts watching `loops`, whose threads count their ticks into the paired tick state.
-    /// - Throws: ``StallMonitorError`` when no sampler slot is free or the configured signal is taken.
+    /// - Parameter signal: From ``samplingSignal(_:logger:)``, unblocked on the loop threads.
+    /// - Throws: ``StallMonitorError`` when no sampler slot is free.
     package init(
         configuration: StallMonitor.Configuration, sinks: [any ReportSink], logger: Logger,
-        loops: [(EventLoopWatchdog.Loop, EventLoopWatchdog.TickState)]
+        loops: [(EventLoopWatchdog.Loop, EventLoopWatchdog.TickState)], signal: Int32?
     ) throws(StallMonitorError) {
         self.configuration = configuration
         self.logger = logger
-        let signal = try Self.samplingSignal(configuration, threadIDs: loops.map { $0.0.threadID }, logger: logger)
+        if let signal, loops.contains(where: { ThreadInspector(threadID: $0.0.threadID).blocks(signal) }) {
+            logger.warning(
+                "an event loop thread blocks the sampling signal; its stall reports will carry no stack",
+                metadata: ["signal": "\(SignalName.name(of: signal))"]
+            )
+        }
         slot = stallmon_sampler_slot_claim()
         guard slot >= 0 else { throw StallMonitorError.tooManyMonitors() }
         _ = stallmon_continue_watch_install()
@@ -93,12 +99,14 @@ package final class EventLoopGroupSession: @unchecked Sendable {
         reporters.map { $0.status.line() }.joined(separator: "; ")
     }
 
-    /// The configured signal, or the highest real-time signal that has no handler and that none of
-    /// the loop threads blocks (`nil`, with a warning, when there is none).
-    private static func samplingSignal(_ configuration: StallMonitor.Configuration, threadIDs: [pid_t], logger: Logger)
+    /// The configured signal, or the highest real-time signal that has no handler (`nil`, with a
+    /// warning, when there is none), with stallmon's handler installed. Unblock it on each loop
+    /// thread with ``unblockOnCurrentThread(_:)``: a parent may have spawned the service with
+    /// real-time signals blocked, and the signal is the monitor's own, so nothing else changes.
+    /// - Throws: ``StallMonitorError`` when the configured signal is taken.
+    package static func samplingSignal(_ configuration: StallMonitor.Configuration, logger: Logger)
         throws(StallMonitorError) -> Int32?
     {
-        let inspectors = threadIDs.map { ThreadInspector(threadID: $0) }
         if let signal = configuration.signal {
             let rc = stallmon_sampler_install(signal)
             guard rc == 0 else {
@@ -107,19 +115,20 @@ package final class EventLoopGroupSession: @unchecked Sendable {
             }
             return signal
         }
-        let candidates = Array(stride(from: stallmon_sigrtmax() - 4, through: stallmon_sigrtmin() + 4, by: -1))
-        let unblocked = candidates.filter { signal in !inspectors.contains { $0.blocks(signal) } }
-        guard let signal = (unblocked + candidates).first(where: { stallmon_sampler_install($0) == 0 }) else {
+        let candidates = stride(from: stallmon_sigrtmax() - 4, through: stallmon_sigrtmin() + 4, by: -1)
+        guard let signal = candidates.first(where: { stallmon_sampler_install($0) == 0 }) else {
             logger.warning("no free real-time signal for sampling; stall reports will carry no stack")
             return nil
         }
-        if inspectors.contains(where: { $0.blocks(signal) }) {
-            logger.warning(
-                "an event loop thread blocks the sampling signal; its stall reports will carry no stack",
-                metadata: ["signal": "\(SignalName.name(of: signal))"]
-            )
-        }
         return signal
+    }
+
+    /// Unblocks `signal` on the calling thread (a loop thread, from a task it runs).
+    package static func unblockOnCurrentThread(_ signal: Int32) {
+        var set = sigset_t()
+        sigemptyset(&set)
+        sigaddset(&set, signal)
+        pthread_sigmask(SIG_UNBLOCK, &set, nil)
     }
 }
 

@@ -1,0 +1,91 @@
+import Foundation
+import StallJournal
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// The NIO HTTP server fixture (Sources/StallmonNIOServer) as a child process, driven over loopback
+/// by curl, its reports read back from the journal under its own syslog identifier.
+final class NIOServer: Sendable {
+    static let executable = Executable(name: "StallmonNIOServer")
+
+    let identifier: String
+    let port: Int
+    private let running: Executable.Running
+
+    /// Starts the server with a monitor (threshold `thresholdMilliseconds`) on `threads` loops and
+    /// waits until it listens.
+    init(threads: Int = 2, thresholdMilliseconds: Int = 100, monitor: Bool = true) throws {
+        identifier = "stallmon-nio-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
+        var arguments = ["--port", "0", "--threads", String(threads), "--threshold-ms", String(thresholdMilliseconds)]
+        if !monitor { arguments.append("--no-monitor") }
+        running = try Self.executable.start(arguments, environment: ["STALLMON_SYSLOG_IDENTIFIER": identifier])
+        guard running.waitForOutput(timeout: 30, { output, _ in output.contains("listening on ") }),
+            let line = running.outputSoFar.split(separator: "\n").first(where: { $0.hasPrefix("listening on ") }),
+            let port = Int(line.dropFirst("listening on ".count))
+        else {
+            let result = running.terminate()
+            throw Failure(description: "the server did not start: \(result.errors)")
+        }
+        self.port = port
+    }
+
+    var processID: Int32 { running.process.processIdentifier }
+
+    struct Failure: Error, CustomStringConvertible {
+        var description: String
+    }
+
+    /// One request with curl (a new connection each time); returns the body.
+    func get(_ path: String, timeout: Double = 20) throws -> String {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/curl")
+        process.arguments = ["-s", "--max-time", String(Int(timeout)), "http://127.0.0.1:\(port)\(path)"]
+        let output = Pipe()
+        process.standardOutput = output
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        let data = output.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        guard process.terminationStatus == 0 else {
+            throw Failure(description: "curl \(path) exited with \(process.terminationStatus)")
+        }
+        return String(decoding: data, as: UTF8.self)
+    }
+
+    /// A stalling handler's answer: which loop ran it and how long it measured itself.
+    struct Answer {
+        var handler: String
+        var truthMilliseconds: Double
+        var loop: String
+    }
+
+    func stall(_ path: String) throws -> Answer {
+        let body = try get(path)
+        guard let object = try JSONSerialization.jsonObject(with: Data(body.utf8)) as? [String: Any],
+            let handler = object["handler"] as? String, let truth = object["truth_us"] as? Double,
+            let loop = object["loop"] as? String
+        else { throw Failure(description: "unexpected answer to \(path): \(body)") }
+        return Answer(handler: handler, truthMilliseconds: truth / 1000, loop: loop)
+    }
+
+    /// The server's counters: watchdog wakeups, stalls, EINTRs its handlers saw.
+    func stats() throws -> [String: Int] {
+        let body = try get("/stats")
+        let object = try JSONSerialization.jsonObject(with: Data(body.utf8)) as? [String: Int]
+        return try object ?? { throw Failure(description: "unexpected stats: \(body)") }()
+    }
+
+    /// Its journal entries with `messageID`, polled until `count` appear.
+    func entries(_ messageID: String, atLeast count: Int = 1, timeout: Double = 10) throws -> [[String: String]] {
+        try Journald.entries(
+            ["SYSLOG_IDENTIFIER=\(identifier)", "MESSAGE_ID=\(messageID)"], atLeast: count, timeout: timeout)
+    }
+
+    /// SIGTERM: the monitor stops (every report out) and the server exits.
+    @discardableResult
+    func stop() -> Executable.Result {
+        running.terminate(grace: 10)
+    }
+}
