@@ -34,7 +34,8 @@ public final class StallMonitor: Sendable {
     /// Which thread's run loop to monitor.
     public enum Target: Sendable {
         /// The main thread's run loop (`RunLoop.main`), which also drains `DispatchQueue.main` and
-        /// `@MainActor` work while it runs.
+        /// `@MainActor` work while it runs. An async `@main` never runs it on Linux: use
+        /// ``asyncMain`` there (a monitor whose loop never turns logs a warning).
         case mainThread
         /// The calling thread's run loop; call ``start(_:)`` on the thread that will run it.
         case currentThread
