@@ -46,19 +46,20 @@ enum AsyncFixture {
         // The adoption under test: one line before main()'s first await.
         try monitor.start(options.scenario == "unwatched" ? .mainThread : .asyncMain)
 
-        let started = Clock.now()
+        let started = Fixture.now()
         let switches = WatchdogSwitches(monitor: monitor, started: started)
         switches.record(every: 0.5, until: options.seconds)
 
         switch options.scenario {
         case "unwatched":
             try await Task.sleep(for: .milliseconds(300))
-            Clock.truth("main-actor-cpu") { AsyncWork.recompute(milliseconds: 600) }
+            Fixture.truth("main-actor-cpu") { AsyncWork.recompute(milliseconds: 600) }
         case "stalls":
+            // Past the reporter's symbol loading, which competes for the CPU in the first few hundred ms.
+            try await Task.sleep(for: .milliseconds(1000))
+            Fixture.truth("main-actor-cpu") { AsyncWork.recompute(milliseconds: 600) }
             try await Task.sleep(for: .milliseconds(300))
-            Clock.truth("main-actor-cpu") { AsyncWork.recompute(milliseconds: 600) }
-            try await Task.sleep(for: .milliseconds(300))
-            Clock.truth("main-actor-syscall") { AsyncWork.readConfiguration(milliseconds: 600) }
+            Fixture.truth("main-actor-syscall") { AsyncWork.readConfiguration(milliseconds: 600) }
             try await Task.sleep(for: .milliseconds(300))
             let lock = NSLock()
             let holding = DispatchSemaphore(value: 0)
@@ -69,30 +70,30 @@ enum AsyncFixture {
                 lock.unlock()
             }
             holding.wait()
-            Clock.truth("main-actor-lock") { AsyncWork.waitForCache(lock) }
+            Fixture.truth("main-actor-lock") { AsyncWork.waitForCache(lock) }
             try await Task.sleep(for: .milliseconds(300))
             DispatchQueue.main.async {
-                Clock.truth("main-queue-cpu") { AsyncWork.flushMetrics(milliseconds: 600) }
+                Fixture.truth("main-queue-cpu") { AsyncWork.flushMetrics(milliseconds: 600) }
             }
         case "idle":
             break
         case "watchdog":
             monitor.notifyReady()
             try await Task.sleep(for: .milliseconds(1200))
-            Clock.truth("main-actor-syscall") { AsyncWork.readConfiguration(milliseconds: 3000) }
+            Fixture.truth("main-actor-syscall") { AsyncWork.readConfiguration(milliseconds: 3000) }
         default:
             FileHandle.standardError.write(Data("unknown scenario \(options.scenario)\n".utf8))
             exit(64)
         }
 
-        let left = options.seconds - Double(Clock.now() - started) / 1e9
+        let left = options.seconds - Double(Fixture.now() - started) / 1e9
         if left > 0 { try await Task.sleep(for: .milliseconds(Int(left * 1000))) }
         // The last switch count, then the monitor's own statistics.
         switches.print()
         let statistics = monitor.statistics
         monitor.stop()
-        Clock.print([
-            "type": "statistics", "stalls": statistics.stalls, "main_thread": stallmonIsMainThread(),
+        Fixture.print([
+            "type": "statistics", "stalls": statistics.stalls, "main_thread": Thread.isMainThread,
         ])
     }
 }
@@ -138,24 +139,19 @@ enum Hops {
         try await Task.sleep(for: .milliseconds(200))
         let count = options.hops
         let elapsed = await Task.detached {
-            let start = Clock.now()
+            let start = Fixture.now()
             for _ in 0..<count {
                 await MainActor.run { counter += 1 }
             }
-            return Clock.now() - start
+            return Fixture.now() - start
         }.value
-        let cpu = Clock.processCPU()
-        Clock.print([
+        let cpu = Fixture.processCPU()
+        Fixture.print([
             "type": "hops", "drain": options.drain, "hops": count, "ns_per_hop": Double(elapsed) / Double(count),
-            "process_cpu_ns": cpu, "main_thread": stallmonIsMainThread(),
+            "process_cpu_ns": cpu, "main_thread": Thread.isMainThread,
         ])
         monitor.stop()
     }
-}
-
-/// Whether the caller runs on the main thread (the process's first thread).
-func stallmonIsMainThread() -> Bool {
-    Thread.isMainThread
 }
 
 /// The stalling code. Each is its own non-inlined function, so that tests can look for it by name
@@ -164,9 +160,9 @@ enum AsyncWork {
     /// Main-actor work busy on the CPU (FNV hashing).
     @MainActor @inline(never)
     static func recompute(milliseconds: Int) {
-        let end = Clock.milliseconds() + Double(milliseconds)
+        let end = Fixture.milliseconds() + Double(milliseconds)
         var hash: UInt64 = 0xcbf2_9ce4_8422_2325
-        while Clock.milliseconds() < end {
+        while Fixture.milliseconds() < end {
             for byte in 0..<UInt64(4096) { hash = (hash ^ byte) &* 0x100_0000_01b3 }
         }
         blackHole(hash)
@@ -175,9 +171,9 @@ enum AsyncWork {
     /// Main-actor work blocked in a system call (`poll` with no descriptors).
     @MainActor @inline(never)
     static func readConfiguration(milliseconds: Int) {
-        let end = Clock.milliseconds() + Double(milliseconds)
+        let end = Fixture.milliseconds() + Double(milliseconds)
         while true {
-            let left = end - Clock.milliseconds()
+            let left = end - Fixture.milliseconds()
             if left <= 0 { break }
             _ = poll(nil, 0, Int32(left.rounded(.up)))
         }
@@ -193,9 +189,9 @@ enum AsyncWork {
     /// A main-queue block busy on the CPU.
     @inline(never)
     static func flushMetrics(milliseconds: Int) {
-        let end = Clock.milliseconds() + Double(milliseconds)
+        let end = Fixture.milliseconds() + Double(milliseconds)
         var hash: UInt64 = 0x8422_2325_cbf2_9ce4
-        while Clock.milliseconds() < end {
+        while Fixture.milliseconds() < end {
             for byte in 0..<UInt64(4096) { hash = (hash ^ byte) &* 0x100_0000_01b3 }
         }
         blackHole(hash)
@@ -207,7 +203,8 @@ enum AsyncWork {
     }
 }
 
-enum Clock {
+/// The clock, the output, and the true extent of each stall, for the tests to compare with.
+enum Fixture {
     static func now() -> UInt64 {
         var time = timespec()
         clock_gettime(CLOCK_MONOTONIC, &time)
@@ -234,7 +231,7 @@ enum Clock {
         let end = now()
         print([
             "type": "truth", "name": name, "start_ns": start, "end_ns": end, "duration_ns": end - start,
-            "main_thread": stallmonIsMainThread(),
+            "main_thread": Thread.isMainThread,
         ])
     }
 }
@@ -269,7 +266,7 @@ final class WatchdogSwitches: @unchecked Sendable {
         where line.hasPrefix("voluntary_ctxt_switches") || line.hasPrefix("nonvoluntary_ctxt_switches") {
             total += Int(line.split(separator: ":").last?.trimmingCharacters(in: .whitespaces) ?? "") ?? 0
         }
-        Clock.print(["type": "switches", "elapsed_ns": Clock.now() - started, "count": total])
+        Fixture.print(["type": "switches", "elapsed_ns": Fixture.now() - started, "count": total])
     }
 }
 
@@ -289,7 +286,7 @@ struct JSONLinesSink: ReportSink {
         case .stallDetected(let report), .stallEnded(let report), .watchdogStall(let report):
             object["type"] = report.event.rawValue
             object["start_ns"] = report.startNanoseconds
-            object["reported_ns"] = Clock.now()
+            object["reported_ns"] = Fixture.now()
             object["frames"] = report.stack.map { frame in
                 [
                     "function": frame.function ?? "", "symbol": frame.symbol ?? "", "file": frame.file ?? "",
@@ -297,6 +294,6 @@ struct JSONLinesSink: ReportSink {
                 ] as [String: Any]
             }
         }
-        Clock.print(object)
+        Fixture.print(object)
     }
 }

@@ -99,7 +99,7 @@ extension Serial {
         ]
 
         @Test func mainActorAndMainQueueStallsOfAnAsyncMainAreEachReportedOnce() throws {
-            let run = try Self.run("stalls", arguments: ["--seconds", "4.5"])
+            let run = try Self.run("stalls", arguments: ["--seconds", "5.2"])
             #expect(run.exitStatus == 0, "\(run.standardError)")
             try #require(run.detected.count == 4, "detected: \(run.detected.count)\n\(run.standardError)")
             try #require(run.ended.count == 4, "ended: \(run.ended.count)")
@@ -140,7 +140,7 @@ extension Serial {
         @Test func mainActorStallsOfAnAsyncMainReadBackFromTheJournal() throws {
             try #require(Journald.ensureRunning(), "journald is not running and cannot be started")
             let identifier = "stallmon-async-test-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
-            let run = try Self.run("stalls", arguments: ["--seconds", "4.5", "--journal", "--identifier", identifier])
+            let run = try Self.run("stalls", arguments: ["--seconds", "5.2", "--journal", "--identifier", identifier])
             #expect(run.exitStatus == 0, "\(run.standardError)")
             let ended = try Journald.entries(
                 ["SYSLOG_IDENTIFIER=\(identifier)", "MESSAGE_ID=\(MessageID.stallEnded)"], atLeast: 4)
