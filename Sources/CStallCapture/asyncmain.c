@@ -26,11 +26,9 @@
 typedef void (*drain_original)(void) __attribute__((swiftcall));
 
 static _Atomic(stallmon_main_loop_fn) main_loop;
-static _Atomic int drain_entered;
 
 __attribute__((swiftcall)) static void drain_on_main_run_loop(drain_original original, void *compat_override) {
     (void)compat_override;
-    atomic_store_explicit(&drain_entered, 1, memory_order_release);
     stallmon_main_loop_fn run = atomic_load_explicit(&main_loop, memory_order_acquire);
     // Returns only when someone stops the main run loop: the main queue must still be drained, so
     // the runtime's own drain takes over (it never returns).
@@ -47,8 +45,4 @@ int stallmon_async_main_run_loop_install(stallmon_main_loop_fn run) {
     void *expected = NULL;
     if (__atomic_compare_exchange_n(hook, &expected, ours, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) return 0;
     return expected == ours ? 0 : -EBUSY;
-}
-
-int stallmon_async_main_run_loop_entered(void) {
-    return atomic_load_explicit(&drain_entered, memory_order_acquire);
 }

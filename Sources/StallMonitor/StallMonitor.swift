@@ -291,11 +291,11 @@ public final class StallMonitor: Sendable {
                     remedy =
                         "run the thread's run loop (RunLoop.current.run()) on the thread that called start(.currentThread)"
                 case .asyncMain:
+                    // Once main() suspends, the main run loop turns at once: it is never empty, as
+                    // it stands for the main queue.
                     remedy =
-                        stallmon_async_main_run_loop_entered() == 0
-                        ? "main() has not suspended yet (the main thread runs the run loop from its first await on); "
-                            + "a synchronous main must run RunLoop.main.run() instead"
-                        : "the main run loop was stopped (CFRunLoopStop); nothing runs it now"
+                        "main() has not suspended yet (the main thread runs the run loop from its first await on); "
+                        + "a synchronous main must run RunLoop.main.run() instead"
                 }
                 let message =
                     "stallmon cannot see the \(loopName) loop: it has not turned once in \(waited / 1_000_000) ms "

@@ -165,8 +165,6 @@ typedef void (*stallmon_main_loop_fn)(void);
 /// hook then). Returns 0 (also when it is installed already), -ENOENT when the Swift runtime has
 /// no such hook, -EBUSY when someone else's hook is set.
 int stallmon_async_main_run_loop_install(stallmon_main_loop_fn run);
-/// 1 once the runtime has called the hook (the main thread runs the main run loop), 0 before.
-int stallmon_async_main_run_loop_entered(void);
 
 #ifdef __cplusplus
 }
