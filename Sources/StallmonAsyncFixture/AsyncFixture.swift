@@ -225,14 +225,24 @@ enum Fixture {
     }
 
     /// Records the true extent of a stall and the thread it ran on.
+    /// Records the true extent of a stall, the CPU time its thread used meanwhile (on a busy
+    /// machine a CPU-bound stall gets less CPU than its duration), and the thread it ran on.
     static func truth(_ name: String, _ body: () -> Void) {
+        let startCPU = threadCPU()
         let start = now()
         body()
         let end = now()
+        let cpu = threadCPU() - startCPU
         print([
             "type": "truth", "name": name, "start_ns": start, "end_ns": end, "duration_ns": end - start,
-            "main_thread": Thread.isMainThread,
+            "cpu_ns": cpu, "main_thread": Thread.isMainThread,
         ])
+    }
+
+    static func threadCPU() -> UInt64 {
+        var time = timespec()
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &time)
+        return UInt64(time.tv_sec) * 1_000_000_000 + UInt64(time.tv_nsec)
     }
 }
 
