@@ -11,6 +11,7 @@
 //              a DispatchQueue.main block on the CPU
 //   idle       start(.asyncMain); nothing happens for --seconds
 //   watchdog   start(.asyncMain); READY=1, then a 3 s main-actor stall in a system call
+//   late       calls start(.asyncMain) after main()'s first await: too late, it throws
 //   hops       measures main-actor hops from the global pool (--hops N, --drain dispatch|run-loop|monitored):
 //              the runtime's dispatch_main drain, the main run loop without a monitor, and start(.asyncMain)
 
@@ -40,6 +41,15 @@ enum AsyncFixture {
         let monitor = try StallMonitor(configuration: configuration, sinks: sinks)
         if options.scenario == "hops" {
             try await Hops.measure(options, monitor: monitor)
+            return
+        }
+        if options.scenario == "late" {
+            try await Task.sleep(for: .milliseconds(10))
+            do {
+                try monitor.start(.asyncMain)
+            } catch {
+                Fixture.print(["type": "error", "description": "\(error)", "main_thread": Thread.isMainThread])
+            }
             return
         }
 

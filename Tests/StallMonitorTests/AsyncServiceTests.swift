@@ -198,6 +198,17 @@ extension Serial {
             #expect(abs(ended.milliseconds("STALL_DURATION_USEC") - Double(stallEnd - stallStart) / 1e6) <= 15)
         }
 
+        @Test func startingForAnAsyncMainAfterItsFirstAwaitThrowsSayingWhy() throws {
+            let run = try Self.run("late")
+            #expect(run.exitStatus == 0, "\(run.standardError)")
+            let error = try #require(run.lines.first { $0.string("type") == "error" })
+            #expect(error["main_thread"] as? Bool == false)
+            #expect(
+                error.string("description").contains(
+                    "start(.asyncMain) must run on the main thread, in main() before its first await"))
+            #expect(run.lines.allSatisfy { $0.string("type") != "started" })
+        }
+
         @Test func startingForAnAsyncMainOffTheMainThreadThrows() throws {
             let monitor = try StallMonitor(configuration: StallMonitor.Configuration(), sinks: [])
             #expect(throws: StallMonitorError.self) { try monitor.start(.asyncMain) }
