@@ -110,11 +110,16 @@ let package = Package(
                 .product(name: "NIOHTTP1", package: "swift-nio"),
             ]
         ),
+        // The same for an async @main service, whose main actor has no run loop unless the monitor runs one.
+        .executableTarget(
+            name: "StallmonAsyncFixture",
+            dependencies: ["StallMonitor", "StallJournal", "CStallCapture"]
+        ),
         .testTarget(
             name: "StallMonitorTests",
             dependencies: [
-                "StallMonitor", "StallJournal", "StallCollector", "StallmonFixture", "StallmonNIOServer", "stallmon",
-                "stallmond",
+                "StallMonitor", "StallJournal", "StallCollector", "StallmonFixture", "StallmonAsyncFixture",
+                "StallmonNIOServer", "stallmon", "stallmond",
             ]
         ),
     ]
