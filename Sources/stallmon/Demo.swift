@@ -30,6 +30,9 @@ struct Demo: ParsableCommand {
     @Flag(help: "Print the reports as JSON lines (the journal fields).")
     var json = false
 
+    @Flag(help: "Run an HTTP server on SwiftNIO event loops instead, and stall three of its handlers.")
+    var nio = false
+
     func validate() throws {
         guard (1...60_000).contains(stallMilliseconds) else {
             throw ValidationError("--stall-ms must be between 1 and 60000, not \(stallMilliseconds).")
@@ -37,6 +40,10 @@ struct Demo: ParsableCommand {
     }
 
     func run() throws {
+        if nio {
+            try NIODemo(stallMilliseconds: stallMilliseconds, configurationFile: configurationFile, json: json).run()
+            return
+        }
         var configuration: StallMonitor.Configuration
         do {
             configuration = try configurationFile.map(StallMonitor.Configuration.init(contentsOfFile:)) ?? .init()

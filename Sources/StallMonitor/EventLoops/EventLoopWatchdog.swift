@@ -405,10 +405,14 @@ package final class EventLoopWatchdog: @unchecked Sendable {
         stacks: [(stack: [UInt], count: Int)]
     ) -> CapturedStall {
         let duration = end > stall.start ? end - stall.start : 0
+        // The share of CPU the thread used since the watchdog first saw this cycle, applied to the
+        // whole cycle (which may have begun before, at the end of the previous tick).
         var cpu: UInt64 = 0
         let used = stallmon_thread_cpu_ns(state.loop.threadID)
-        if state.cpuBase.cpu >= 0, used >= state.cpuBase.cpu {
-            cpu = min(UInt64(used - state.cpuBase.cpu), duration)
+        let readAt = stallmon_now_ns()
+        if state.cpuBase.cpu >= 0, used >= state.cpuBase.cpu, readAt > state.cpuBase.time {
+            let share = min(1, Double(used - state.cpuBase.cpu) / Double(readAt - state.cpuBase.time))
+            cpu = min(UInt64(share * Double(duration)), duration)
         }
         return CapturedStall(
             event: event, stallID: stall.stallID, startNanoseconds: stall.start, duration: duration, paused: 0,
