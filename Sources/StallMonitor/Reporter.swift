@@ -12,6 +12,8 @@ final class Reporter: @unchecked Sendable {
     private let threadID: Int
     private let pending = AtomicCounter()
     let droppedReports = AtomicCounter()
+    /// Deliveries a sink failed (it threw).
+    let lostReports = AtomicCounter()
     let suppressedReports = AtomicCounter()
 
     // Confined to `queue`.
@@ -74,13 +76,25 @@ final class Reporter: @unchecked Sendable {
         queue.async { self.send(event) }
     }
 
-    /// Emits pending suppression summaries, then waits until everything submitted so far is out.
-    func drain() {
-        queue.sync { self.flushSuppressions(all: true) }
+    /// Emits pending suppression summaries, then waits until everything submitted so far is out or
+    /// `timeout` passes; returns whether it is all out.
+    func drain(timeout: Duration) -> Bool {
+        let done = DispatchSemaphore(value: 0)
+        queue.async {
+            self.flushSuppressions(all: true)
+            done.signal()
+        }
+        return done.wait(timeout: .now() + .nanoseconds(Int(timeout.nanoseconds))) == .success
     }
 
     private func send(_ event: StallMonitorEvent) {
-        for sink in sinks { sink.emit(event) }
+        for sink in sinks {
+            do {
+                try sink.emit(event)
+            } catch {
+                lostReports.add(1)
+            }
+        }
     }
 
     private func process(_ stall: CapturedStall) {

@@ -171,6 +171,15 @@ enum Scenarios {
             Timer.scheduledRepeating(every: 0.3) { Stalls.sleepInSyscall(milliseconds: 150) }
             finish(after: 3.2)
 
+        case "stream":
+            // A stall of --stall-ms every --period-ms for --seconds, each with its ended report.
+            try monitor.start()
+            let stall = options.stallMilliseconds
+            Timer.scheduledRepeating(every: Double(options.periodMilliseconds) / 1000) {
+                Stalls.sleepInSyscall(milliseconds: stall)
+            }
+            finish(after: options.seconds)
+
         case "idle":
             try monitor.start()
             finish(after: options.seconds)

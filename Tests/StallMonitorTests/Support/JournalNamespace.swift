@@ -1,0 +1,117 @@
+import Foundation
+import StallJournal
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// A journald of the test's own: `/lib/systemd/systemd-journald NAMESPACE` listens on
+/// `/run/systemd/journal.NAMESPACE/socket` and writes its own journal files, read back with
+/// `journalctl --namespace`. A test can kill, stop and restart it without touching the journald
+/// other tests share. ``remove()`` kills it and deletes its socket folder and journal files.
+final class JournalNamespace: @unchecked Sendable {
+    let name: String
+    private var process: Process?
+
+    init() {
+        // Namespace names are file-name-safe words; a fresh one per test keeps runs apart.
+        name = "stallmontest\(getpid())x\(UInt32.random(in: 0...UInt32.max))"
+    }
+
+    var socketPath: String { "/run/systemd/journal.\(name)/socket" }
+
+    /// Starts journald and waits until it takes a datagram; false when it cannot (not root).
+    func start() -> Bool {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/lib/systemd/systemd-journald")
+        process.arguments = [name]
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = FileHandle.nullDevice
+        do { try process.run() } catch { return false }
+        self.process = process
+        for _ in 0..<100 {
+            if listens { return true }
+            usleep(50_000)
+        }
+        return false
+    }
+
+    /// Whether a datagram socket connects to journald's socket.
+    var listens: Bool {
+        let descriptor = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        defer { close(descriptor) }
+        return JournalWriter.withSocketAddress(socketPath) { connect(descriptor, $0, $1) } == 0
+    }
+
+    /// Sends `signal` to journald; SIGKILL also waits until it is gone (its socket file stays).
+    func signal(_ signal: Int32) {
+        guard let process else { return }
+        kill(process.processIdentifier, signal)
+        if signal == SIGKILL {
+            process.waitUntilExit()
+            self.process = nil
+        }
+    }
+
+    /// Fills the socket's queue (`net.unix.max_dgram_qlen` datagrams) of a stopped journald, so
+    /// that the next sender would wait; returns how many datagrams it sent.
+    func fillQueue() -> Int {
+        let descriptor = socket(
+            AF_UNIX, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue) | Int32(SOCK_NONBLOCK.rawValue), 0)
+        defer { close(descriptor) }
+        guard JournalWriter.withSocketAddress(socketPath, { connect(descriptor, $0, $1) }) == 0 else { return 0 }
+        let entry = Array("MESSAGE=filler\nSYSLOG_IDENTIFIER=stallmon-test-filler\n".utf8)
+        var sent = 0
+        while sent < 10_000, entry.withUnsafeBytes({ send(descriptor, $0.baseAddress, $0.count, 0) }) >= 0 {
+            sent += 1
+        }
+        return sent
+    }
+
+    /// Kills journald and removes its socket folder and journal files.
+    func remove() {
+        if process != nil {
+            signal(SIGCONT)
+            signal(SIGKILL)
+        }
+        try? FileManager.default.removeItem(atPath: "/run/systemd/journal.\(name)")
+        let machineID = (try? String(contentsOfFile: "/etc/machine-id", encoding: .utf8))?
+            .trimmingCharacters(in: .whitespacesAndNewlines)
+        if let machineID {
+            for root in ["/var/log/journal", "/run/log/journal"] {
+                try? FileManager.default.removeItem(atPath: "\(root)/\(machineID).\(name)")
+            }
+        }
+    }
+
+    /// `journalctl --namespace NAME -o json` for the matches, polled until `count` entries appear
+    /// or `timeout` passes.
+    func entries(_ matches: [String], atLeast count: Int = 1, timeout: Double = 10) throws -> [[String: String]] {
+        let deadline = Date(timeIntervalSinceNow: timeout)
+        var entries: [[String: String]] = []
+        repeat {
+            entries = try read(matches)
+            if entries.count >= count { return entries }
+            usleep(100_000)
+        } while Date() < deadline
+        return entries
+    }
+
+    private func read(_ matches: [String]) throws -> [[String: String]] {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/journalctl")
+        process.arguments = ["--namespace", name, "-o", "json", "--no-pager", "--all"] + matches
+        let output = Pipe()
+        process.standardOutput = output
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        let data = output.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        return String(decoding: data, as: UTF8.self).split(separator: "\n").compactMap { line in
+            guard let object = (try? JSONSerialization.jsonObject(with: Data(line.utf8))) as? [String: Any] else {
+                return nil
+            }
+            return object.compactMapValues { $0 as? String }
+        }
+    }
+}
