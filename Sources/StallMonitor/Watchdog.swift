@@ -114,11 +114,14 @@ final class Watchdog: @unchecked Sendable {
     /// The watchdog thread's name, in Foundation and in the kernel (at most 15 bytes).
     static let threadName = "stallmon-watch"
 
+    /// Starts the thread and returns once it runs, so that ``threadID`` is known.
     func start() {
+        let running = DispatchSemaphore(value: 0)
         let thread = Thread { [self] in
             watchdogThreadID.store(stallmon_gettid(), ordering: .releasing)
             // Thread.name set before the start does not reach the kernel on Linux.
             stallmon_set_thread_name(Self.threadName)
+            running.signal()
             stallmon_set_timer_slack(1)
             runQueue.open()
             run()
@@ -128,6 +131,7 @@ final class Watchdog: @unchecked Sendable {
         thread.name = Self.threadName
         thread.stackSize = 512 * 1024
         thread.start()
+        running.wait()
     }
 
     /// Stops the thread and waits for it; a stall in progress gets its ended report.
