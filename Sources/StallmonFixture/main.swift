@@ -107,9 +107,21 @@ enum Fixture {
     /// Records the true extent of a stall: the tests compare it with the reported duration.
     static func truth(_ name: String, _ body: () -> Void) {
         let start = now()
+        let cpuStart = threadCPU()
         body()
+        let cpuEnd = threadCPU()
         let end = now()
-        print(["type": "truth", "name": name, "start_ns": start, "end_ns": end, "duration_ns": end - start])
+        print([
+            "type": "truth", "name": name, "start_ns": start, "end_ns": end, "duration_ns": end - start,
+            "cpu_ns": cpuEnd - cpuStart,
+        ])
+    }
+
+    /// CLOCK_THREAD_CPUTIME_ID of the calling thread.
+    static func threadCPU() -> UInt64 {
+        var time = timespec()
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &time)
+        return UInt64(time.tv_sec) * 1_000_000_000 + UInt64(time.tv_nsec)
     }
 
     static func after(_ seconds: Double, _ body: @escaping @Sendable () -> Void) {
