@@ -23,6 +23,8 @@ enum Workload: String, CaseIterable, Sendable {
     case longStall = "long-stall"
     /// Direct samples of a thread 64 frames deep: time spent in the signal handler.
     case samplePause = "sample-pause"
+    /// One stall after the monitor settled: the resident memory its report costs.
+    case firstStall = "first-stall"
 }
 
 /// One child run: `--child VARIANT WORKLOAD [--NAME VALUE]...`, the hidden argument form the
@@ -79,6 +81,8 @@ enum Child {
                 try StallWorkloads.startLongStall(request)
             case .samplePause:
                 SamplePause.run(request)
+            case .firstStall:
+                try StallWorkloads.startFirstStall(request)
             }
         } catch {
             fail("\(request.variant.rawValue) \(request.workload.rawValue): \(error)")
