@@ -12,9 +12,9 @@ extension Serial {
             #expect(run.exitStatus == 0)
             let truth = try #require(run.truths.first).number("cpu_ns") / 1e6
             let ended = try #require(run.ended.first).milliseconds("STALL_CPU_USEC")
-            // The window holds the callout and a little of the loop around it: never less CPU.
-            #expect(
-                ended >= truth - 0.5 && ended <= truth * 1.005 + 1.5, "reported \(ended) ms, thread used \(truth) ms")
+            // The window holds the callout and a little of the loop around it. Readings between
+            // samples leave an error of a millisecond or two on a busy machine.
+            #expect(abs(ended - truth) <= truth * 0.005 + 1.5, "reported \(ended) ms, thread used \(truth) ms")
         }
 
         @Test(arguments: ["lock-wait", "main-queue-syscall"])
