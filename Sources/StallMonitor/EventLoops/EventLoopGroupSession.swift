@@ -73,10 +73,14 @@ package final class EventLoopGroupSession: @unchecked Sendable {
         for (reporter, description) in zip(reporters, descriptions) {
             let statistics = StallMonitor.Statistics(
                 stalls: 0, suppressedReports: reporter.suppressedReports.load(),
-                droppedReports: reporter.droppedReports.load()
+                droppedReports: reporter.droppedReports.load(), lostReports: reporter.lostReports.load()
             )
             reporter.emit(.stopped(description, statistics))
-            reporter.drain()
+            if !reporter.drain(timeout: StallMonitor.stopTimeout) {
+                logger.warning(
+                    "stallmon stopped with reports still queued",
+                    metadata: ["stallmon.timeout": "\(StallMonitor.stopTimeout)"])
+            }
         }
         stallmon_sampler_slot_release(slot)
         logger.info("stallmon stopped", metadata: ["stallmon.stalls": "\(total.stalls)"])
@@ -86,7 +90,8 @@ package final class EventLoopGroupSession: @unchecked Sendable {
         StallMonitor.Statistics(
             stalls: watchdog.stalls,
             suppressedReports: reporters.reduce(0) { $0 + $1.suppressedReports.load() },
-            droppedReports: reporters.reduce(0) { $0 + $1.droppedReports.load() }
+            droppedReports: reporters.reduce(0) { $0 + $1.droppedReports.load() },
+            lostReports: reporters.reduce(0) { $0 + $1.lostReports.load() }
         )
     }
 
@@ -134,5 +139,5 @@ package final class EventLoopGroupSession: @unchecked Sendable {
 
 extension StallMonitor.Statistics {
     /// No stalls, nothing suppressed or dropped.
-    package static let zero = Self(stalls: 0, suppressedReports: 0, droppedReports: 0)
+    package static let zero = Self(stalls: 0, suppressedReports: 0, droppedReports: 0, lostReports: 0)
 }
