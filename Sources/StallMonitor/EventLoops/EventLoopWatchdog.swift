@@ -304,6 +304,9 @@ package final class EventLoopWatchdog: @unchecked Sendable {
         // began after it.
         let start = max(start, stallmon_ticks_latest_end(state.ticks))
         state.phase = .timing(start: start, sequence: sequence)
+        // The end of this cycle's tick, however late the watchdog looks: a cycle that outlasted
+        // the threshold is a stall even when the watchdog only gets a CPU after it ended.
+        stallmon_ticks_watch(state.ticks, sequence)
         state.cpuBase = (stallmon_thread_cpu_ns(state.loop.threadID), stallmon_now_ns())
     }
 
@@ -319,6 +322,7 @@ package final class EventLoopWatchdog: @unchecked Sendable {
         case .timing(let start, let sequence):
             let deadline = start + threshold
             if state.sequence != sequence {
+                if reportIfLate(index, start: start, sequence: sequence, now: now) { return }
                 if now + threshold / 4 >= deadline { examine(index, now: now) }
                 return
             }
@@ -365,24 +369,43 @@ package final class EventLoopWatchdog: @unchecked Sendable {
 
     // MARK: - Stalls
 
+    /// A cycle that outlasted the threshold but ended before the watchdog got to look (it waited
+    /// for a CPU past the deadline) is still a stall: it gets an ended report, without a stack.
+    /// Returns whether there was one.
+    private func reportIfLate(_ index: Int, start: UInt64, sequence: UInt64, now: UInt64) -> Bool {
+        let state = loops[index]
+        var end: UInt64 = 0
+        guard stallmon_ticks_watched_end(state.ticks, sequence, &end) == 1, end > start, end - start >= threshold
+        else { return false }
+        let stall = StallInProgress(
+            start: start, sequence: sequence, suppressed: isSuppressed(now), nextSample: now,
+            capacity: configuration.maximumStacks)
+        stall.noStackReason =
+            "the stall ended \((now - end) / 1_000_000) ms before the watchdog could look (it waited for a CPU)"
+        finish(index, stall, end: end)
+        return true
+    }
+
+    private func isSuppressed(_ now: UInt64) -> Bool {
+        now < startedAt + UInt64(configuration.startupGracePeriod.nanoseconds)
+            || (!configuration.reportWhileDebuggerAttached && ThreadInspector.tracerPID() != 0)
+    }
+
     private func beginStall(_ index: Int, start: UInt64, sequence: UInt64, now: UInt64) {
         let state = loops[index]
-        stallmon_ticks_watch(state.ticks, sequence)
+        // The loop records the end of the cycle's tick since the cycle began (see startCycle).
         guard state.sequence == sequence else {
-            stallmon_ticks_watch(state.ticks, 0)
-            examine(index, now: now)  // it ticked just as it crossed the threshold
+            // It ticked just as it crossed the threshold.
+            if !reportIfLate(index, start: start, sequence: sequence, now: now) { examine(index, now: now) }
             return
         }
-        let suppressed =
-            now < startedAt + UInt64(configuration.startupGracePeriod.nanoseconds)
-            || (!configuration.reportWhileDebuggerAttached && ThreadInspector.tracerPID() != 0)
         let stall = StallInProgress(
-            start: start, sequence: sequence, suppressed: suppressed, nextSample: now + sampleInterval,
+            start: start, sequence: sequence, suppressed: isSuppressed(now), nextSample: now + sampleInterval,
             capacity: configuration.maximumStacks
         )
         state.phase = .stalled(stall)
         takeSample(state, stall)
-        if !suppressed {
+        if !stall.suppressed {
             reporters[index].submit(
                 captured(
                     state, stall, event: .detected, end: stallmon_now_ns(),
