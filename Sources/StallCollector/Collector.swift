@@ -19,7 +19,15 @@ public final class Collector: @unchecked Sendable {
     public private(set) var configuration: CollectorConfiguration
     private var aggregator: StallAggregator
     private let store: StateStore
-    private let reader: JournalReader
+    /// One reader per journal directory, or one for the local journal.
+    private let readers: [JournalReader]
+    /// Each source machine, and the reader that holds its entries (the first that has any).
+    private var machines: [(id: String, reader: Int)] = []
+    private var knownMachines: Set<String> = []
+    /// The machine whose entries each reader is positioned on (its matches name it).
+    private var positioned: [String?]
+    /// The machine the next slice starts with, so that one busy machine cannot starve the others.
+    private var nextMachine = 0
     private let writer = JournalWriter()
     private let logger: Logger
     private var unsaved = false
@@ -55,22 +63,73 @@ public final class Collector: @unchecked Sendable {
         self.store = StateStore(directory: configuration.resolvedStateDirectory())
         let state = try store.load()
         self.aggregator = StallAggregator(state: state, configuration: configuration)
-        self.reader = try JournalReader()
-        for messageID in [MessageID.stallEnded, MessageID.watchdogStall, MessageID.reportsSuppressed] {
-            try reader.addMatch("MESSAGE_ID", messageID)
-        }
-        if let cursor = state.cursor {
-            try reader.seek(cursor: cursor)
+        if configuration.journalDirectories.isEmpty {
+            readers = [try JournalReader()]
         } else {
-            try reader.seekHead()
+            var opened: [JournalReader] = []
+            for directory in configuration.journalDirectories {
+                do {
+                    opened.append(try JournalReader(directory: directory))
+                } catch {
+                    throw OpenError(directory: directory, error: error)
+                }
+            }
+            readers = opened
         }
+        positioned = Array(repeating: nil, count: readers.count)
         self.lastDigest = Self.monotonicNanoseconds()
         logger.info(
             "collector state loaded",
             metadata: [
-                "state": "\(store.path)", "units": "\(state.units.count)",
-                "resuming": "\(state.cursor == nil ? "from the start of the journal" : "after the saved cursor")",
+                "state": "\(store.path)", "units": "\(state.units.count)", "hosts": "\(state.hosts.count)",
+                "journal": "\(configuration.journalDirectories.isEmpty ? "local" : configuration.journalDirectories.joined(separator: ", "))",
+                "resuming":
+                    "\(state.cursor == nil ? "from the start of the journal" : "after the saved cursors (\(state.sources.count) machines)")",
             ])
+    }
+
+    /// A journal directory that could not be opened.
+    public struct OpenError: Error, CustomStringConvertible {
+        public var directory: String
+        public var error: SystemdError
+        public var description: String { "cannot open the journal directory \(directory): \(error)" }
+    }
+
+    /// Machines are looked up in the files at most this many at a time (a bound on memory: the
+    /// number of machines a journal directory holds is the number of positions kept).
+    static let maximumMachines = 100_000
+
+    /// Adds the machines whose entries appeared since the last look, in each reader's files.
+    private func discoverMachines() throws(SystemdError) {
+        for (index, reader) in readers.enumerated() {
+            for id in try reader.uniqueValues(of: "_MACHINE_ID", limit: Self.maximumMachines)
+            where !knownMachines.contains(id) && knownMachines.count < Self.maximumMachines {
+                // A machine in two directories is read from the first only: its entries count once.
+                knownMachines.insert(id)
+                machines.append((id, index))
+            }
+        }
+    }
+
+    /// Points the machine's reader at the entry after the last one read from that machine (or
+    /// at the start, or, for a state saved before positions were kept per machine, after its one
+    /// cursor), matching only that machine's stall entries.
+    private func position(on machine: String, reader index: Int) throws(SystemdError) {
+        if positioned[index] == machine { return }
+        let reader = readers[index]
+        positioned[index] = nil
+        reader.flushMatches()
+        for messageID in [MessageID.stallEnded, MessageID.watchdogStall, MessageID.reportsSuppressed] {
+            try reader.addMatch("MESSAGE_ID", messageID)
+        }
+        try reader.addMatch("_MACHINE_ID", machine)
+        let state = aggregator.state
+        if let cursor = state.sources[machine]?.cursor ?? (state.sources.isEmpty ? state.cursor : nil) {
+            try reader.seek(cursor: cursor)
+        } else {
+            try reader.seekHead()
+        }
+        positioned[index] = machine
     }
 
     public var state: CollectorState { aggregator.state }
@@ -96,20 +155,34 @@ public final class Collector: @unchecked Sendable {
         var read = 0
         var more = false
         do {
-            while let entry = try reader.next() {
-                read += 1
-                switch aggregator.ingest(entry) {
-                case .stall, .stallUpdated, .suppressed: counted += 1
-                case .ignored: break
-                case .malformed(let error):
-                    logger.warning(
-                        "skipping a malformed stall entry",
-                        metadata: ["cursor": "\(entry.cursor)", "error": "\(error)"])
+            // Each machine from its own position: one journal over several machines' files has
+            // one order across them, and entries of a machine that arrive late (its uploader was
+            // down) sort before the position reached in the others, where a single cursor would
+            // pass them by.
+            try discoverMachines()
+            var visited = 0
+            machinesLoop: while visited < machines.count {
+                let (machine, index) = machines[nextMachine % machines.count]
+                try position(on: machine, reader: index)
+                while let entry = try readers[index].next() {
+                    read += 1
+                    switch aggregator.ingest(entry) {
+                    case .stall, .stallUpdated, .suppressed: counted += 1
+                    case .ignored: break
+                    case .duplicate:
+                        logger.debug("skipping an entry received twice", metadata: ["cursor": "\(entry.cursor)"])
+                    case .malformed(let error):
+                        logger.warning(
+                            "skipping a malformed stall entry",
+                            metadata: ["cursor": "\(entry.cursor)", "error": "\(error)"])
+                    }
+                    if read >= Self.sliceEntries || Self.monotonicNanoseconds() >= deadline {
+                        more = true
+                        break machinesLoop
+                    }
                 }
-                if read >= Self.sliceEntries || Self.monotonicNanoseconds() >= deadline {
-                    more = true
-                    break
-                }
+                visited += 1
+                nextMachine = (nextMachine + 1) % machines.count
             }
         } catch {
             logger.error("reading the journal failed", metadata: ["error": "\(error)"])
@@ -263,13 +336,17 @@ public final class Collector: @unchecked Sendable {
 
     /// Serves the journal's descriptor from the main queue and runs the periodic work.
     public func start() throws {
-        let descriptor = try reader.fileDescriptor()
-        let journal = DispatchSource.makeReadSource(fileDescriptor: descriptor, queue: .main)
-        journal.setEventHandler { [self] in
-            _ = try? reader.process()
-            drain()
+        var journals: [any DispatchSourceProtocol] = []
+        for reader in readers {
+            let descriptor = try reader.fileDescriptor()
+            let journal = DispatchSource.makeReadSource(fileDescriptor: descriptor, queue: .main)
+            journal.setEventHandler { [self] in
+                _ = try? reader.process()
+                drain()
+            }
+            journal.resume()
+            journals.append(journal)
         }
-        journal.resume()
         // Once a second: entries the descriptor did not announce, saves and metrics that are due, the digest.
         let timer = DispatchSource.makeTimerSource(queue: .main)
         timer.schedule(deadline: .now() + 1, repeating: 1)
@@ -286,7 +363,7 @@ public final class Collector: @unchecked Sendable {
             }
         }
         timer.resume()
-        sources = [journal, timer]
+        sources = journals + [timer]
         // The backlog is read in slices from here on, behind everything else the loop does.
         DispatchQueue.main.async { [self] in drain() }
     }
