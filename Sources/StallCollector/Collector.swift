@@ -19,8 +19,11 @@ public final class Collector: @unchecked Sendable {
     public private(set) var configuration: CollectorConfiguration
     private var aggregator: StallAggregator
     private let store: StateStore
-    /// One reader per journal directory, or one for the local journal.
-    private let readers: [JournalReader]
+    /// One reader per journal directory (`nil` while the directory does not exist yet), or one
+    /// for the local journal.
+    private var readers: [JournalReader?]
+    /// The configured directories, by reader; empty for the local journal.
+    private let directories: [String]
     /// Each source machine, and the reader that holds its entries (the first that has any).
     private var machines: [(id: String, reader: Int)] = []
     private var knownMachines: Set<String> = []
@@ -63,13 +66,21 @@ public final class Collector: @unchecked Sendable {
         self.store = StateStore(directory: configuration.resolvedStateDirectory())
         let state = try store.load()
         self.aggregator = StallAggregator(state: state, configuration: configuration)
-        if configuration.journalDirectories.isEmpty {
+        directories = configuration.journalDirectories
+        if directories.isEmpty {
             readers = [try JournalReader()]
         } else {
-            var opened: [JournalReader] = []
-            for directory in configuration.journalDirectories {
+            // systemd-journal-remote creates its directory at its first connection: a missing
+            // one is waited for (see openDirectories()); any other failure is an error.
+            var opened: [JournalReader?] = []
+            for directory in directories {
                 do {
                     opened.append(try JournalReader(directory: directory))
+                } catch where error.errno == ENOENT {
+                    logger.notice(
+                        "the journal directory does not exist yet; reading it once it does",
+                        metadata: ["directory": "\(directory)"])
+                    opened.append(nil)
                 } catch {
                     throw OpenError(directory: directory, error: error)
                 }
@@ -102,6 +113,7 @@ public final class Collector: @unchecked Sendable {
     /// Adds the machines whose entries appeared since the last look, in each reader's files.
     private func discoverMachines() throws(SystemdError) {
         for (index, reader) in readers.enumerated() {
+            guard let reader else { continue }
             for id in try reader.uniqueValues(of: "_MACHINE_ID", limit: Self.maximumMachines)
             where !knownMachines.contains(id) && knownMachines.count < Self.maximumMachines {
                 // A machine in two directories is read from the first only: its entries count once.
@@ -116,7 +128,7 @@ public final class Collector: @unchecked Sendable {
     /// cursor), matching only that machine's stall entries.
     private func position(on machine: String, reader index: Int) throws(SystemdError) {
         if positioned[index] == machine { return }
-        let reader = readers[index]
+        guard let reader = readers[index] else { return }
         positioned[index] = nil
         reader.flushMatches()
         for messageID in [MessageID.stallEnded, MessageID.watchdogStall, MessageID.reportsSuppressed] {
@@ -164,7 +176,7 @@ public final class Collector: @unchecked Sendable {
             machinesLoop: while visited < machines.count {
                 let (machine, index) = machines[nextMachine % machines.count]
                 try position(on: machine, reader: index)
-                while let entry = try readers[index].next() {
+                while let entry = try readers[index]?.next() {
                     read += 1
                     switch aggregator.ingest(entry) {
                     case .stall, .stallUpdated, .suppressed: counted += 1
@@ -338,19 +350,14 @@ public final class Collector: @unchecked Sendable {
     public func start() throws {
         var journals: [any DispatchSourceProtocol] = []
         for reader in readers {
-            let descriptor = try reader.fileDescriptor()
-            let journal = DispatchSource.makeReadSource(fileDescriptor: descriptor, queue: .main)
-            journal.setEventHandler { [self] in
-                _ = try? reader.process()
-                drain()
-            }
-            journal.resume()
-            journals.append(journal)
+            guard let reader else { continue }
+            journals.append(try follow(reader))
         }
         // Once a second: entries the descriptor did not announce, saves and metrics that are due, the digest.
         let timer = DispatchSource.makeTimerSource(queue: .main)
         timer.schedule(deadline: .now() + 1, repeating: 1)
         timer.setEventHandler { [self] in
+            openDirectories()
             drain()
             let interval = UInt64(configuration.digestInterval.nanoseconds)
             if interval > 0, Self.monotonicNanoseconds() - lastDigest >= interval {
@@ -366,6 +373,34 @@ public final class Collector: @unchecked Sendable {
         sources = journals + [timer]
         // The backlog is read in slices from here on, behind everything else the loop does.
         DispatchQueue.main.async { [self] in drain() }
+    }
+
+    /// Serves a reader's descriptor from the main queue.
+    private func follow(_ reader: JournalReader) throws(SystemdError) -> any DispatchSourceProtocol {
+        let descriptor = try reader.fileDescriptor()
+        let journal = DispatchSource.makeReadSource(fileDescriptor: descriptor, queue: .main)
+        journal.setEventHandler { [self] in
+            _ = try? reader.process()
+            drain()
+        }
+        journal.resume()
+        return journal
+    }
+
+    /// Opens the configured directories that did not exist until now, and follows them.
+    private func openDirectories() {
+        for index in readers.indices where readers[index] == nil {
+            guard let reader = try? JournalReader(directory: directories[index]) else { continue }
+            do {
+                sources.append(try follow(reader))
+                readers[index] = reader
+                logger.notice("reading the journal directory", metadata: ["directory": "\(directories[index])"])
+            } catch {
+                logger.error(
+                    "cannot follow the journal directory",
+                    metadata: ["directory": "\(directories[index])", "error": "\(error)"])
+            }
+        }
     }
 
     /// Stops following, and saves and writes the metrics before it returns.
