@@ -122,15 +122,22 @@ central systemctl kill --signal=SIGKILL stallmond.service
 sleep 0.5
 central systemctl restart stallmond.service
 
-log "host b: 20000 lines to upload, and its uploader killed (SIGKILL) in the middle of them"
+log "host b: its uploader stopped while it stalls on, then 20000 lines to upload, and the uploader killed (SIGKILL) in the middle of them"
 b_id=$(in_ns "$TAG-b" cat /etc/machine-id)
 filler() { central journalctl -D /var/log/journal/remote "_MACHINE_ID=$b_id" SYSLOG_IDENTIFIER=fleet-filler -o cat | wc -l; }
+# The stalls of these seconds and the filler lines go in one upload, which the kill cuts short:
+# journal-remote has written the stalls, the uploader has not saved their cursor, and sends them again.
+in_ns "$TAG-b" systemctl stop systemd-journal-upload.service
+sleep 3
 in_ns "$TAG-b" sh -c 'seq 1 20000 | sed "s/^/filler /" | systemd-cat -t fleet-filler'
+# journald takes the stream in after systemd-cat returns: the upload must find it whole.
+until (($(in_ns "$TAG-b" journalctl SYSLOG_IDENTIFIER=fleet-filler -o cat | wc -l) >= 20000)); do sleep 0.1; done
+in_ns "$TAG-b" systemctl start systemd-journal-upload.service
 until (($(filler) > 0)); do sleep 0.02; done
 in_ns "$TAG-b" systemctl kill --signal=SIGKILL systemd-journal-upload.service
 in_ns "$TAG-b" systemctl stop systemd-journal-upload.service || true
 log "host b's uploader died after shipping $(filler) of the $(in_ns "$TAG-b" journalctl SYSLOG_IDENTIFIER=fleet-filler -o cat | wc -l) filler entries its journal holds"
-sleep 5
+sleep 4
 log "host b's uploader started again; stallmond restarted (SIGTERM)"
 in_ns "$TAG-b" systemctl start systemd-journal-upload.service
 central systemctl restart stallmond.service
@@ -178,6 +185,11 @@ for host in "${HOSTS[@]}"; do
     name=$(python3 -c 'import json,sys; s=json.loads(sys.argv[1]); print(s["hosts"].get(sys.argv[2],{}).get("name",""))' "$state" "$id")
     echo "host $host ($name, $id): its journal ${expected[$host]} stalls; remote journal $distinct stalls in $entries entries; stallmond $counted (metric $(metric "$id"))"
     if [[ $counted != "${expected[$host]}" || $distinct != "${expected[$host]}" || ${expected[$host]} -lt 5 ]]; then
+        failed=1
+    fi
+    # The killed upload was sent again: the remote journal holds some of host b's stalls twice.
+    if [[ $host == b ]] && ((entries <= distinct)); then
+        echo "host b: no stall was sent twice: the kill did not cut an upload short" >&2
         failed=1
     fi
     [[ $name == "stallmon-ns-$TAG-$host" ]] || { echo "host $host: stallmond names it '$name'" >&2; failed=1; }

@@ -337,8 +337,12 @@ public final class Collector: @unchecked Sendable {
         if configuration.resolvedStateDirectory() != self.configuration.resolvedStateDirectory() {
             logger.notice("state_directory changes take effect at the next start")
         }
+        if configuration.journalDirectories != self.configuration.journalDirectories {
+            logger.notice("journal_directories changes take effect at the next start")
+        }
         var adjusted = configuration
         adjusted.stateDirectory = self.configuration.stateDirectory
+        adjusted.journalDirectories = self.configuration.journalDirectories
         self.configuration = adjusted
         aggregator.apply(adjusted)
         metricsStale = true
