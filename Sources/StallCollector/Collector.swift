@@ -76,7 +76,7 @@ public final class Collector: @unchecked Sendable {
             for directory in directories {
                 do {
                     opened.append(try JournalReader(directory: directory))
-                } catch where error.errno == ENOENT {
+                } catch  where error.errno == ENOENT {
                     logger.notice(
                         "the journal directory does not exist yet; reading it once it does",
                         metadata: ["directory": "\(directory)"])
@@ -93,7 +93,8 @@ public final class Collector: @unchecked Sendable {
             "collector state loaded",
             metadata: [
                 "state": "\(store.path)", "units": "\(state.units.count)", "hosts": "\(state.hosts.count)",
-                "journal": "\(configuration.journalDirectories.isEmpty ? "local" : configuration.journalDirectories.joined(separator: ", "))",
+                "journal":
+                    "\(configuration.journalDirectories.isEmpty ? "local" : configuration.journalDirectories.joined(separator: ", "))",
                 "resuming":
                     "\(state.cursor == nil ? "from the start of the journal" : "after the saved cursors (\(state.sources.count) machines)")",
             ])

@@ -94,7 +94,8 @@ public enum PrometheusTextfile {
         // hit is a count per fingerprint; `stallmon report --host` and the journal say which.
         family(
             "stallmon_host_stalls_total", "counter",
-            "Stalls by host (_HOSTNAME, and _MACHINE_ID as its identity); bounded by max_hosts, the rest under host=\"(other hosts)\".")
+            "Stalls by host (_HOSTNAME, and _MACHINE_ID as its identity); bounded by max_hosts, the rest under host=\"(other hosts)\"."
+        )
         for (machineID, host) in state.hosts.sorted(by: { $0.key < $1.key }) {
             let id = machineID == CollectorState.otherHosts ? "" : machineID
             lines.append(
@@ -118,7 +119,8 @@ public enum PrometheusTextfile {
         lines.append("stallmond_malformed_entries_total \(state.malformedEntries)")
         family(
             "stallmond_folded_stalls_total", "counter",
-            "Stalls counted under fingerprint=\"other\", unit=\"(other units)\" or host=\"(other hosts)\" because a limit was reached.")
+            "Stalls counted under fingerprint=\"other\", unit=\"(other units)\" or host=\"(other hosts)\" because a limit was reached."
+        )
         lines.append("stallmond_folded_stalls_total{what=\"fingerprint\"} \(state.foldedFingerprintStalls)")
         lines.append("stallmond_folded_stalls_total{what=\"host\"} \(state.foldedHostStalls)")
         lines.append("stallmond_folded_stalls_total{what=\"unit\"} \(state.foldedUnitStalls)")

@@ -400,7 +400,8 @@ public struct StallAggregator: Sendable {
         state.hosts[host]!.stalls.saturatingIncrease(by: 1)
         state.hosts[host]!.lastSeenMicroseconds = max(
             state.hosts[host]!.lastSeenMicroseconds, stall.realtimeMicroseconds)
-        state.units[stall.unit]!.fingerprints[key, default: CollectorState.FingerprintStats()].markHost(state.hosts[host]!.index)
+        state.units[stall.unit]!.fingerprints[key, default: CollectorState.FingerprintStats()].markHost(
+            state.hosts[host]!.index)
         let bucket = state.bucketBounds.firstIndex { stall.durationMicroseconds <= $0 } ?? state.bucketBounds.count
         state.units[stall.unit]!.stalls.saturatingIncrease(by: 1)
         state.units[stall.unit]!.totalMicroseconds = state.units[stall.unit]!.totalMicroseconds.saturatingAdd(

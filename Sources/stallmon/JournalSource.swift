@@ -41,13 +41,15 @@ enum JournalSource {
             for directory in directories {
                 // sd_journal_open_directory opens a missing or empty directory without a word.
                 var isDirectory: ObjCBool = false
-                guard FileManager.default.fileExists(atPath: directory, isDirectory: &isDirectory), isDirectory.boolValue
+                guard FileManager.default.fileExists(atPath: directory, isDirectory: &isDirectory),
+                    isDirectory.boolValue
                 else {
                     complain(command, "cannot read the journal: \(DisplayText.escaped(directory)) is not a directory")
                     throw ExitStatus.unavailable
                 }
                 guard access(directory, R_OK | X_OK) == 0 else {
-                    complain(command, "cannot read the journal: permission denied for \(DisplayText.escaped(directory))")
+                    complain(
+                        command, "cannot read the journal: permission denied for \(DisplayText.escaped(directory))")
                     throw ExitStatus.unavailable
                 }
                 readers.append(try JournalReader(directory: directory))

@@ -51,7 +51,8 @@ struct FleetTests {
         #expect(fingerprint.hostCount == 4, "3 hosts and the other-hosts bucket")
         #expect(state.sources.count == 5, "a position for every machine read, folded or not")
 
-        let text = PrometheusTextfile.render(state, windows: [.seconds(300)], now: 1_000_000_100, aggregator: aggregator)
+        let text = PrometheusTextfile.render(
+            state, windows: [.seconds(300)], now: 1_000_000_100, aggregator: aggregator)
         let hostSeries = text.split(separator: "\n").filter { $0.hasPrefix("stallmon_host_stalls_total{") }
         #expect(hostSeries.count == 4)
         #expect(text.contains(#"stallmon_host_stalls_total{host="host-1",machine_id="\#(Self.machine(1))"} 2"#))
@@ -165,5 +166,40 @@ struct FleetTests {
         #expect(counted.units["foo.service"]?.stalls == 8)
         // Nothing new: a restart counts nothing again.
         #expect(try run() == counted)
+    }
+
+    /// `stallmon report --directory` over journal-remote's files: one row for a fingerprint of
+    /// three hosts, `--host` by name or machine id, and clear errors for what it cannot read.
+    @Test(.enabled(if: RemoteDirectory.isSupported)) func reportReadsDirectoriesAndCountsHosts() throws {
+        let remote = RemoteDirectory()
+        defer { remote.remove() }
+        for number in 0..<3 {
+            let entries = (1...(number + 1)).map {
+                Self.entry(machine: Self.machine(number), host: "host-\(number)", monotonic: UInt64($0) * 1_000_000)
+            }
+            try remote.append(entries, file: "host-\(number)")
+        }
+        func report(_ arguments: [String]) throws -> [StallGroup] {
+            let run = try Executable.stallmon.run(["report", "--json"] + arguments)
+            #expect(run.status == 0, "\(run.errors)")
+            return try JSONDecoder().decode([StallGroup].self, from: Data(run.output.utf8))
+        }
+        let all = try report(["--directory", remote.path])
+        #expect(all.map(\.count) == [6])
+        #expect(all.map(\.hosts) == [3])
+        let one = try report(["-D", remote.path, "--host", "host-2"])
+        #expect(one.map(\.count) == [3])
+        #expect(one.map(\.hosts) == [1])
+        #expect(try report(["--directory", remote.path, "--host", Self.machine(1)]).map(\.count) == [2])
+        #expect(try report(["--directory", remote.path, "--host", "nowhere"]).isEmpty)
+
+        let table = try Executable.stallmon.run(["report", "--directory", remote.path])
+        #expect(table.output.hasPrefix("UNIT         FINGERPRINT       COUNT  HOSTS"))
+
+        let missing = try Executable.stallmon.run(["report", "--directory", remote.path + "/missing"])
+        #expect(missing.status == 69)
+        #expect(missing.errors.contains("is not a directory"))
+        let conflicting = try Executable.stallmon.run(["report", "--directory", remote.path, "--merge"])
+        #expect(conflicting.status == 64)
     }
 }
