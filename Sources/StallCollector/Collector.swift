@@ -31,6 +31,9 @@ public final class Collector: @unchecked Sendable {
     private var positioned: [String?]
     /// The machine the next slice starts with, so that one busy machine cannot starve the others.
     private var nextMachine = 0
+    /// The one cursor of a state saved before positions were kept per machine: the machines found
+    /// at the first look start after it (later ones are new, and start at their beginning).
+    private var legacyCursor: String?
     private let writer = JournalWriter()
     private let logger: Logger
     private var unsaved = false
@@ -88,6 +91,7 @@ public final class Collector: @unchecked Sendable {
             readers = opened
         }
         positioned = Array(repeating: nil, count: readers.count)
+        legacyCursor = state.sources.isEmpty ? state.cursor : nil
         self.lastDigest = Self.monotonicNanoseconds()
         logger.info(
             "collector state loaded",
@@ -120,8 +124,10 @@ public final class Collector: @unchecked Sendable {
                 // A machine in two directories is read from the first only: its entries count once.
                 knownMachines.insert(id)
                 machines.append((id, index))
+                if let legacyCursor { aggregator.adopt(cursor: legacyCursor, for: id) }
             }
         }
+        if readers.allSatisfy({ $0 != nil }) { legacyCursor = nil }
     }
 
     /// Points the machine's reader at the entry after the last one read from that machine (or
@@ -137,7 +143,7 @@ public final class Collector: @unchecked Sendable {
         }
         try reader.addMatch("_MACHINE_ID", machine)
         let state = aggregator.state
-        if let cursor = state.sources[machine]?.cursor ?? (state.sources.isEmpty ? state.cursor : nil) {
+        if let cursor = state.sources[machine]?.cursor {
             try reader.seek(cursor: cursor)
         } else {
             try reader.seekHead()

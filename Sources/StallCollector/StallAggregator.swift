@@ -277,6 +277,13 @@ public struct StallAggregator: Sendable {
         }
     }
 
+    /// Reads `machine` from `cursor` on, where nothing was read from it yet: for a state saved
+    /// when one cursor stood for every machine.
+    public mutating func adopt(cursor: String, for machine: String) {
+        guard state.sources[machine] == nil else { return }
+        state.sources[machine] = CollectorState.Source(cursor: cursor, bootID: "", monotonicMicroseconds: 0)
+    }
+
     /// What an entry did to the counts.
     public enum Outcome: Sendable, Equatable {
         case stall(StallObservation)

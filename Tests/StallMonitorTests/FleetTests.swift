@@ -168,6 +168,37 @@ struct FleetTests {
         #expect(try run() == counted)
     }
 
+    /// A state saved when one cursor stood for every machine resumes after it, for the machines
+    /// the journal held then; a machine that appears later is read from its beginning.
+    @Test(.enabled(if: RemoteDirectory.isSupported)) func stateWithOneCursorResumesAfterIt() throws {
+        let remote = RemoteDirectory()
+        defer { remote.remove() }
+        let (a, b) = (Self.machine(0), Self.machine(1))
+        try remote.append((1...3).map { Self.entry(machine: a, host: "a", monotonic: $0 * 1_000_000) }, file: "a")
+        let reader = try JournalReader(directory: remote.path)
+        _ = try reader.next()
+        let second = try #require(try reader.next())
+        var configuration = CollectorConfiguration()
+        configuration.journalDirectories = [remote.path]
+        configuration.stateDirectory = remote.path + "/state"
+        configuration.metricsPath = ""
+        var earlier = CollectorState()
+        earlier.cursor = second.cursor
+        try StateStore(directory: remote.path + "/state").save(earlier)
+
+        var collector = try Collector(configuration: configuration, logger: Logger(label: "test"))
+        collector.catchUp()
+        collector.stop()
+        #expect(collector.state.hosts[a]?.stalls == 1, "only the entry after the saved cursor")
+
+        try remote.append((1...2).map { Self.entry(machine: b, host: "b", monotonic: $0 * 1_000_000) }, file: "b")
+        collector = try Collector(configuration: configuration, logger: Logger(label: "test"))
+        collector.catchUp()
+        collector.stop()
+        #expect(collector.state.hosts[a]?.stalls == 1)
+        #expect(collector.state.hosts[b]?.stalls == 2)
+    }
+
     /// `stallmon report --directory` over journal-remote's files: one row for a fingerprint of
     /// three hosts, `--host` by name or machine id, and clear errors for what it cannot read.
     @Test(.enabled(if: RemoteDirectory.isSupported)) func reportReadsDirectoriesAndCountsHosts() throws {
