@@ -335,6 +335,9 @@ public final class Collector: @unchecked Sendable {
         var line =
             "collecting: \(digest.stalls) stall\(digest.stalls == 1 ? "" : "s") in \(StallAggregator.describe(window)) from \(digest.units) unit\(digest.units == 1 ? "" : "s")"
         if digest.stalls > 0 { line += "; worst \(digest.worstMicroseconds / 1000) ms in \(digest.worstUnit)" }
+        // A fleet's collector: how many hosts it has heard from.
+        let hosts = aggregator.state.hosts.count
+        if hosts > 1 { line += "; \(hosts) hosts" }
         return line
     }
 

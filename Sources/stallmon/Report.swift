@@ -9,7 +9,7 @@ struct Report: ParsableCommand {
         abstract: "Summarize the journal's stall reports by unit and fingerprint.",
         discussion: """
             Reads the ended (and watchdog) stall entries through the journal schema and prints one \
-            row per unit and fingerprint: count, median and longest duration, callout and the \
+            row per unit and fingerprint: count, hosts, median and longest duration, callout and the \
             frame of the longest stall. Entries that do not match the schema are named on standard \
             error and make the exit status 65; a journal this user may not read exits 69. Control \
             characters from the journal are shown escaped (\\x1b) and long cells are cut (…).
