@@ -163,6 +163,7 @@ metric() { # stallmon_host_stalls_total of a machine, or 0
 }
 
 log "waiting for the uploads and stallmond to catch up"
+waited=$SECONDS
 deadline=$((SECONDS + 60))
 while :; do
     done_all=1
@@ -174,6 +175,7 @@ while :; do
     ((SECONDS < deadline)) || break
     sleep 1
 done
+log "caught up (or gave up) after $((SECONDS - waited)) s"
 central systemctl stop stallmond.service
 state=$(central cat /var/lib/stallmond/state.json)
 

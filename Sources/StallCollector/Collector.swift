@@ -31,6 +31,13 @@ public final class Collector: @unchecked Sendable {
     private var positioned: [String?]
     /// The machine the next slice starts with, so that one busy machine cannot starve the others.
     private var nextMachine = 0
+    /// Readers whose files changed since their machines were last read to the end: a pass over
+    /// every machine costs a seek each, so an idle journal costs none.
+    private var pending: [Bool]
+    /// Timer ticks since every reader was last read to the end, whatever its descriptor said.
+    private var ticksSinceFullPass = 0
+    /// Every this many ticks (seconds), every reader is read, for changes no descriptor announced.
+    static let fullPassTicks = 10
     /// The one cursor of a state saved before positions were kept per machine: the machines found
     /// at the first look start after it (later ones are new, and start at their beginning).
     private var legacyCursor: String?
@@ -91,6 +98,7 @@ public final class Collector: @unchecked Sendable {
             readers = opened
         }
         positioned = Array(repeating: nil, count: readers.count)
+        pending = Array(repeating: true, count: readers.count)
         legacyCursor = state.sources.isEmpty ? state.cursor : nil
         self.lastDigest = Self.monotonicNanoseconds()
         logger.info(
@@ -159,6 +167,7 @@ public final class Collector: @unchecked Sendable {
     /// Reads every entry available now, in one go. Returns how many were read.
     @discardableResult
     public func catchUp() -> Int {
+        pending = Array(repeating: true, count: readers.count)
         var read = 0
         while true {
             let slice = readSlice()
@@ -178,10 +187,15 @@ public final class Collector: @unchecked Sendable {
             // one order across them, and entries of a machine that arrive late (its uploader was
             // down) sort before the position reached in the others, where a single cursor would
             // pass them by.
-            try discoverMachines()
+            if pending.contains(true) { try discoverMachines() }
             var visited = 0
             machinesLoop: while visited < machines.count {
                 let (machine, index) = machines[nextMachine % machines.count]
+                guard pending[index] else {
+                    visited += 1
+                    nextMachine = (nextMachine + 1) % machines.count
+                    continue
+                }
                 try position(on: machine, reader: index)
                 while let entry = try readers[index]?.next() {
                     read += 1
@@ -203,6 +217,8 @@ public final class Collector: @unchecked Sendable {
                 visited += 1
                 nextMachine = (nextMachine + 1) % machines.count
             }
+            // Every machine read to the end: changes from now on are announced anew.
+            if !more { pending = Array(repeating: false, count: readers.count) }
         } catch {
             logger.error("reading the journal failed", metadata: ["error": "\(error)"])
         }
@@ -372,6 +388,12 @@ public final class Collector: @unchecked Sendable {
         timer.schedule(deadline: .now() + 1, repeating: 1)
         timer.setEventHandler { [self] in
             openDirectories()
+            ticksSinceFullPass += 1
+            if ticksSinceFullPass >= Self.fullPassTicks {
+                ticksSinceFullPass = 0
+                pending = Array(repeating: true, count: readers.count)
+            }
+            for case let reader? in readers where (try? reader.process()) != 0 { markPending(reader) }
             drain()
             let interval = UInt64(configuration.digestInterval.nanoseconds)
             if interval > 0, Self.monotonicNanoseconds() - lastDigest >= interval {
@@ -394,11 +416,16 @@ public final class Collector: @unchecked Sendable {
         let descriptor = try reader.fileDescriptor()
         let journal = DispatchSource.makeReadSource(fileDescriptor: descriptor, queue: .main)
         journal.setEventHandler { [self] in
-            _ = try? reader.process()
+            if (try? reader.process()) != 0 { markPending(reader) }
             drain()
         }
         journal.resume()
         return journal
+    }
+
+    /// Marks a reader's machines for reading at the next slice.
+    private func markPending(_ reader: JournalReader) {
+        if let index = readers.firstIndex(where: { $0 === reader }) { pending[index] = true }
     }
 
     /// Opens the configured directories that did not exist until now, and follows them.
@@ -408,6 +435,7 @@ public final class Collector: @unchecked Sendable {
             do {
                 sources.append(try follow(reader))
                 readers[index] = reader
+                pending[index] = true
                 logger.notice("reading the journal directory", metadata: ["directory": "\(directories[index])"])
             } catch {
                 logger.error(
