@@ -8,6 +8,8 @@
 //   /cpu?ms=N         spins on the CPU for N ms inside the handler
 //   /sleep?ms=N       blocks in nanosleep for N ms (a blocking system call)
 //   /lock?ms=N        waits N ms for a mutex another thread holds
+//   /task?ms=N, /scheduled?ms=N, /future?ms=N
+//                     spin N ms in an `execute` task, a scheduled task or a future's callback
 //   /stats            the monitor's counters: watchdog wakeups, stalls
 // Stalling handlers answer with the time the handler itself measured: `{"handler":…,"truth_us":…}`.
 // SIGTERM or SIGINT stops the monitor (every report written) and exits.
@@ -174,6 +176,27 @@ final class StallHandler: ChannelInboundHandler, Sendable {
     private func respond(context: ChannelHandlerContext, head: HTTPRequestHead) {
         let (path, milliseconds) = Self.route(head.uri)
         let loop = ThreadName.current()
+        // CPU stalls in other kinds of loop work: an `execute` task, a scheduled task, a future's callback.
+        let bound = NIOLoopBound(context, eventLoop: context.eventLoop)
+        let later: @Sendable (String) -> Void = { kind in
+            Self.send(
+                context: bound.value, head: head, path: path,
+                body: Self.answer(kind, stallOnCPU(milliseconds: milliseconds), loop))
+        }
+        switch path {
+        case "/task":
+            context.eventLoop.execute { later("task") }
+            return
+        case "/scheduled":
+            context.eventLoop.scheduleTask(in: .milliseconds(1)) { later("scheduled") }
+            return
+        case "/future":
+            let promise = context.eventLoop.makePromise(of: Void.self)
+            promise.futureResult.whenSuccess { later("future") }
+            context.eventLoop.execute { promise.succeed(()) }
+            return
+        default: break
+        }
         var body: String
         switch path {
         case "/cpu": body = Self.answer("cpu", stallOnCPU(milliseconds: milliseconds), loop)
@@ -186,18 +209,22 @@ final class StallHandler: ChannelInboundHandler, Sendable {
                 + "\"interruptions\":\(interruptions.load(ordering: .relaxed))}"
         default: body = "hello from \(loop)"
         }
-        body += "\n"
+        Self.send(context: context, head: head, path: path, body: body)
+    }
+
+    private static func send(context: ChannelHandlerContext, head: HTTPRequestHead, path: String, body: String) {
+        let body = body + "\n"
         var headers = HTTPHeaders()
         headers.add(name: "Content-Length", value: String(body.utf8.count))
         headers.add(name: "Content-Type", value: path == "/hello" ? "text/plain" : "application/json")
         let keepAlive = head.isKeepAlive
         if !keepAlive { headers.add(name: "Connection", value: "close") }
-        context.write(wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: .ok, headers: headers))))
-            .whenFailure { _ in }
+        let head = HTTPServerResponsePart.head(HTTPResponseHead(version: head.version, status: .ok, headers: headers))
+        context.write(NIOAny(head)).whenFailure { _ in }
         var buffer = context.channel.allocator.buffer(capacity: body.utf8.count)
         buffer.writeString(body)
-        context.write(wrapOutboundOut(.body(.byteBuffer(buffer)))).whenFailure { _ in }
-        let done = context.writeAndFlush(wrapOutboundOut(.end(nil)))
+        context.write(NIOAny(HTTPServerResponsePart.body(.byteBuffer(buffer)))).whenFailure { _ in }
+        let done = context.writeAndFlush(NIOAny(HTTPServerResponsePart.end(nil)))
         if !keepAlive {
             let channel = context.channel
             done.whenComplete { _ in channel.close(promise: nil) }

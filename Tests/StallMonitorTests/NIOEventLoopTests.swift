@@ -60,6 +60,24 @@ extension Serial {
             }
         }
 
+        @Test func eachKindOfLoopWorkIsNamedInItsReport() throws {
+            try #require(Journald.ensureRunning(), "journald is not running and cannot be started")
+            let server = try NIOServer()
+            defer { server.stop() }
+            let kinds = [("/task", "execute-task"), ("/scheduled", "scheduled-task"), ("/future", "future-callback")]
+            let answers = try kinds.map { path, _ in try server.stall("\(path)?ms=300") }
+            let ended = try server.entries(MessageID.stallEnded, atLeast: kinds.count)
+            try #require(ended.count == kinds.count)
+            for ((answer, entry), (_, callout)) in zip(zip(answers, ended), kinds) {
+                #expect(entry["STALL_CALLOUT"] == callout, "\(answer.handler)")
+                #expect(entry["STALL_FRAME"]?.contains("stallOnCPU(milliseconds:)") == true, "\(answer.handler)")
+                let duration = (Double(entry["STALL_DURATION_USEC"] ?? "") ?? 0) / 1000
+                #expect(
+                    abs(duration - answer.truthMilliseconds) <= Self.tolerance,
+                    "\(answer.handler): reported \(duration) ms, the handler measured \(answer.truthMilliseconds) ms")
+            }
+        }
+
         @Test func anIdleServerIsNotReportedAndItsWatchdogNeverWakes() throws {
             try #require(Journald.ensureRunning(), "journald is not running and cannot be started")
             let server = try NIOServer()

@@ -263,7 +263,8 @@ package final class EventLoopWatchdog: @unchecked Sendable {
     }
 
     /// What the loop does now: idle in `epoll_wait` (then armed), or in a cycle since its latest tick.
-    private func examine(_ index: Int, now: UInt64) {
+    /// - Parameter timedSince: The start of the cycle the watchdog was timing, when it has ticked since.
+    private func examine(_ index: Int, now: UInt64, timedSince: UInt64? = nil) {
         let state = loops[index]
         var view = stallmon_syscall_view()
         stallmon_read_syscall(state.loop.threadID, &view)
@@ -290,10 +291,13 @@ package final class EventLoopWatchdog: @unchecked Sendable {
             state.phase = .unknown(since: now)
             return
         }
-        // Busy: the cycle counts from the end of the latest tick, unless that lies a threshold or
-        // more back (the loop may have slept since, unseen): then from now.
+        // Busy: the cycle counts from the end of the latest tick. That tick ended the cycle the
+        // watchdog was timing, or a later one, however late the watchdog looks. Otherwise a tick
+        // that lies a threshold or more back is too old to go by (the loop may have slept since,
+        // unseen): the cycle counts from now.
         let end = stallmon_ticks_latest_end(state.ticks)
-        let start = end != 0 && end <= now && now - end < threshold ? end : now
+        let recent = end != 0 && end <= now && (now - end < threshold || timedSince.map { end >= $0 } == true)
+        let start = recent ? end : now
         startCycle(index, at: start)
     }
 
@@ -323,7 +327,7 @@ package final class EventLoopWatchdog: @unchecked Sendable {
             let deadline = start + threshold
             if state.sequence != sequence {
                 if reportIfLate(index, start: start, sequence: sequence, now: now) { return }
-                if now + threshold / 4 >= deadline { examine(index, now: now) }
+                if now + threshold / 4 >= deadline { examine(index, now: now, timedSince: start) }
                 return
             }
             guard now >= deadline else { return }
@@ -396,7 +400,9 @@ package final class EventLoopWatchdog: @unchecked Sendable {
         // The loop records the end of the cycle's tick since the cycle began (see startCycle).
         guard state.sequence == sequence else {
             // It ticked just as it crossed the threshold.
-            if !reportIfLate(index, start: start, sequence: sequence, now: now) { examine(index, now: now) }
+            if !reportIfLate(index, start: start, sequence: sequence, now: now) {
+                examine(index, now: now, timedSince: start)
+            }
             return
         }
         let stall = StallInProgress(
