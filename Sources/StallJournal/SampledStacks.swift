@@ -6,14 +6,14 @@
 /// backtrace are defined in the field itself and take the next numbers, in order. The field is
 /// lines of text:
 ///
-/// - `=<frame>`: a frame not in the backtrace, written as a backtrace line is (without `#N`);
+/// - `=<frame>`: a frame not in the backtrace: its name and ` at <file>:<line>` where known (no
+///   address or offset), or `0x<address> [<image>]` without a symbol;
 /// - `<ids> <count>`: a stack, innermost frame first, as comma-separated frame numbers or ranges
 ///   `a-b` (each number from a to b), a space, and the number of samples that showed it;
 /// - `* <count>`: samples whose stacks did not fit the field.
 ///
 /// A stall whose samples all showed the backtrace's six frames reads `0-5 14`; one that also spent
-/// three samples in another leaf function reads `=0x7f3a… memcpy + 40 [libc.so.6]`, `0-5 11`,
-/// `6,1-5 3`.
+/// three samples in another leaf function reads `=memcpy`, `0-5 11`, `6,1-5 3`.
 public struct SampledStacks: Sendable, Hashable {
     /// One stack: frame numbers, innermost first, and how many samples showed it.
     public struct Stack: Sendable, Hashable {
@@ -58,16 +58,30 @@ public struct SampledStacks: Sendable, Hashable {
         return lines.joined(separator: "\n")
     }
 
-    /// Builds the field from stacks of frames, each frame written as a backtrace line is, heaviest
-    /// stack first; frames equal to a line of `backtraceLines` refer to it. Stacks that would take
-    /// the field past `maximumBytes` are left out and counted in ``omittedSamples``.
+    /// A frame to write: its line as the backtrace writes it, and the shorter text the field
+    /// defines it with when it is not in the backtrace (its name and file:line, without address and
+    /// offset, so that samples at two instructions of one function share a definition).
+    public struct Frame: Sendable, Hashable {
+        public var line: String
+        public var definition: String
+
+        public init(line: String, definition: String) {
+            self.line = line
+            self.definition = definition
+        }
+    }
+
+    /// Builds the field from stacks of frames, heaviest stack first: frames whose line is a line of
+    /// `backtraceLines` refer to it, the others are defined. Stacks that would take the field past
+    /// `maximumBytes` are left out and counted in ``omittedSamples``.
     public init(
-        stacks input: [(frames: [String], count: Int)], backtraceLines: [String],
+        stacks input: [(frames: [Frame], count: Int)], backtraceLines: [String],
         maximumBytes: Int = FieldLimits.stacksBytes
     ) {
         self.init()
+        var lineNumbers: [String: Int] = [:]
+        for (index, line) in backtraceLines.enumerated() where lineNumbers[line] == nil { lineNumbers[line] = index }
         var numbers: [String: Int] = [:]
-        for (index, line) in backtraceLines.enumerated() where numbers[line] == nil { numbers[line] = index }
         let reserve = 2 + String(FieldLimits.maximumCount).utf8.count + 1  // "\n* N"
         var used = 0
         for entry in input.sorted(by: { $0.count > $1.count }) {
@@ -83,8 +97,8 @@ public struct SampledStacks: Sendable, Hashable {
             var newNumbers: [String: Int] = [:]
             var ids: [Int] = []
             for frame in entry.frames {
-                let text = Self.frameLine(frame)
-                if let id = numbers[text] ?? newNumbers[text] {
+                let text = Self.frameLine(frame.definition)
+                if let id = lineNumbers[frame.line] ?? numbers[text] ?? newNumbers[text] {
                     ids.append(id)
                 } else {
                     let id = backtraceLines.count + frames.count + newFrames.count

@@ -26,7 +26,24 @@ extension SampledStacks {
     /// clamped) where it can.
     init(_ stacks: [SampledStack], backtrace: String) {
         self.init(
-            stacks: stacks.map { (frames: $0.frames.map(\.backtraceLine), count: $0.count) },
+            stacks: stacks.map { stack in
+                (
+                    frames: stack.frames.map { Frame(line: $0.backtraceLine, definition: $0.stackDefinition) },
+                    stack.count
+                )
+            },
             backtraceLines: SampledStacks.backtraceFrames(backtrace))
+    }
+}
+
+extension StallFrame {
+    /// The frame as `STALL_STACKS` defines it: `Service.refresh() at Service.swift:42` (the name
+    /// cut to 200 bytes), or `0x7f3a… [libfoo.so]` without a symbol.
+    var stackDefinition: String {
+        guard let name = function ?? symbol else {
+            return "0x" + String(address, radix: 16) + (image.map { " [\($0.lastPathComponent)]" } ?? "")
+        }
+        let shown = FieldLimits.clamp(name, toBytes: 200)
+        return location.map { shown + " at " + $0 } ?? shown
     }
 }
