@@ -28,7 +28,14 @@ struct Report: ParsableCommand {
     @Flag(help: "Print JSON instead of a table.")
     var json = false
 
+    @Option(help: "Write an SVG flame graph of the stalls' sampled stacks, weighted by stall time, to this file.")
+    var flamegraph: String?
+
+    @Flag(help: "Print the stalls' sampled stacks as folded text (outer;...;inner microseconds).")
+    var folded = false
+
     func validate() throws {
+        if json, folded { throw ValidationError("--json and --folded print different things: choose one.") }
         if let since, TimeSpec.parse(since, now: Date()) == nil {
             throw ValidationError(
                 "--since '\(since)' is not a time: use 30s, 15m, 2h, 7d, today, yesterday or YYYY-MM-DD[ HH:MM[:SS]].")
@@ -38,6 +45,7 @@ struct Report: ParsableCommand {
     func run() throws {
         let reader = try JournalSource.open(namespace: namespace, command: "report")
         var stalls: [StallObservation] = []
+        var records: [StallRecord] = []
         var malformed: [String] = []
         do {
             for messageID in [MessageID.stallEnded, MessageID.watchdogStall] {
@@ -53,6 +61,7 @@ struct Report: ParsableCommand {
             while let entry = try reader.next() {
                 do {
                     let record = try StallRecord(journalFields: entry.fields)
+                    records.append(record)
                     stalls.append(
                         StallObservation(
                             record: record, unit: StallObservation.unit(of: entry.fields),
@@ -66,7 +75,9 @@ struct Report: ParsableCommand {
             throw ExitStatus.unavailable
         }
         let groups = StallGroup.group(stalls)
-        if json {
+        if flamegraph != nil || folded {
+            try drawStacks(records)
+        } else if json {
             let encoder = JSONEncoder()
             encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
             print(JSONText.escapingControls(String(decoding: try encoder.encode(groups), as: UTF8.self)))
