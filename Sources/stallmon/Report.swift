@@ -28,7 +28,10 @@ struct Report: ParsableCommand {
     @Flag(help: "Print JSON instead of a table.")
     var json = false
 
-    @Option(help: "Write an SVG flame graph of the stalls' sampled stacks, weighted by stall time, to this file.")
+    @Option(
+        help: ArgumentHelp(
+            "Write an SVG flame graph of the stalls' sampled stacks, weighted by stall time, to this file.",
+            valueName: "file"))
     var flamegraph: String?
 
     @Flag(help: "Print the stalls' sampled stacks as folded text (outer;...;inner microseconds).")
