@@ -14,6 +14,15 @@ import StallJournal
 /// RunLoop.main.run()
 /// ```
 ///
+/// An async `@main` has no run loop on Linux; it starts the monitor with ``Target/asyncMain``
+/// before its first `await`:
+///
+/// ```swift
+/// let monitor = try StallMonitor()
+/// try monitor.start(.asyncMain)
+/// try await app.run()
+/// ```
+///
 /// Reports go to the systemd journal when it runs, to standard error otherwise, and to any
 /// ``ReportSink`` you pass.
 public final class StallMonitor: Sendable {
@@ -25,10 +34,24 @@ public final class StallMonitor: Sendable {
     /// Which thread's run loop to monitor.
     public enum Target: Sendable {
         /// The main thread's run loop (`RunLoop.main`), which also drains `DispatchQueue.main` and
-        /// `@MainActor` work while it runs.
+        /// `@MainActor` work while it runs. An async `@main` never runs it on Linux: use
+        /// ``asyncMain`` there (a monitor whose loop never turns logs a warning).
         case mainThread
         /// The calling thread's run loop; call ``start(_:)`` on the thread that will run it.
         case currentThread
+        /// The main actor and main queue of an async `@main`. On Linux the runtime parks the main
+        /// thread of an async main in `dispatch_main()` and lets worker threads drain the main
+        /// queue; no run loop turns, and nothing can be watched. With this target the main thread
+        /// runs the main run loop instead once `main()` first suspends, as on Darwin: `@MainActor`
+        /// jobs and `DispatchQueue.main` blocks then run on the main thread, inside run-loop
+        /// callouts the monitor observes (and timers on `RunLoop.main` fire).
+        ///
+        /// The corresponding runtime hook is `swift_task_asyncMainDrainQueue_hook`.
+        /// - Important: Call ``start(_:)`` in `main()` before its first suspension (its first
+        ///   `await` that waits): the runtime reads the hook then. Elsewhere than on the main thread
+        ///   it throws. The change outlives ``stop()``: the main thread runs the run loop until the
+        ///   process exits.
+        case asyncMain
     }
 
     /// Counts since the monitor was created.
@@ -181,6 +204,11 @@ public final class StallMonitor: Sendable {
                 threadID = getpid()
                 runLoop = CFRunLoopGetMain()
                 loopName = "main"
+            case .asyncMain:
+                guard stallmon_gettid() == getpid() else { throw StallMonitorError.asyncMainOffMainThread() }
+                threadID = getpid()
+                runLoop = CFRunLoopGetMain()
+                loopName = "main"
             case .currentThread:
                 threadID = stallmon_gettid()
                 runLoop = CFRunLoopGetCurrent()
@@ -192,6 +220,16 @@ public final class StallMonitor: Sendable {
             let signal = try Self.samplingSignal(configuration, threadID: threadID, logger: monitor.logger)
             slot = stallmon_sampler_slot_claim()
             guard slot >= 0 else { throw StallMonitorError.tooManyMonitors() }
+            if case .asyncMain = kind {
+                let rc = stallmon_async_main_run_loop_install { CFRunLoopRun() }
+                guard rc == 0 else {
+                    stallmon_sampler_slot_release(slot)
+                    throw StallMonitorError.asyncMainHookUnavailable(
+                        reason: rc == -EBUSY
+                            ? "another library has set swift_task_asyncMainDrainQueue_hook"
+                            : "this Swift runtime has no swift_task_asyncMainDrainQueue_hook")
+                }
+            }
             _ = stallmon_continue_watch_install()
 
             let semaphore = DispatchSemaphore(value: 0)
@@ -214,9 +252,11 @@ public final class StallMonitor: Sendable {
             reporter = Reporter(
                 configuration: configuration, loopName: loopName, threadID: Int(threadID), sinks: monitor.sinks)
             let reporter = self.reporter
+            let logger = self.logger
             watchdog = Watchdog(
                 configuration: configuration, target: target, loop: pointer, semaphore: semaphore, signal: signal,
-                slot: slot, deliver: { reporter.submit($0) }, deliverNow: { reporter.submitNow($0) }
+                slot: slot, deliver: { reporter.submit($0) }, deliverNow: { reporter.submitNow($0) },
+                notice: { Self.log($0, target: kind, loopName: loopName, logger: logger) }
             )
             observers = Self.addObservers(to: runLoop, loop: pointer, additionalModes: configuration.additionalModes)
             reporter.prepare(watchdog)
@@ -229,6 +269,48 @@ public final class StallMonitor: Sendable {
                     "stallmon.configuration": "\(configuration.summary)",
                 ]
             )
+        }
+
+        /// Tells the monitor's logger that the loop does not turn (once), and when it turns after all.
+        private static func log(_ notice: Watchdog.LoopNotice, target: Target, loopName: String, logger: Logger) {
+            switch notice {
+            case .notTurning(let waited):
+                let remedy: String
+                switch target {
+                case .mainThread:
+                    // dispatch_main() leaves the main thread waiting in sigsuspend for the rest of the process.
+                    let parked = ThreadInspector(threadID: getpid()).view().syscall == "rt_sigsuspend"
+                    remedy =
+                        parked
+                        ? "the main thread waits in dispatch_main(), as an async @main's does on Linux, and runs no "
+                            + "run loop: call start(.asyncMain) in main() before its first await (a dispatchMain() "
+                            + "service runs RunLoop.main.run() instead)"
+                        : "an async @main never runs the main run loop on Linux: call start(.asyncMain) in main() "
+                            + "before its first await; a synchronous main must run RunLoop.main.run() (or CFRunLoopRun())"
+                case .currentThread:
+                    remedy =
+                        "run the thread's run loop (RunLoop.current.run()) on the thread that called start(.currentThread)"
+                case .asyncMain:
+                    // Once main() suspends, the main run loop turns at once: it is never empty, as
+                    // it stands for the main queue.
+                    remedy =
+                        "main() has not suspended yet (the main thread runs the run loop from its first await on); "
+                        + "a synchronous main must run RunLoop.main.run() instead"
+                }
+                let message =
+                    "stallmon cannot see the \(loopName) loop: it has not turned once in \(waited / 1_000_000) ms "
+                    + "since the monitor started, so its stalls go unreported and the service watchdog gets no "
+                    + "WATCHDOG=1; \(remedy)"
+                logger.warning(
+                    "\(message)",
+                    metadata: ["stallmon.loop": "\(loopName)", "stallmon.waited_ms": "\(waited / 1_000_000)"]
+                )
+            case .turnedLate(let waited):
+                logger.info(
+                    "stallmon sees the \(loopName) loop turn, \(waited / 1_000_000) ms after the monitor started",
+                    metadata: ["stallmon.loop": "\(loopName)", "stallmon.waited_ms": "\(waited / 1_000_000)"]
+                )
+            }
         }
 
         var statistics: Statistics {
@@ -387,6 +469,8 @@ public struct StallMonitorError: Error, Sendable, CustomStringConvertible {
         case signalUnavailable(Int32, String)
         case tooManyMonitors
         case outOfMemory
+        case asyncMainOffMainThread
+        case asyncMainHookUnavailable(String)
     }
 
     private let code: Code
@@ -416,6 +500,14 @@ public struct StallMonitorError: Error, Sendable, CustomStringConvertible {
         Self(.outOfMemory, file: file, line: line)
     }
 
+    static func asyncMainOffMainThread(file: String = #fileID, line: Int = #line) -> Self {
+        Self(.asyncMainOffMainThread, file: file, line: line)
+    }
+
+    static func asyncMainHookUnavailable(reason: String, file: String = #fileID, line: Int = #line) -> Self {
+        Self(.asyncMainHookUnavailable(reason), file: file, line: line)
+    }
+
     public var description: String {
         switch code {
         case .alreadyRunning: "the monitor is already running"
@@ -423,6 +515,10 @@ public struct StallMonitorError: Error, Sendable, CustomStringConvertible {
             "sampling signal \(SignalName.name(of: signal)) is unavailable: \(reason)"
         case .tooManyMonitors: "too many monitors in this process (at most 32 run at once)"
         case .outOfMemory: "out of memory"
+        case .asyncMainOffMainThread:
+            "start(.asyncMain) must run on the main thread, in main() before its first await (the main thread "
+                + "has left for dispatch_main() once main() suspends)"
+        case .asyncMainHookUnavailable(let reason): "cannot run the main run loop in an async main: \(reason)"
         }
     }
 }

@@ -22,6 +22,8 @@ public struct StallReport: Sendable, Hashable {
         case source0
         case source1
         case mainQueue = "main-queue"
+        /// A Swift job on the main actor (`@MainActor` code, `MainActor.run`), run from the main queue.
+        case mainActor = "main-actor"
         case observer
         case performBlock = "perform-block"
         case unknown
@@ -33,6 +35,7 @@ public struct StallReport: Sendable, Hashable {
             case .source0: "source0 callout"
             case .source1: "source1 (port) callout"
             case .mainQueue: "main-queue block"
+            case .mainActor: "main-actor job"
             case .observer: "observer callout"
             case .performBlock: "perform-block callout"
             case .unknown: "unknown callout"
@@ -49,10 +52,14 @@ public struct StallReport: Sendable, Hashable {
             "__CFRUNLOOP_IS_CALLING_OUT_TO_A_BLOCK__": .performBlock,
         ]
 
-        /// The innermost callout on a stack (frames innermost first).
+        /// The innermost callout on a stack (frames innermost first). A main-queue callout that
+        /// runs a Swift job (`swift_job_run` between it and the stalling code) is a main-actor job.
         static func recognize(_ frames: [StallFrame]) -> Callout {
+            var runsSwiftJob = false
             for frame in frames {
-                if let symbol = frame.symbol, let kind = functionNames[symbol] { return kind }
+                guard let symbol = frame.symbol else { continue }
+                if symbol == "swift_job_run" { runsSwiftJob = true }
+                if let kind = functionNames[symbol] { return kind == .mainQueue && runsSwiftJob ? .mainActor : kind }
             }
             return .unknown
         }

@@ -80,11 +80,28 @@ final class Watchdog: @unchecked Sendable {
     private var signalChecked: (time: UInt64, problem: String?) = (0, nil)
     /// Pings of the service manager's watchdog, when the service runs with `WatchdogSec=`.
     private var serviceWatchdog: ServiceWatchdogSchedule?
+    /// Whether the loop has turned since the start, and whether the monitor warned that it did not.
+    private var firstTurn = FirstTurn.awaited
+    private let notice: @Sendable (LoopNotice) -> Void
+
+    /// What the monitor tells its logger about the loop itself (not about a stall).
+    enum LoopNotice: Sendable {
+        /// The loop has not turned once in `waited` nanoseconds since the monitor started.
+        case notTurning(waited: UInt64)
+        /// The loop turned for the first time `waited` nanoseconds after the start, after a warning.
+        case turnedLate(waited: UInt64)
+    }
+
+    private enum FirstTurn {
+        case awaited
+        case warned
+        case seen
+    }
 
     init(
         configuration: StallMonitor.Configuration, target: Target, loop: OpaquePointer, semaphore: DispatchSemaphore,
         signal: Int32?, slot: Int32, deliver: @escaping @Sendable (CapturedStall) -> Void,
-        deliverNow: @escaping @Sendable (CapturedStall) -> Void
+        deliverNow: @escaping @Sendable (CapturedStall) -> Void, notice: @escaping @Sendable (LoopNotice) -> Void
     ) {
         self.configuration = configuration
         self.target = target
@@ -95,6 +112,7 @@ final class Watchdog: @unchecked Sendable {
         self.inspector = ThreadInspector(threadID: target.threadID)
         self.deliver = deliver
         self.deliverNow = deliverNow
+        self.notice = notice
         self.startedAt = stallmon_now_ns()
         self.serviceWatchdog = ServiceNotifier.watchdogInterval().map {
             ServiceWatchdogSchedule(interval: $0, now: stallmon_now_ns())
@@ -146,10 +164,12 @@ final class Watchdog: @unchecked Sendable {
         while !isStopping {
             var event = stallmon_event()
             guard stallmon_loop_latest(loop, &event) == 1 else {
-                // No transition yet (the loop is not running, or the monitor started inside a callout).
-                pingServiceWatchdog(nil)
-                waitNoticingStops(until: cappedByPing(stallmon_now_ns() + threshold))
+                awaitFirstTurn()
                 continue
+            }
+            if firstTurn != .seen {
+                if firstTurn == .warned { notice(.turnedLate(waited: stallmon_now_ns() - startedAt)) }
+                firstTurn = .seen
             }
             pingServiceWatchdog(event)
             switch event.phase {
@@ -183,15 +203,47 @@ final class Watchdog: @unchecked Sendable {
         }
     }
 
+    // MARK: - Before the loop turns
+
+    /// No transition yet: the loop does not run (an async main that never runs the main run loop, a
+    /// thread that never runs its own), or the monitor started inside a callout. A loop never seen
+    /// turning is not healthy, so the service watchdog gets no ping; nothing can stall either, so
+    /// the watchdog parks until the first transition wakes it, once waking at the deadline to warn.
+    private func awaitFirstTurn() {
+        var deadline: UInt64?
+        if firstTurn == .awaited {
+            let grace = UInt64(configuration.startupGracePeriod.nanoseconds)
+            let timeout = UInt64(configuration.loopStartTimeout.nanoseconds)
+            // Under a service watchdog, the warning lands before systemd kills the service for the missing pings.
+            deadline = min(startedAt + grace + timeout, serviceWatchdog?.finalReportTime ?? .max)
+            if let due = deadline, stallmon_now_ns() >= due {
+                firstTurn = .warned
+                notice(.notTurning(waited: stallmon_now_ns() - startedAt))
+                return
+            }
+        }
+        switch stallmon_loop_park(loop, 0) {
+        case 1:
+            wait(until: deadline)
+        case -1:
+            // Parking is unsafe here: poll once per threshold instead.
+            wait(until: min(deadline ?? .max, stallmon_now_ns() + threshold))
+        default:
+            break
+        }
+        _ = stallmon_loop_unpark(loop)
+    }
+
     // MARK: - Service watchdog
 
     /// Pings `WATCHDOG=1` when one is due and the loop is healthy: idle, outside the loop, inside
-    /// `allowingStall`, or in a window younger than the threshold.
-    private func pingServiceWatchdog(_ event: stallmon_event?) {
+    /// `allowingStall`, or in a window younger than the threshold. A loop with no transition yet
+    /// never gets here.
+    private func pingServiceWatchdog(_ event: stallmon_event) {
         guard serviceWatchdog != nil else { return }
         let now = stallmon_now_ns()
         var healthy = true
-        if let event, event.phase == UInt32(STALLMON_LOOP_ACTIVE.rawValue), stallmon_loop_allowed(loop) == 0 {
+        if event.phase == UInt32(STALLMON_LOOP_ACTIVE.rawValue), stallmon_loop_allowed(loop) == 0 {
             healthy = now < windowStart(of: event) + threshold
         }
         serviceWatchdog?.pingIfDue(now: now, healthy: healthy)

@@ -43,6 +43,16 @@ struct Bench {
                     "[\(round)/\(options.rounds)] idle \(variant.rawValue): \(Report.format(result["wakeups_per_s"] ?? .nan)) wakeups/s"
                 )
             }
+            for workload in [Workload.mainActorHops, .poolTasks] {
+                for variant in AsyncWorkloads.variants {
+                    let result = try child(variant, workload, plan.parameters(workload))
+                    results[workload, variant] = result
+                    progress(
+                        "[\(round)/\(options.rounds)] \(workload.rawValue) \(variant.rawValue): "
+                            + "\(Report.grouped(result["rate"] ?? 0))/s"
+                    )
+                }
+            }
             let stalls = try child(.stallmon, .stalls, plan.latency)
             results[.stalls, .stallmon] = stalls
             progress(
@@ -138,6 +148,10 @@ struct Plan: Sendable {
                     ]
                 case .timer: ["passes": count(50_000, minimum: 1_000), "warmup": count(2_000, minimum: 100)]
                 case .io: ["passes": count(60_000, minimum: 1_000), "warmup": count(2_000, minimum: 100)]
+                case .mainActorHops:
+                    ["operations": count(50_000, minimum: 1_000), "warmup": count(2_000, minimum: 100)]
+                case .poolTasks:
+                    ["operations": count(500_000, minimum: 10_000), "warmup": count(20_000, minimum: 1_000)]
                 default: [:]
                 }
             }()

@@ -30,7 +30,7 @@ extension Serial {
                 scenario: "lock-wait", callout: "main-queue", functions: ["Stalls.waitForLock(_:)"], onCPU: false,
                 syscall: "futex"),
             Case(
-                scenario: "main-actor", callout: "main-queue",
+                scenario: "main-actor", callout: "main-actor",
                 functions: ["MainActorWork.recompute(milliseconds:)", "Stalls.burnCPU(milliseconds:)"], onCPU: true),
             Case(
                 scenario: "source0", callout: "source0",
