@@ -41,16 +41,17 @@ public struct FlameGraph: Sendable {
         let samples = resolved.reduce(0) { $0 + UInt64($1.count) }
         guard samples > 0 else { return }
         stalls += 1
-        totalMicroseconds += record.durationMicroseconds
+        totalMicroseconds = totalMicroseconds.saturatingAdd(record.durationMicroseconds)
         var left = record.durationMicroseconds
         var shares: [([String], UInt64)] = resolved.map { stack in
+            // duration × count / samples, exact in 128 bits; never more than the duration.
             let share = record.durationMicroseconds.multipliedFullWidth(by: UInt64(stack.count))
-            let weight = UInt64(share.high == 0 ? share.low / samples : UInt64.max / samples)
+            let weight = samples.dividingFullWidth(share).quotient
             left -= min(left, weight)
             return (stack.frames.reversed().map(Self.label), weight)
         }
         shares[0].1 += left  // what rounding left over, to the heaviest
-        for (frames, weight) in shares where weight > 0 { stacks[frames, default: 0] += weight }
+        for (frames, weight) in shares where weight > 0 { stacks[frames] = (stacks[frames] ?? 0).saturatingAdd(weight) }
     }
 
     /// A backtrace line (`0x55d4c1a2b3c4 Service.refresh() + 52 at Service.swift:42 [service]`) as a
@@ -115,13 +116,13 @@ public struct FlameGraph: Sendable {
     func tree() -> Node {
         let root = Node(label: "all")
         for (frames, weight) in stacks {
-            root.weight += weight
+            root.weight = root.weight.saturatingAdd(weight)
             var node = root
             for frame in frames {
                 let label = DisplayText.cell(frame, limit: Self.maximumLabelScalars)
                 let child = node.children[label] ?? Node(label: label)
                 node.children[label] = child
-                child.weight += weight
+                child.weight = child.weight.saturatingAdd(weight)
                 node = child
             }
         }

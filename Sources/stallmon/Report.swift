@@ -64,7 +64,7 @@ struct Report: ParsableCommand {
             while let entry = try reader.next() {
                 do {
                     let record = try StallRecord(journalFields: entry.fields)
-                    records.append(record)
+                    if flamegraph != nil || folded { records.append(record) }
                     stalls.append(
                         StallObservation(
                             record: record, unit: StallObservation.unit(of: entry.fields),

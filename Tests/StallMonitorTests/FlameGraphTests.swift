@@ -67,6 +67,17 @@ struct FlameGraphTests {
                 """)
     }
 
+    /// The longest duration the schema allows, split between stacks with the largest counts: the
+    /// weights are exact (in 128 bits) and nothing traps.
+    @Test func largestDurationsAndCountsWeighExactly() throws {
+        let record = try Self.record(
+            id: 1, milliseconds: FieldLimits.maximumMicroseconds / 1000, backtrace: Self.backtrace,
+            stacks: "0-2 4294967295\n1-2 4294967295\n* 4294967295")
+        let graph = FlameGraph([record, record])
+        #expect(graph.stacks.values.reduce(0, +) == FieldLimits.maximumMicroseconds)
+        #expect(graph.stacks.values.sorted() == [10_540_800_000_000, 10_540_800_000_000, 10_540_800_000_000])
+    }
+
     static let hostileFrame = "Evil.<script>alert(1)</script>&amp;\"'; \u{1b}[2J\u{7}\u{0}\u{9b}\u{202e}\u{fffe}"
 
     /// A hostile frame name is text in the SVG: XML-escaped, control characters shown as escapes,
