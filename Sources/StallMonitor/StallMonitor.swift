@@ -62,6 +62,10 @@ public final class StallMonitor: Sendable {
         public var suppressedReports: Int
         /// Reports dropped because the report queue was full.
         public var droppedReports: Int
+        /// Deliveries that failed: a sink threw (journald down and no fallback, standard error
+        /// closed). Counted per sink; the default journal sink falls back to standard error and
+        /// loses a report only when both fail.
+        public var lostReports: Int = 0
     }
 
     /// Creates a monitor; nothing runs until ``start(_:)``.
@@ -70,7 +74,8 @@ public final class StallMonitor: Sendable {
     ///     environment (``Configuration/fromEnvironment(_:)``: the file in `$STALLMON_CONFIG`,
     ///     then `STALLMON_<KEY>` variables, as the systemd drop-in sets them) over the defaults.
     ///   - logger: Receives the monitor's own diagnostics (not the stall reports; add a ``LoggerSink`` for those).
-    ///   - sinks: Where reports go. `nil` means the journal when journald runs, standard error otherwise.
+    ///   - sinks: Where reports go. `nil` means ``defaultSinks(_:)``: the journal while journald
+    ///     takes entries, standard error while it does not.
     /// - Throws: ``ConfigurationError`` for an invalid configuration.
     public init(
         configuration: Configuration? = nil, logger: Logger = Logger(label: "stallmon"),
@@ -88,11 +93,15 @@ public final class StallMonitor: Sendable {
         self.sinks = sinks ?? Self.defaultSinks(resolved)
     }
 
-    /// The journal when journald listens, standard error otherwise (decided once, at creation).
+    /// The journal, falling back to standard error for each entry that journald does not take
+    /// (it is down, not started yet, or takes nothing for 100 ms): decided per entry, so reports
+    /// return to the journal as soon as journald does.
     public static func defaultSinks(_ configuration: Configuration) -> [any ReportSink] {
-        let journal = JournalSink(syslogIdentifier: configuration.syslogIdentifier)
-        return journal.isAvailable ? [journal] : [StandardErrorSink()]
+        [JournalSink(syslogIdentifier: configuration.syslogIdentifier, fallback: StandardErrorSink())]
     }
+
+    /// The longest ``stop()`` waits for queued reports to reach the sinks.
+    public static let stopTimeout: Duration = .seconds(2)
 
     /// Starts monitoring a run loop.
     /// - Important: With ``Target/currentThread``, call this on the thread that runs the loop.
@@ -105,7 +114,13 @@ public final class StallMonitor: Sendable {
     }
 
     /// Stops monitoring: removes the observers, ends a stall in progress with its report, and
-    /// waits until every report is out. Starting again afterwards is allowed.
+    /// waits until every report is out, for at most ``stopTimeout`` (2 s). Starting again
+    /// afterwards is allowed.
+    ///
+    /// The wait is short unless a sink is slow: a journald that takes no entries costs the journal
+    /// sink at most its send timeout (100 ms) once, then entries go to standard error. Reports
+    /// still queued after ``stopTimeout`` are written later if the process lives on (a warning
+    /// says how many).
     public func stop() {
         let session = state.withLock { (session: inout Session?) in
             defer { session = nil }
@@ -316,7 +331,7 @@ public final class StallMonitor: Sendable {
         var statistics: Statistics {
             Statistics(
                 stalls: watchdog.stalls, suppressedReports: reporter.suppressedReports.load(),
-                droppedReports: reporter.droppedReports.load()
+                droppedReports: reporter.droppedReports.load(), lostReports: reporter.lostReports.load()
             )
         }
 
@@ -346,7 +361,11 @@ public final class StallMonitor: Sendable {
             watchdog.stop()
             let statistics = self.statistics
             reporter.emit(.stopped(description, statistics))
-            reporter.drain()
+            if !reporter.drain(timeout: StallMonitor.stopTimeout) {
+                logger.warning(
+                    "stallmon stopped with reports still queued",
+                    metadata: ["stallmon.timeout": "\(StallMonitor.stopTimeout)"])
+            }
             stallmon_sampler_slot_release(slot)
             releaseLoopState()
             logger.info("stallmon stopped", metadata: ["stallmon.stalls": "\(statistics.stalls)"])
@@ -435,7 +454,7 @@ public final class StallMonitor: Sendable {
         private let lock = NSLock()
         private var session: Session?
         /// Totals of the sessions that have stopped; read inside ``withLock(_:)`` only.
-        private(set) var finished = Statistics(stalls: 0, suppressedReports: 0, droppedReports: 0)
+        private(set) var finished = Statistics(stalls: 0, suppressedReports: 0, droppedReports: 0, lostReports: 0)
 
         func withLock<Result, Failure: Error>(_ body: (inout Session?) throws(Failure) -> Result) throws(Failure)
             -> Result
@@ -457,7 +476,7 @@ extension StallMonitor.Statistics {
     static func + (lhs: Self, rhs: Self) -> Self {
         Self(
             stalls: lhs.stalls + rhs.stalls, suppressedReports: lhs.suppressedReports + rhs.suppressedReports,
-            droppedReports: lhs.droppedReports + rhs.droppedReports
+            droppedReports: lhs.droppedReports + rhs.droppedReports, lostReports: lhs.lostReports + rhs.lostReports
         )
     }
 }

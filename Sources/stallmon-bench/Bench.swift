@@ -77,6 +77,13 @@ struct Bench {
         let memory = try child(.stallmon, .stalls, plan.memory)
         progress("memory: VmRSS grew \(Report.format(memory["rss_growth_kib"] ?? .nan)) KiB")
 
+        progress("first stall: one 300 ms stall after the monitor settled")
+        let firstStall = try child(.stallmon, .firstStall, [:])
+        progress(
+            "first stall: VmRSS grew \(Report.format(firstStall["rss_first_stall_kib"] ?? .nan)) KiB, "
+                + "\(Report.format(firstStall["rss_first_stall_settled_kib"] ?? .nan)) KiB 2 s later"
+        )
+
         var instructions: InstructionCounts?
         if options.callgrind ?? true, let valgrind = InstructionCounts.valgrindPath() {
             instructions = try InstructionCounts.measure(
@@ -86,7 +93,8 @@ struct Bench {
             progress("valgrind not found: no instruction counts (apt-get install -y valgrind)")
         }
 
-        let figures = Figures.compute(rounds: rounds, memory: memory)
+        let figures = Figures.compute(
+            rounds: rounds, memory: memory, firstStall: firstStall, instructions: instructions)
         let elapsed = Double(Kernel.now() - started) / 1e9
         let table = Report.table(
             figures: figures, rounds: rounds, memory: memory, instructions: instructions, plan: plan, options: options,

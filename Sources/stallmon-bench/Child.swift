@@ -27,6 +27,8 @@ enum Workload: String, CaseIterable, Sendable {
     case mainActorHops = "main-actor-hops"
     /// Tiny tasks on the cooperative pool (``AsyncWorkloads``).
     case poolTasks = "pool-tasks"
+    /// One stall after the monitor settled: the resident memory its report costs.
+    case firstStall = "first-stall"
 }
 
 /// One child run: `--child VARIANT WORKLOAD [--NAME VALUE]...`, the hidden argument form the
@@ -86,6 +88,8 @@ enum Child {
             case .mainActorHops, .poolTasks:
                 try AsyncWorkloads.start(request)
                 if request.variant == .unmonitored { dispatchMain() }  // an async main's drain
+            case .firstStall:
+                try StallWorkloads.startFirstStall(request)
             }
         } catch {
             fail("\(request.variant.rawValue) \(request.workload.rawValue): \(error)")
