@@ -161,7 +161,7 @@ final class Reporter: @unchecked Sendable {
 
     private func makeReport(_ stall: CapturedStall, symbolicator: Symbolicator) -> StallReport {
         let (frames, stackSamples) = Self.heaviestStack(stall.stacks, symbolicator: symbolicator)
-        return StallReport(
+        var report = StallReport(
             event: stall.event,
             stallID: stall.stallID,
             loop: loopName,
@@ -185,6 +185,8 @@ final class Reporter: @unchecked Sendable {
             pausedTime: .nanoseconds(stall.paused),
             watchdogInterval: stall.watchdogInterval.map { .nanoseconds($0) }
         )
+        report.sampledStacks = SampledStack.symbolicate(stall.stacks, symbolicator: symbolicator)
+        return report
     }
 }
 

@@ -103,6 +103,8 @@ public struct StallReport: Sendable, Hashable {
     public var pausedTime: Duration
     /// The service's watchdog interval, for ``Event/watchdog`` reports.
     public var watchdogInterval: Duration?
+    /// Every distinct stack sampled so far, with how many samples showed it, heaviest first.
+    public var sampledStacks: [SampledStack] = []
 
     public init(
         event: Event, stallID: String, loop: String, threadID: Int, duration: Duration, threshold: Duration,
