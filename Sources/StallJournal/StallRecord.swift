@@ -47,6 +47,11 @@ public struct StallRecord: Sendable, Hashable {
     public var syslogIdentifier: String
     /// The service's watchdog interval (`WatchdogSec=`) for ``Event/watchdog`` entries, 0 otherwise.
     public var watchdogMicroseconds: UInt64 = 0
+    /// How the backtrace was taken: `signal` (the thread unwound itself in the sampling signal's
+    /// handler), `kernel` (blocked in a system call, unwound in place from the registers the kernel
+    /// shows), `last-running` (blocked and not unwound: the stack it last showed while it ran);
+    /// empty when there is no stack.
+    public var stackSource: String = ""
 
     /// `journalctl -o json` prints `null` for fields over 4096 bytes unless `--all` is given.
     public static let maximumBacktraceBytes = 4096
@@ -116,7 +121,8 @@ public struct StallRecord: Sendable, Hashable {
             JournalField(Field.fingerprint, fingerprint),
             JournalField(Field.frame, frame),
             JournalField(Field.backtrace, Self.clampBacktrace(backtrace)),
-        ] + (event == .watchdog ? [JournalField(Field.watchdogMicroseconds, String(watchdogMicroseconds))] : [])
+        ] + (stackSource.isEmpty ? [] : [JournalField(Field.stackSource, stackSource)])
+            + (event == .watchdog ? [JournalField(Field.watchdogMicroseconds, String(watchdogMicroseconds))] : [])
     }
 
     /// Field names of stall entries.
@@ -140,6 +146,7 @@ public struct StallRecord: Sendable, Hashable {
         public static let fingerprint = "STALL_FINGERPRINT"
         public static let frame = "STALL_FRAME"
         public static let backtrace = "STALL_BACKTRACE"
+        public static let stackSource = "STALL_STACK_SOURCE"
         public static let watchdogMicroseconds = "STALL_WATCHDOG_USEC"
     }
 
@@ -199,6 +206,7 @@ extension StallRecord {
         fingerprint = try reader.string(Field.fingerprint)
         frame = reader.optionalString(Field.frame) ?? ""
         backtrace = reader.optionalString(Field.backtrace) ?? ""
+        stackSource = reader.optionalString(Field.stackSource) ?? ""
         watchdogMicroseconds = try reader.optionalInteger(Field.watchdogMicroseconds, as: UInt64.self) ?? 0
     }
 }

@@ -89,6 +89,8 @@ extension StallMonitor.Configuration {
         case .reportWhileDebuggerAttached:
             reportWhileDebuggerAttached = try value.flag(key: key.rawValue, source: source)
         case .notifyStatus: notifyStatus = try value.flag(key: key.rawValue, source: source)
+        case .interruptBlockedThreads:
+            interruptBlockedThreads = try value.flag(key: key.rawValue, source: source)
         case .signal:
             guard let text = value.string ?? value.number.map({ String(Int($0)) }) else {
                 throw fail("must be \"auto\", a signal name such as \"SIGRTMIN+4\", or a number")
@@ -167,6 +169,7 @@ extension StallMonitor.Configuration {
         case .reportWhileDebuggerAttached: return "\(reportWhileDebuggerAttached)"
         case .notifyStatus: return "\(notifyStatus)"
         case .signal: return signal.map(SignalName.name(of:)) ?? "auto"
+        case .interruptBlockedThreads: return "\(interruptBlockedThreads)"
         case .syslogIdentifier: return syslogIdentifier ?? ProgramName.current
         case .additionalModes: return additionalModes.joined(separator: ",")
         }

@@ -216,7 +216,8 @@ public final class StallMonitor: Sendable {
             let reporter = self.reporter
             watchdog = Watchdog(
                 configuration: configuration, target: target, loop: pointer, semaphore: semaphore, signal: signal,
-                slot: slot, deliver: { reporter.submit($0) }, deliverNow: { reporter.submitNow($0) }
+                slot: slot, logger: monitor.logger, deliver: { reporter.submit($0) },
+                deliverNow: { reporter.submitNow($0) }
             )
             observers = Self.addObservers(to: runLoop, loop: pointer, additionalModes: configuration.additionalModes)
             reporter.prepare(watchdog)

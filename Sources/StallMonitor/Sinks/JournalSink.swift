@@ -129,6 +129,7 @@ extension StallRecord {
             syslogIdentifier: syslogIdentifier
         )
         watchdogMicroseconds = UInt64(clamping: report.watchdogInterval?.microseconds ?? 0)
+        stackSource = report.stackSource?.rawValue ?? ""
     }
 }
 
