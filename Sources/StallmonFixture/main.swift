@@ -4,6 +4,7 @@
 //
 //   StallmonFixture SCENARIO [--threshold-ms N] [--sample-interval-ms N] [--journal]
 //                            [--identifier NAME] [--seconds N] [--deny-membarrier before|after]
+//                            [--interrupt-blocked]
 
 import CoreFoundation
 import Dispatch
@@ -26,6 +27,7 @@ struct Options {
     var stallMilliseconds = 300
     var blockAfter: Double?
     var denyMembarrier: String?
+    var interruptBlocked = false
 
     init(_ arguments: [String]) {
         var iterator = arguments.makeIterator()
@@ -40,6 +42,7 @@ struct Options {
             case "--stall-ms": stallMilliseconds = Int(iterator.next() ?? "") ?? stallMilliseconds
             case "--block-after": blockAfter = Double(iterator.next() ?? "")
             case "--deny-membarrier": denyMembarrier = iterator.next()
+            case "--interrupt-blocked": interruptBlocked = true
             default: scenario = argument
             }
         }
@@ -120,6 +123,7 @@ if options.scenario == "service" {
     configuration.sampleInterval = .milliseconds(options.sampleInterval)
     configuration.syslogIdentifier = options.identifier
 }
+configuration.interruptBlockedThreads = configuration.interruptBlockedThreads || options.interruptBlocked
 configuration.startupGracePeriod = .milliseconds(options.scenario == "grace" ? 1000 : options.graceMilliseconds)
 if options.scenario != "service" {
     configuration.rateLimit.burst = 1000  // tests count every report; the service keeps its environment's limit
