@@ -74,6 +74,12 @@ typedef struct {
         int max_frames, count, truncated, recovered;
         uintptr_t frames[STALLMON_MAX_FRAMES];
     } kernel;
+    // The target's voluntary context switches at the latest look before a signal.
+    struct {
+        int known;
+        pid_t tid;
+        uint64_t switches;
+    } quiet;
 } slot_t;
 
 static slot_t slots[SLOT_COUNT];
@@ -233,6 +239,7 @@ void stallmon_sampler_slot_release(int index) {
     while (atomic_load(&slot->state) == SLOT_WRITING) sched_yield();
     while (sem_trywait(&slot->done) == 0) {}
     slot->kernel.valid = 0;
+    slot->quiet.known = 0;
     atomic_store(&slot->state, SLOT_FREE);
 }
 
@@ -293,9 +300,60 @@ static int read_runs(pid_t tid, uint64_t *runs) {
     return end == cursor ? -1 : 0;
 }
 
+/// Voluntary context switches of the thread: how often it has blocked.
+static int read_voluntary_switches(pid_t tid, uint64_t *switches) {
+    char text[4096];
+    if (read_thread_file(tid, "status", text, sizeof text) != 0) return -1;
+    static const char field[] = "\nvoluntary_ctxt_switches:";
+    const char *found = strstr(text, field);
+    if (found == NULL) return -1;
+    *switches = strtoull(found + sizeof field - 1, NULL, 10);
+    return 0;
+}
+
+/// Whether a signal may go to the thread now: it runs, and it has not blocked since the previous
+/// look (a sample interval ago) or, without one, over a 200 µs watch. The voluntary context
+/// switches are read before the thread is seen running: unchanged at the next look, it has not
+/// entered a blocking call since. A thread that keeps blocking in short system calls is seen
+/// running between them often enough for a signal to land in the next one; it is not signalled.
+/// Returns 1 (send), 0 (keeps blocking: do not send) or 2 (blocked in a system call now: `view`).
+static int may_signal(slot_t *slot, pid_t tid, long view[9]) {
+    uint64_t switches;
+    int counted = read_voluntary_switches(tid, &switches) == 0;
+    int state = read_syscall_view(tid, view);
+    if (state == 1) return 2;
+    if (!counted || state != 0) return 1;  // cannot tell: nothing more to go on
+    int quiet = slot->quiet.known && slot->quiet.tid == tid && slot->quiet.switches == switches;
+    slot->quiet.known = 1;
+    slot->quiet.tid = tid;
+    slot->quiet.switches = switches;
+    if (!quiet) {
+        struct timespec pause = {.tv_sec = 0, .tv_nsec = 200000};
+        while (nanosleep(&pause, &pause) != 0 && errno == EINTR) {}
+        uint64_t later;
+        if (read_voluntary_switches(tid, &later) != 0) return 1;
+        slot->quiet.switches = later;
+        if (later != switches) return read_syscall_view(tid, view) == 1 ? 2 : 0;
+    }
+    // The last look, as close to the signal as it can be.
+    return read_syscall_view(tid, view) == 1 ? 2 : 1;
+}
+
+void stallmon_sampler_note_running(int index, pid_t tid) {
+    if (index < 0 || index >= SLOT_COUNT) return;
+    slot_t *slot = &slots[index];
+    uint64_t switches;
+    long view[9];
+    if (read_voluntary_switches(tid, &switches) != 0 || read_syscall_view(tid, view) != 0) return;
+    slot->quiet.known = 1;
+    slot->quiet.tid = tid;
+    slot->quiet.switches = switches;
+}
+
 /// Unwinds a thread that blocks in the system call `view` shows, from the kernel's sp and pc.
-/// The stack counts only when the thread has not run meanwhile: same call, same registers, same
-/// count of runs after the unwind as before.
+/// The stack counts only when the thread is in the same call with the same arguments and
+/// registers after the unwind as before: its callers' frames, which the unwind read, are then the
+/// same. It is reused while the thread has not run since (same count of runs).
 static void sample_blocked(slot_t *slot, pid_t tid, const long first_view[9], int max_frames, stallmon_sample *out) {
     long view[9];
     memcpy(view, first_view, sizeof view);
@@ -318,9 +376,7 @@ static void sample_blocked(slot_t *slot, pid_t tid, const long first_view[9], in
         int rc = stallmon_unwind_blocked((uintptr_t)view[7], (uintptr_t)view[8], max_frames, out->frames, &count,
                                          &truncated, &recovered);
         long after[9];
-        uint64_t runs_after = 0;
-        int unchanged = read_syscall_view(tid, after) == 1 && memcmp(after, view, sizeof view) == 0 &&
-                        (!counted || (read_runs(tid, &runs_after) == 0 && runs_after == runs));
+        int unchanged = read_syscall_view(tid, after) == 1 && memcmp(after, view, sizeof view) == 0;
         if (unchanged) {
             if (rc != 0) {
                 out->status = STALLMON_SAMPLE_BLOCKED_UNWIND_FAILED;
@@ -343,7 +399,7 @@ static void sample_blocked(slot_t *slot, pid_t tid, const long first_view[9], in
             memcpy(slot->kernel.frames, out->frames, sizeof(uintptr_t) * (size_t)count);
             return;
         }
-        // The thread ran while it was unwound: look again while it still blocks.
+        // The thread moved on while it was unwound: look again while it still blocks.
         if (read_syscall_view(tid, view) != 1) break;
     }
     out->status = STALLMON_SAMPLE_BLOCKED_UNWIND_FAILED;
@@ -422,13 +478,22 @@ void stallmon_sample_stack(int index, pid_t tid, int signo, int max_frames, uint
     info.si_uid = getuid();
     info.si_value.sival_ptr = (void *)(uintptr_t)((generation << 8) | (uint64_t)index);
 
-    // The last look before the signal, as close to it as it can be: a thread in a system call is
-    // unwound in place instead. What remains is a thread that enters one within the next few
-    // microseconds; the handler then reports that it ended it (`interrupted_syscall`).
-    if (spare && read_syscall_view(tid, view) == 1) {
-        atomic_store(&slot->state, SLOT_IDLE);
-        sample_blocked(slot, tid, view, max_frames, out);
-        return;
+    // A thread that keeps blocking in system calls is not signalled, and the last look comes as
+    // close to the signal as it can: a thread in a system call is unwound in place instead. What
+    // remains is a thread that ran without blocking since the previous look (or through a 200 µs
+    // watch) and enters a system call within the next few microseconds; the handler then reports
+    // that it ended it (`interrupted_syscall`).
+    if (spare) {
+        int verdict = may_signal(slot, tid, view);
+        if (verdict != 1) {
+            atomic_store(&slot->state, SLOT_IDLE);
+            if (verdict == 2) {
+                sample_blocked(slot, tid, view, max_frames, out);
+            } else {
+                out->status = STALLMON_SAMPLE_SYSCALL_BUSY;
+            }
+            return;
+        }
     }
     out->requested_ns = monotonic_ns();
     atomic_fetch_add(&slot->sent, 1);

@@ -49,8 +49,8 @@ public struct StallRecord: Sendable, Hashable {
     public var watchdogMicroseconds: UInt64 = 0
     /// How the backtrace was taken: `signal` (the thread unwound itself in the sampling signal's
     /// handler), `kernel` (blocked in a system call, unwound in place from the registers the kernel
-    /// shows), `last-running` (blocked and not unwound: the stack it last showed while it ran);
-    /// empty when there is no stack.
+    /// shows), `previous` (samples that got no stack of their own, counted unanswered: the latest
+    /// stack taken earlier in the stall); empty when there is no stack.
     public var stackSource: String = ""
 
     /// `journalctl -o json` prints `null` for fields over 4096 bytes unless `--all` is given.

@@ -69,9 +69,10 @@ public struct StallReport: Sendable, Hashable {
         /// The thread blocked in a system call and was not signalled: its stack was unwound in
         /// place from the stack pointer and program counter the kernel shows for it.
         public static let kernel = Self(rawValue: "kernel")
-        /// The thread blocked and could not be unwound there: the stack it last showed while it ran
-        /// during the stall stands in for it.
-        public static let lastRunning = Self(rawValue: "last-running")
+        /// Most samples got no stack of their own (the thread blocked where it could not be
+        /// unwound, or kept entering short system calls and was not signalled): the latest stack
+        /// taken earlier in the stall stands in for them.
+        public static let previous = Self(rawValue: "previous")
 
         /// Ties between sources go to the more direct one.
         var rank: Int { self == .signal ? 0 : self == .kernel ? 1 : 2 }

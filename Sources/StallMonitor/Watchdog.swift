@@ -217,6 +217,7 @@ final class Watchdog: @unchecked Sendable {
             armedSequence = event.sequence
             armedAt = stallmon_now_ns()
             armedCPU = stallmon_thread_cpu_ns(target.threadID)
+            if !configuration.interruptBlockedThreads { stallmon_sampler_note_running(slot, target.threadID) }
         }
         let windowStart = windowStart(of: event)
         let deadline = windowStart + threshold
@@ -344,7 +345,7 @@ final class Watchdog: @unchecked Sendable {
         var paused: UInt64 = 0
         var firstStack: [UInt] = []
         var firstSource = StallReport.StackSource.signal
-        var lastRunningStack: [UInt]?
+        var latestStack: [UInt]?
 
         // Returns false when the sample shows the loop idle in its own wait (a nested run in a
         // mode the observers do not see): then there is no stall.
@@ -375,9 +376,9 @@ final class Watchdog: @unchecked Sendable {
                 }
                 return false
             }
-            // A blocked thread whose stack could not be unwound counts as unanswered; the stack
-            // it last showed while it ran stands in for it.
-            if source == .lastRunning { unanswered += 1 }
+            // A sample that got no stack of its own counts as unanswered; the latest stack of the
+            // stall stands in for it.
+            if source == .previous { unanswered += 1 }
             stacks.add(addresses, source: source)
             if firstStack.isEmpty { (firstStack, firstSource) = (addresses, source) }
             return true
@@ -401,18 +402,20 @@ final class Watchdog: @unchecked Sendable {
                 let stack = withUnsafeBytes(of: sample.frames) { raw in
                     Array(raw.bindMemory(to: UInt.self).prefix(count))
                 }
-                if sample.source == Int32(STALLMON_STACK_KERNEL.rawValue) { return (stack, .kernel) }
-                lastRunningStack = stack
-                return (stack, .signal)
+                latestStack = stack
+                return (stack, sample.source == Int32(STALLMON_STACK_KERNEL.rawValue) ? .kernel : .signal)
             case Int32(STALLMON_SAMPLE_SIGNAL_TAKEN.rawValue) where blockedReason != nil:
                 noStackReason = blockedReason
             case Int32(STALLMON_SAMPLE_SIGNAL_TAKEN.rawValue):
                 noStackReason = signalTaken(sample.disposition)
             case Int32(STALLMON_SAMPLE_BLOCKED_UNWIND_FAILED.rawValue):
-                if let lastRunningStack { return (lastRunningStack, .lastRunning) }
+                if let latestStack { return (latestStack, .previous) }
                 let why = sample.error == EAGAIN ? "it kept waking up" : "libunwind error \(sample.error)"
                 noStackReason =
                     "blocked in \(SyscallNames.name(Int(sample.syscall))) and not unwound from the kernel's view (\(why))"
+            case Int32(STALLMON_SAMPLE_SYSCALL_BUSY.rawValue):
+                if let latestStack { return (latestStack, .previous) }
+                noStackReason = "thread kept blocking in short system calls, which a signal would end with EINTR"
             case Int32(STALLMON_SAMPLE_TIMEOUT.rawValue) where sample.error == EAGAIN:
                 noStackReason =
                     "thread has not run since the last sample request (blocked in the kernel or descheduled)"

@@ -223,6 +223,18 @@ enum Scenarios {
             }
             finish(after: 1.5)
 
+        case "short-sleeps":
+            // A main-queue block sleeps in steps of --stall-ms microseconds for two seconds: the
+            // thread enters a system call every few microseconds, and a sample seldom finds it
+            // outside one for long.
+            try monitor.start()
+            DispatchQueue.main.asyncAfter(deadline: .now() + 0.3) {
+                Fixture.truth(name) {
+                    SyscallStalls.sleepInShortSteps(seconds: 2, microseconds: options.stallMilliseconds)
+                }
+            }
+            finish(after: 2.8)
+
         case "signal-default", "signal-ignore", "signal-handler":
             // After start(), the program takes the sampling signal for itself (resets it, ignores
             // it, or handles it); then its loop stalls on the CPU, and later blocked in poll.

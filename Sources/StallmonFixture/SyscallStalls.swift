@@ -63,6 +63,19 @@ enum SyscallStalls {
         record("epoll_wait", result: result, errno: errno, start: start)
     }
 
+    /// `usleep(microseconds)` over and over for `seconds`; prints how many calls ended with EINTR.
+    @inline(never)
+    static func sleepInShortSteps(seconds: Double, microseconds: Int) {
+        let end = Stalls.monotonicMilliseconds() + seconds * 1000
+        var calls = 0
+        var interrupted = 0
+        while Stalls.monotonicMilliseconds() < end {
+            calls += 1
+            if usleep(UInt32(microseconds)) != 0, errno == EINTR { interrupted += 1 }
+        }
+        Fixture.print(["type": "short-sleeps", "calls": calls, "eintr": interrupted])
+    }
+
     private static func record(_ call: String, result: Int32, errno error: Int32, start: Double) {
         let elapsed = Stalls.monotonicMilliseconds() - start
         Fixture.print([

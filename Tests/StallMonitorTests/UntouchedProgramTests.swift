@@ -62,6 +62,25 @@ extension Serial {
             #expect(!run.standardError.contains("EINTR"), "\(run.standardError)")
         }
 
+        /// A thread that sleeps in 50 µs steps runs only microseconds at a time: it is not
+        /// signalled while it keeps blocking, so a signal (1 ms samples for two seconds, some 1,500)
+        /// almost never lands in its next sleep. What remains is the few microseconds between the
+        /// last look and the signal. Signalled on every sample, over 1,000 of its calls end with
+        /// EINTR.
+        @Test func threadThatKeepsEnteringShortSystemCallsIsAlmostNeverInterrupted() throws {
+            let run = try FixtureRun.run(
+                "short-sleeps", arguments: ["--threshold-ms", "10", "--sample-interval-ms", "1", "--stall-ms", "50"])
+            #expect(run.exitStatus == 0, "fixture failed: \(run.standardError)")
+            let loop = try #require(run.lines.first { $0["type"] as? String == "short-sleeps" })
+            let calls = try #require(loop["calls"] as? Int)
+            let interrupted = try #require(loop["eintr"] as? Int)
+            #expect(calls > 1000)
+            #expect(interrupted <= 3, "\(interrupted) of \(calls) calls ended with EINTR")
+            let ended = try #require(run.ended.first)
+            #expect(ended.number("STALL_SAMPLES") >= 500)
+            #expect(ended.string("STALL_FRAME").hasPrefix("SyscallStalls.sleepInShortSteps(seconds:microseconds:)"))
+        }
+
         /// `interrupt_blocked_threads` is the documented opt-in: the blocked thread is signalled,
         /// and its poll ends with EINTR at the first sample, which the logger says once.
         @Test func interruptingBlockedThreadsIsOptInAndEndsTheCallWithEINTR() throws {

@@ -119,6 +119,9 @@ typedef enum {
     /// The thread blocks in a system call and its stack could not be unwound from the kernel's
     /// view (`error` holds the libunwind code, or EAGAIN when the thread kept waking up).
     STALLMON_SAMPLE_BLOCKED_UNWIND_FAILED = 6,
+    /// The thread runs, but kept blocking in short system calls: a signal would likely land in
+    /// the next one, so none was sent.
+    STALLMON_SAMPLE_SYSCALL_BUSY = 7,
 } stallmon_sample_status;
 
 /// Where a sample's stack came from.
@@ -185,11 +188,18 @@ void stallmon_sample_thread(int slot, pid_t tid, int signo, int max_frames, uint
 /// kernel's view when `flags` has STALLMON_SAMPLE_SPARE_SYSCALLS or the signal is no longer
 /// stallmon's; otherwise the thread is signalled as stallmon_sample_thread does.
 ///
-/// The check and the signal are a few microseconds apart: a thread seen running that enters a
-/// system call within them still gets the signal there (`interrupted_syscall` then says so when
-/// the call ended with EINTR).
+/// With STALLMON_SAMPLE_SPARE_SYSCALLS, a running thread that blocked since the previous look (or
+/// within a 200 µs watch) is not signalled either (STALLMON_SAMPLE_SYSCALL_BUSY). The last check
+/// and the signal are a few microseconds apart: a thread that had not blocked for a whole sample
+/// interval and enters a system call within them still gets the signal there
+/// (`interrupted_syscall` then says so when the call ended with EINTR).
 void stallmon_sample_stack(int slot, pid_t tid, int signo, int max_frames, uint64_t timeout_ns, int flags,
                            stallmon_sample *out);
+
+/// Notes, on the watchdog, that thread `tid` runs as a window of its loop starts: a sample at the
+/// threshold that finds it has not blocked since may signal it without first watching it for
+/// 200 µs (see stallmon_sample_stack).
+void stallmon_sampler_note_running(int slot, pid_t tid);
 
 /// What the process does with `signo` now: a stallmon_disposition, or -1 when it cannot be read.
 int stallmon_signal_disposition(int signo);
