@@ -24,8 +24,6 @@
 #include <fcntl.h>
 #include <link.h>
 #include <pthread.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include <libunwind.h>
@@ -359,13 +357,9 @@ int stallmon_unwind_blocked(uintptr_t sp, uintptr_t pc, int max_frames, uintptr_
     pthread_once(&address_space_once, create_address_space);
     if (address_space == NULL) return -UNW_ENOMEM;
 
-    // Large (4 KiB of cache): on the heap, not on the watchdog's stack.
-    static __thread unwind_state *thread_state;
-    if (thread_state == NULL) {
-        thread_state = calloc(1, sizeof *thread_state);
-        if (thread_state == NULL) return -UNW_ENOMEM;
-    }
-    unwind_state *state = thread_state;
+    // 4 KiB of memory cache, on the caller's stack (the watchdog's has 512 KiB).
+    unwind_state storage;
+    unwind_state *state = &storage;
     memset(state->valid, 0, sizeof state->valid);
     state->memory = open("/proc/self/mem", O_RDONLY | O_CLOEXEC);
     if (state->memory < 0) return -UNW_EINVAL;
