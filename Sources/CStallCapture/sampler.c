@@ -74,10 +74,12 @@ typedef struct {
         int max_frames, count, truncated, recovered;
         uintptr_t frames[STALLMON_MAX_FRAMES];
     } kernel;
-    // The target's voluntary context switches at the latest look before a signal.
+    // The target's run count and voluntary context switches, read just before a look that saw it
+    // running.
     struct {
         int known;
         pid_t tid;
+        uint64_t runs;
         uint64_t switches;
     } quiet;
 } slot_t;
@@ -312,41 +314,57 @@ static int read_voluntary_switches(pid_t tid, uint64_t *switches) {
 }
 
 /// Whether a signal may go to the thread now: it runs, and it has not blocked since the previous
-/// look (a sample interval ago) or, without one, over a 200 µs watch. The voluntary context
-/// switches are read before the thread is seen running: unchanged at the next look, it has not
-/// entered a blocking call since. A thread that keeps blocking in short system calls is seen
-/// running between them often enough for a signal to land in the next one; it is not signalled.
-/// Returns 1 (send), 0 (keeps blocking: do not send) or 2 (blocked in a system call now: `view`).
+/// look that saw it running (a sample interval ago) or, without one, over a 200 µs watch. The
+/// counters are read before the thread is seen running: when its run count (schedstat) is the same
+/// at the next look and it runs then, it ran throughout; when only its voluntary context switches
+/// are the same, it was preempted but never blocked. A thread that keeps blocking in short system
+/// calls is seen running between them often enough for a signal to land in the next one; it is not
+/// signalled. Returns 1 (send), 0 (keeps blocking: do not send) or 2 (blocked in a system call
+/// now: `view`).
 static int may_signal(slot_t *slot, pid_t tid, long view[9]) {
-    uint64_t switches;
-    int counted = read_voluntary_switches(tid, &switches) == 0;
+    int known = slot->quiet.known && slot->quiet.tid == tid;
+    // Without schedstat (no CONFIG_SCHED_INFO), runs read as 0 and only the switches decide.
+    uint64_t runs = 0, switches = 0;
+    int have_runs = read_runs(tid, &runs) == 0;
+    int ran_throughout = have_runs && known && runs == slot->quiet.runs;
+    int counted = ran_throughout || read_voluntary_switches(tid, &switches) == 0;
     int state = read_syscall_view(tid, view);
     if (state == 1) return 2;
-    if (!counted || state != 0) return 1;  // cannot tell: nothing more to go on
-    int quiet = slot->quiet.known && slot->quiet.tid == tid && slot->quiet.switches == switches;
+    if (state != 0 || ran_throughout || !counted) return 1;  // running throughout, or cannot tell
+    int quiet = known && switches == slot->quiet.switches;
     slot->quiet.known = 1;
     slot->quiet.tid = tid;
+    slot->quiet.runs = runs;
     slot->quiet.switches = switches;
-    if (!quiet) {
-        struct timespec pause = {.tv_sec = 0, .tv_nsec = 200000};
-        while (nanosleep(&pause, &pause) != 0 && errno == EINTR) {}
-        uint64_t later;
-        if (read_voluntary_switches(tid, &later) != 0) return 1;
-        slot->quiet.switches = later;
-        if (later != switches) return read_syscall_view(tid, view) == 1 ? 2 : 0;
+    if (quiet) return 1;
+    struct timespec pause = {.tv_sec = 0, .tv_nsec = 200000};
+    while (nanosleep(&pause, &pause) != 0 && errno == EINTR) {}
+    uint64_t later;
+    if (read_voluntary_switches(tid, &later) != 0 || (have_runs && read_runs(tid, &runs) != 0)) {
+        slot->quiet.known = 0;
+        return read_syscall_view(tid, view) == 1 ? 2 : 0;
     }
-    // The last look, as close to the signal as it can be.
-    return read_syscall_view(tid, view) == 1 ? 2 : 1;
+    state = read_syscall_view(tid, view);
+    if (state == 1) return 2;
+    if (later != switches || state != 0) {
+        slot->quiet.known = 0;
+        return 0;
+    }
+    slot->quiet.runs = runs;
+    return 1;
 }
 
 void stallmon_sampler_note_running(int index, pid_t tid) {
     if (index < 0 || index >= SLOT_COUNT) return;
     slot_t *slot = &slots[index];
-    uint64_t switches;
+    uint64_t runs = 0, switches;
     long view[9];
-    if (read_voluntary_switches(tid, &switches) != 0 || read_syscall_view(tid, view) != 0) return;
+    if (read_voluntary_switches(tid, &switches) != 0) return;
+    if (read_runs(tid, &runs) != 0) runs = 0;
+    if (read_syscall_view(tid, view) != 0) return;
     slot->quiet.known = 1;
     slot->quiet.tid = tid;
+    slot->quiet.runs = runs;
     slot->quiet.switches = switches;
 }
 
