@@ -80,6 +80,7 @@ typedef struct {
         int known;
         pid_t tid;
         uint64_t runs;
+        int switches_known;
         uint64_t switches;
     } quiet;
 } slot_t;
@@ -313,38 +314,60 @@ static int read_voluntary_switches(pid_t tid, uint64_t *switches) {
     return 0;
 }
 
-/// Whether a signal may go to the thread now: it runs, and it has not blocked since the previous
-/// look that saw it running (a sample interval ago) or, without one, over a 200 µs watch. The
-/// counters are read before the thread is seen running: when its run count (schedstat) is the same
-/// at the next look and it runs then, it ran throughout; when only its voluntary context switches
-/// are the same, it was preempted but never blocked. A thread that keeps blocking in short system
-/// calls is seen running between them often enough for a signal to land in the next one; it is not
-/// signalled. Returns 1 (send), 0 (keeps blocking: do not send) or 2 (blocked in a system call
-/// now: `view`).
+/// One look at the thread: its system call view, between two reads of its CPU clock. Returns 1
+/// when the clock moved, that is when the thread was on a CPU while it was looked at.
+static int look(pid_t tid, long view[9], int *state) {
+    int64_t before = stallmon_thread_cpu_ns(tid);
+    *state = read_syscall_view(tid, view);
+    int64_t after = stallmon_thread_cpu_ns(tid);
+    return before >= 0 && after > before;
+}
+
+static void pause_microseconds(long microseconds) {
+    struct timespec pause = {.tv_sec = 0, .tv_nsec = microseconds * 1000};
+    while (nanosleep(&pause, &pause) != 0 && errno == EINTR) {}
+}
+
+/// Whether a signal may go to the thread now. /proc says "running" for any runnable thread, and one
+/// preempted inside a system call, before it sleeps, would take the signal there: a thread whose
+/// CPU clock does not move while it is looked at is looked at again, twice, 100 µs apart (by then
+/// such a thread has mostly gone to sleep, and is unwound in place). On a saturated machine it may
+/// still not be seen on a CPU; it is signalled then, as before. And it must not have blocked since
+/// the previous look that saw it running (a sample interval ago) or, without one, over a 200 µs
+/// watch: a thread that keeps blocking in short system calls runs between them often enough for a
+/// signal to land in the next one. The counters are read before each look: when its run count
+/// (schedstat) is the same at the next look, it has not been switched in since; when only its
+/// voluntary context switches are the same, it was preempted but never blocked.
+/// Returns 1 (send), 0 (do not send) or 2 (blocked in a system call now: `view`).
 static int may_signal(slot_t *slot, pid_t tid, long view[9]) {
     int known = slot->quiet.known && slot->quiet.tid == tid;
     // Without schedstat (no CONFIG_SCHED_INFO), runs read as 0 and only the switches decide.
     uint64_t runs = 0, switches = 0;
-    int have_runs = read_runs(tid, &runs) == 0;
-    int ran_throughout = have_runs && known && runs == slot->quiet.runs;
-    int counted = ran_throughout || read_voluntary_switches(tid, &switches) == 0;
-    int state = read_syscall_view(tid, view);
-    if (state == 1) return 2;
-    if (state != 0 || ran_throughout || !counted) return 1;  // running throughout, or cannot tell
-    int quiet = known && switches == slot->quiet.switches;
+    int have_runs = 0, ran_throughout = 0, counted = 0, state = -1, on_cpu = 0;
+    for (int attempt = 0; attempt < 3 && !on_cpu; attempt++) {
+        if (attempt > 0) pause_microseconds(100);
+        have_runs = read_runs(tid, &runs) == 0;
+        ran_throughout = have_runs && known && runs == slot->quiet.runs;
+        counted = ran_throughout || read_voluntary_switches(tid, &switches) == 0;
+        on_cpu = look(tid, view, &state);
+        if (state == 1) return 2;
+        if (state != 0) return 1;  // no /proc view: nothing more to go on
+    }
+    if (ran_throughout || !counted) return 1;
+    int quiet = known && slot->quiet.switches_known && switches == slot->quiet.switches;
     slot->quiet.known = 1;
     slot->quiet.tid = tid;
     slot->quiet.runs = runs;
+    slot->quiet.switches_known = 1;
     slot->quiet.switches = switches;
     if (quiet) return 1;
-    struct timespec pause = {.tv_sec = 0, .tv_nsec = 200000};
-    while (nanosleep(&pause, &pause) != 0 && errno == EINTR) {}
+    pause_microseconds(200);
     uint64_t later;
     if (read_voluntary_switches(tid, &later) != 0 || (have_runs && read_runs(tid, &runs) != 0)) {
         slot->quiet.known = 0;
         return read_syscall_view(tid, view) == 1 ? 2 : 0;
     }
-    state = read_syscall_view(tid, view);
+    (void)look(tid, view, &state);
     if (state == 1) return 2;
     if (later != switches || state != 0) {
         slot->quiet.known = 0;
@@ -357,15 +380,15 @@ static int may_signal(slot_t *slot, pid_t tid, long view[9]) {
 void stallmon_sampler_note_running(int index, pid_t tid) {
     if (index < 0 || index >= SLOT_COUNT) return;
     slot_t *slot = &slots[index];
-    uint64_t runs = 0, switches;
+    // Two small reads per window the watchdog sees start (the switches, in the larger status
+    // file, are read only when a sample needs them).
+    uint64_t runs;
     long view[9];
-    if (read_voluntary_switches(tid, &switches) != 0) return;
-    if (read_runs(tid, &runs) != 0) runs = 0;
-    if (read_syscall_view(tid, view) != 0) return;
+    if (read_runs(tid, &runs) != 0 || read_syscall_view(tid, view) != 0) return;
     slot->quiet.known = 1;
     slot->quiet.tid = tid;
     slot->quiet.runs = runs;
-    slot->quiet.switches = switches;
+    slot->quiet.switches_known = 0;
 }
 
 /// Unwinds a thread that blocks in the system call `view` shows, from the kernel's sp and pc.
