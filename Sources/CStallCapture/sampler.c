@@ -328,32 +328,42 @@ static void pause_microseconds(long microseconds) {
     while (nanosleep(&pause, &pause) != 0 && errno == EINTR) {}
 }
 
-/// Whether a signal may go to the thread now. /proc says "running" for any runnable thread, and one
-/// preempted inside a system call, before it sleeps, would take the signal there: a thread whose
-/// CPU clock does not move while it is looked at is looked at again, twice, 100 µs apart (by then
-/// such a thread has mostly gone to sleep, and is unwound in place). On a saturated machine it may
-/// still not be seen on a CPU; it is signalled then, as before. And it must not have blocked since
-/// the previous look that saw it running (a sample interval ago) or, without one, over a 200 µs
-/// watch: a thread that keeps blocking in short system calls runs between them often enough for a
-/// signal to land in the next one. The counters are read before each look: when its run count
-/// (schedstat) is the same at the next look, it has not been switched in since; when only its
-/// voluntary context switches are the same, it was preempted but never blocked.
-/// Returns 1 (send), 0 (do not send) or 2 (blocked in a system call now: `view`).
+/// Whether a signal may go to the thread now. /proc says "running" for any runnable thread: one
+/// preempted inside a system call before it sleeps, or woken in one and waiting for a CPU, would
+/// take the signal there. So the thread is looked at with its CPU clock read around the look (up
+/// to three times, 100 µs apart), and:
+///   - on a CPU, and not switched in since the previous look that saw it running (its schedstat
+///     run count): it never left the CPU, and is signalled;
+///   - otherwise its voluntary context switches decide: unchanged since that look, it was only
+///     preempted, and is signalled (even when no look caught it on a CPU, which on a saturated
+///     machine happens: then it may sit preempted inside a system call's entry);
+///   - changed (or no previous look): it is watched for 200 µs, and signalled only if it did not
+///     block again and is then seen on a CPU. A thread that keeps blocking in short system calls
+///     runs between them often enough for a signal to land in the next one: it is not signalled.
+/// The counters are read before each look. Returns 1 (send), 0 (do not send) or 2 (blocked in a
+/// system call now: `view`).
 static int may_signal(slot_t *slot, pid_t tid, long view[9]) {
     int known = slot->quiet.known && slot->quiet.tid == tid;
     // Without schedstat (no CONFIG_SCHED_INFO), runs read as 0 and only the switches decide.
     uint64_t runs = 0, switches = 0;
-    int have_runs = 0, ran_throughout = 0, counted = 0, state = -1, on_cpu = 0;
+    int have_runs = 0, ran_throughout = 0, state = -1, on_cpu = 0;
     for (int attempt = 0; attempt < 3 && !on_cpu; attempt++) {
         if (attempt > 0) pause_microseconds(100);
         have_runs = read_runs(tid, &runs) == 0;
         ran_throughout = have_runs && known && runs == slot->quiet.runs;
-        counted = ran_throughout || read_voluntary_switches(tid, &switches) == 0;
         on_cpu = look(tid, view, &state);
         if (state == 1) return 2;
         if (state != 0) return 1;  // no /proc view: nothing more to go on
     }
-    if (ran_throughout || !counted) return 1;
+    // Not switched in since the previous look and on a CPU now: it never left the CPU. (Runnable
+    // but not on a CPU, it may have blocked and been woken since, and wait inside a system call.)
+    if (ran_throughout && on_cpu) return 1;
+    // Preempted, or blocked and woken? The switches (in the larger status file) tell, read before
+    // one more look.
+    if (read_voluntary_switches(tid, &switches) != 0) return 1;  // cannot tell
+    (void)look(tid, view, &state);
+    if (state == 1) return 2;
+    if (state != 0) return 1;
     int quiet = known && slot->quiet.switches_known && switches == slot->quiet.switches;
     slot->quiet.known = 1;
     slot->quiet.tid = tid;
@@ -367,9 +377,10 @@ static int may_signal(slot_t *slot, pid_t tid, long view[9]) {
         slot->quiet.known = 0;
         return read_syscall_view(tid, view) == 1 ? 2 : 0;
     }
-    (void)look(tid, view, &state);
+    // It blocked before the watch: signalled only once it is seen on a CPU, out of that call.
+    on_cpu = look(tid, view, &state);
     if (state == 1) return 2;
-    if (later != switches || state != 0) {
+    if (later != switches || state != 0 || !on_cpu) {
         slot->quiet.known = 0;
         return 0;
     }
@@ -380,15 +391,16 @@ static int may_signal(slot_t *slot, pid_t tid, long view[9]) {
 void stallmon_sampler_note_running(int index, pid_t tid) {
     if (index < 0 || index >= SLOT_COUNT) return;
     slot_t *slot = &slots[index];
-    // Two small reads per window the watchdog sees start (the switches, in the larger status
-    // file, are read only when a sample needs them).
-    uint64_t runs;
+    uint64_t runs = 0, switches;
     long view[9];
-    if (read_runs(tid, &runs) != 0 || read_syscall_view(tid, view) != 0) return;
+    if (read_voluntary_switches(tid, &switches) != 0) return;
+    if (read_runs(tid, &runs) != 0) runs = 0;
+    if (read_syscall_view(tid, view) != 0) return;
     slot->quiet.known = 1;
     slot->quiet.tid = tid;
     slot->quiet.runs = runs;
-    slot->quiet.switches_known = 0;
+    slot->quiet.switches_known = 1;
+    slot->quiet.switches = switches;
 }
 
 /// Unwinds a thread that blocks in the system call `view` shows, from the kernel's sp and pc.
