@@ -332,14 +332,15 @@ static void pause_microseconds(long microseconds) {
 /// preempted inside a system call before it sleeps, or woken in one and waiting for a CPU, would
 /// take the signal there. So the thread is looked at with its CPU clock read around the look (up
 /// to three times, 100 µs apart), and:
-///   - on a CPU, and not switched in since the previous look that saw it running (its schedstat
-///     run count): it never left the CPU, and is signalled;
+///   - on a CPU, and not switched in since the previous look that found it out of blocking calls
+///     (its schedstat run count): it never left the CPU, and is signalled;
 ///   - otherwise its voluntary context switches decide: unchanged since that look, it was only
-///     preempted, and is signalled (even when no look caught it on a CPU, which on a saturated
-///     machine happens: then it may sit preempted inside a system call's entry);
-///   - changed (or no previous look): it is watched for 200 µs, and signalled only if it did not
-///     block again and is then seen on a CPU. A thread that keeps blocking in short system calls
-///     runs between them often enough for a signal to land in the next one: it is not signalled.
+///     preempted, and is signalled (even when no look caught it on a CPU: it may then sit
+///     preempted inside a system call's entry, the residual risk);
+///   - changed (or no such look): it is watched for 200 µs, and signalled only if it did not block
+///     again and has run since (switched in, or seen on a CPU), that is left the call it blocked
+///     in. A thread that keeps blocking in short system calls runs between them often enough for a
+///     signal to land in the next one: it is not signalled.
 /// The counters are read before each look. Returns 1 (send), 0 (do not send) or 2 (blocked in a
 /// system call now: `view`).
 static int may_signal(slot_t *slot, pid_t tid, long view[9]) {
@@ -361,30 +362,29 @@ static int may_signal(slot_t *slot, pid_t tid, long view[9]) {
     // Preempted, or blocked and woken? The switches (in the larger status file) tell, read before
     // one more look.
     if (read_voluntary_switches(tid, &switches) != 0) return 1;  // cannot tell
-    (void)look(tid, view, &state);
+    on_cpu = look(tid, view, &state) || on_cpu;
     if (state == 1) return 2;
     if (state != 0) return 1;
-    int quiet = known && slot->quiet.switches_known && switches == slot->quiet.switches;
-    slot->quiet.known = 1;
-    slot->quiet.tid = tid;
-    slot->quiet.runs = runs;
-    slot->quiet.switches_known = 1;
-    slot->quiet.switches = switches;
-    if (quiet) return 1;
+    if (known && slot->quiet.switches_known && switches == slot->quiet.switches) {
+        slot->quiet.runs = runs;  // only preempted since a look that saw it out of blocking calls
+        return 1;
+    }
+    // It blocked since (or there was no such look): watch it. It is out of that call once it has
+    // been switched in again, or is seen on a CPU, without blocking again.
     pause_microseconds(200);
-    uint64_t later;
-    if (read_voluntary_switches(tid, &later) != 0 || (have_runs && read_runs(tid, &runs) != 0)) {
-        slot->quiet.known = 0;
+    uint64_t later_runs = 0, later;
+    if (read_voluntary_switches(tid, &later) != 0 || (have_runs && read_runs(tid, &later_runs) != 0)) {
         return read_syscall_view(tid, view) == 1 ? 2 : 0;
     }
-    // It blocked before the watch: signalled only once it is seen on a CPU, out of that call.
     on_cpu = look(tid, view, &state);
     if (state == 1) return 2;
-    if (later != switches || state != 0 || !on_cpu) {
-        slot->quiet.known = 0;
-        return 0;
-    }
-    slot->quiet.runs = runs;
+    int ran_since = have_runs && later_runs != runs;
+    if (later != switches || state != 0 || !(ran_since || on_cpu)) return 0;
+    slot->quiet.known = 1;
+    slot->quiet.tid = tid;
+    slot->quiet.runs = later_runs;
+    slot->quiet.switches_known = 1;
+    slot->quiet.switches = later;
     return 1;
 }
 
