@@ -51,6 +51,12 @@ public struct StallRecord: Sendable, Hashable {
     /// wrote none. Its frame numbers refer to the lines of ``backtrace`` as written (clamped).
     public var sampledStacks = SampledStacks()
 
+    /// How the backtrace was taken: `signal` (the thread unwound itself in the sampling signal's
+    /// handler), `kernel` (blocked in a system call, unwound in place from the registers the kernel
+    /// shows), `previous` (samples that got no stack of their own, counted unanswered: the latest
+    /// stack taken earlier in the stall); empty when there is no stack.
+    public var stackSource: String = ""
+
     /// `journalctl -o json` prints `null` for fields over 4096 bytes unless `--all` is given.
     public static let maximumBacktraceBytes = FieldLimits.backtraceBytes
 
@@ -126,6 +132,7 @@ public struct StallRecord: Sendable, Hashable {
                 ? [JournalField(Field.watchdogMicroseconds, String(FieldLimits.microseconds(watchdogMicroseconds)))]
                 : [])
             + (sampledStacks.isEmpty ? [] : [JournalField(Field.stacks, sampledStacksValue)])
+            + (stackSource.isEmpty ? [] : [JournalField(Field.stackSource, stackSource)])
     }
 
     /// Field names of stall entries.
@@ -149,6 +156,7 @@ public struct StallRecord: Sendable, Hashable {
         public static let fingerprint = "STALL_FINGERPRINT"
         public static let frame = "STALL_FRAME"
         public static let backtrace = "STALL_BACKTRACE"
+        public static let stackSource = "STALL_STACK_SOURCE"
         public static let watchdogMicroseconds = "STALL_WATCHDOG_USEC"
         public static let stacks = "STALL_STACKS"
     }
@@ -232,6 +240,7 @@ extension StallRecord {
         fingerprint = try reader.hex(Field.fingerprint, digits: FieldLimits.fingerprintDigits)
         frame = try reader.optionalString(Field.frame, maximumBytes: FieldLimits.frameBytes) ?? ""
         backtrace = try reader.optionalString(Field.backtrace, maximumBytes: FieldLimits.backtraceBytes) ?? ""
+        stackSource = try reader.optionalString(Field.stackSource, maximumBytes: FieldLimits.keywordBytes) ?? ""
         // Held to its bounds wherever it appears, but part of watchdog records only: the writer
         // writes it on those alone, so that every record reads back as written.
         let watchdog = try reader.optionalMicroseconds(Field.watchdogMicroseconds) ?? 0
