@@ -187,6 +187,9 @@ package final class EventLoopWatchdog: @unchecked Sendable {
         var unanswered = 0
         var stacks: StackAggregator
         var firstStack: [UInt] = []
+        var firstSource = StallReport.StackSource.signal
+        /// The latest stack sampled, reused when a blocked thread cannot be unwound again.
+        var latestStack: [UInt]?
         var states: [Character: Int] = [:]
         var waits: [KernelWait: Int] = [:]
         var latestView = KernelThreadView()
@@ -415,7 +418,8 @@ package final class EventLoopWatchdog: @unchecked Sendable {
             reporters[index].submit(
                 captured(
                     state, stall, event: .detected, end: stallmon_now_ns(),
-                    stacks: stall.firstStack.isEmpty ? [] : [(stall.firstStack, 1)]))
+                    stacks: stall.firstStack.isEmpty ? [] : [(stall.firstStack, 1)],
+                    sources: stall.firstStack.isEmpty ? [] : [stall.firstSource]))
         }
     }
 
@@ -424,14 +428,16 @@ package final class EventLoopWatchdog: @unchecked Sendable {
         stallmon_ticks_watch(state.ticks, 0)
         stallCount.add(1, ordering: .relaxed)
         if !stall.suppressed {
-            reporters[index].submit(captured(state, stall, event: .ended, end: end, stacks: stall.stacks.all))
+            reporters[index].submit(
+                captured(state, stall, event: .ended, end: end, stacks: stall.stacks.all, sources: stall.stacks.sources)
+            )
         }
         examine(index, now: stallmon_now_ns())
     }
 
     private func captured(
         _ state: LoopState, _ stall: StallInProgress, event: StallReport.Event, end: UInt64,
-        stacks: [(stack: [UInt], count: Int)]
+        stacks: [(stack: [UInt], count: Int)], sources: [StallReport.StackSource]
     ) -> CapturedStall {
         let duration = end > stall.start ? end - stall.start : 0
         // The share of CPU the thread used since the watchdog first saw this cycle, applied to the
@@ -446,7 +452,8 @@ package final class EventLoopWatchdog: @unchecked Sendable {
         return CapturedStall(
             event: event, stallID: stall.stallID, startNanoseconds: stall.start, duration: duration, paused: 0,
             activity: .eventLoopCycle, runLoopMode: "none", cpu: cpu, samples: stall.samples,
-            unansweredSamples: stall.unanswered, stacks: stacks, threadState: Self.dominantState(stall.states),
+            unansweredSamples: stall.unanswered, stacks: stacks, stackSources: sources,
+            threadState: Self.dominantState(stall.states),
             kernelView: Self.dominantWait(stall.waits, fallback: stall.latestView),
             noStackReason: stall.firstStack.isEmpty ? stall.noStackReason : nil,
             capturedNanoseconds: stallmon_now_ns()
@@ -454,8 +461,8 @@ package final class EventLoopWatchdog: @unchecked Sendable {
     }
 
     /// One sample of a stalled loop: the kernel's view (every 100 ms at most) and its stack. A
-    /// thread inside a system call is never signalled: a handler would end calls such as
-    /// `nanosleep` or `epoll_wait` with EINTR.
+    /// thread inside a system call is never signalled (a handler would end calls such as
+    /// `nanosleep` or `epoll_wait` with EINTR): its stack is unwound from the kernel's view.
     private func takeSample(_ state: LoopState, _ stall: StallInProgress) {
         stall.samples += 1
         let now = stallmon_now_ns()
@@ -466,39 +473,50 @@ package final class EventLoopWatchdog: @unchecked Sendable {
             stall.states[view.state, default: 0] += 1
             stall.waits[KernelWait(syscall: view.syscall, waitChannel: view.waitChannel), default: 0] += 1
         }
-        guard let addresses = capture(state, stall) else {
+        guard let (addresses, source) = capture(state, stall) else {
             stall.unanswered += 1
             return
         }
-        stall.stacks.add(addresses)
-        if stall.firstStack.isEmpty { stall.firstStack = addresses }
+        stall.stacks.add(addresses, source: source)
+        if stall.firstStack.isEmpty { (stall.firstStack, stall.firstSource) = (addresses, source) }
     }
 
-    private func capture(_ state: LoopState, _ stall: StallInProgress) -> [UInt]? {
-        guard let signal else {
-            stall.noStackReason = "no free signal for sampling"
-            return nil
-        }
-        var view = stallmon_syscall_view()
-        stallmon_read_syscall(state.loop.threadID, &view)
-        if view.state == 0 {
-            stall.noStackReason =
-                "thread is blocked in \(SyscallNames.name(view.number)); not signalled, which would interrupt it"
-            return nil
-        }
-        stallmon_sample_thread(
-            slot, state.loop.threadID, signal, Int32(configuration.maximumFrames),
-            UInt64(configuration.sampleTimeout.nanoseconds), &sample
+    private func capture(_ state: LoopState, _ stall: StallInProgress) -> (
+        stack: [UInt], source: StallReport.StackSource
+    )? {
+        // A loop in a system call is unwound in place from the kernel's view; only a running loop
+        // is signalled, and none at all without a signal.
+        var flags = Int32(STALLMON_SAMPLE_SPARE_SYSCALLS)
+        if signal == nil { flags |= Int32(STALLMON_SAMPLE_NO_SIGNAL) }
+        stallmon_sample_stack(
+            slot, state.loop.threadID, signal ?? 0, Int32(configuration.maximumFrames),
+            UInt64(configuration.sampleTimeout.nanoseconds), flags, &sample
         )
-        guard sample.status == Int32(STALLMON_SAMPLE_OK.rawValue) else {
+        switch sample.status {
+        case Int32(STALLMON_SAMPLE_OK.rawValue):
+            let count = Int(sample.frame_count)
+            let stack = withUnsafeBytes(of: sample.frames) { raw in
+                Array(raw.bindMemory(to: UInt.self).prefix(count))
+            }
+            stall.latestStack = stack
+            return (stack, sample.source == Int32(STALLMON_STACK_KERNEL.rawValue) ? .kernel : .signal)
+        case Int32(STALLMON_SAMPLE_SIGNAL_TAKEN.rawValue):
             stall.noStackReason =
-                sample.status == Int32(STALLMON_SAMPLE_TIMEOUT.rawValue)
-                ? "thread did not answer within \(configuration.sampleTimeout.milliseconds) ms"
-                : "sampling failed (status \(sample.status), error \(sample.error))"
-            return nil
+                signal == nil ? "no free signal for sampling" : "the program took over the sampling signal"
+        case Int32(STALLMON_SAMPLE_BLOCKED_UNWIND_FAILED.rawValue):
+            if let latest = stall.latestStack { return (latest, .previous) }
+            let why = sample.error == EAGAIN ? "it kept waking up" : "libunwind error \(sample.error)"
+            stall.noStackReason =
+                "blocked in \(SyscallNames.name(Int(sample.syscall))) and not unwound from the kernel's view (\(why))"
+        case Int32(STALLMON_SAMPLE_SYSCALL_BUSY.rawValue):
+            if let latest = stall.latestStack { return (latest, .previous) }
+            stall.noStackReason = "thread kept blocking in short system calls, which a signal would end with EINTR"
+        case Int32(STALLMON_SAMPLE_TIMEOUT.rawValue):
+            stall.noStackReason = "thread did not answer within \(configuration.sampleTimeout.milliseconds) ms"
+        default:
+            stall.noStackReason = "sampling failed (status \(sample.status), error \(sample.error))"
         }
-        let count = Int(sample.frame_count)
-        return withUnsafeBytes(of: sample.frames) { raw in Array(raw.bindMemory(to: UInt.self).prefix(count)) }
+        return nil
     }
 
     private static func dominantWait(_ waits: [KernelWait: Int], fallback: KernelThreadView) -> KernelThreadView {
