@@ -72,7 +72,10 @@ struct NIODemo {
             print("See them with: journalctl MESSAGE_ID=\(MessageID.stallEnded) _PID=\(pid)")
             guard records.count == requests.count, answered == requests.count else { throw ExitStatus.software }
         } else {
-            let lines = collected.text.split(separator: "\n").filter { $0.contains(" stalled ") }
+            // The ended reports (`stalled 401 ms`), not the detected ones (`stalled for 250 ms`).
+            let lines = collected.text.split(separator: "\n").filter {
+                $0.contains(" stalled ") && !$0.contains(" stalled for ")
+            }
             print("\nReported (journald is not running; the server's standard error):\n")
             for line in lines { print(DisplayText.escaped(String(line))) }
             guard lines.count == requests.count, answered == requests.count else { throw ExitStatus.software }
