@@ -24,12 +24,17 @@ public enum FieldLimits {
     public static let messageBytes = 2048
     /// `STALL_FRAME`, in bytes.
     public static let frameBytes = 1024
-    /// `STALL_BACKTRACE`, in bytes: `journalctl -o json` prints `null` for a field whose
-    /// `NAME=value` reaches 4096 bytes unless `--all` is given, so the name counts too (a SwiftNIO
-    /// loop's 64 frames fill the value).
-    public static let backtraceBytes = 4095 - "STALL_BACKTRACE=".utf8.count
+    /// `STALL_BACKTRACE`, in bytes, as readers accept it: `journalctl -o json` prints `null` for
+    /// longer fields unless `--all` is given.
+    public static let backtraceBytes = 4096
     /// `STALL_STACKS`, in bytes, for the same reason as ``backtraceBytes``.
-    public static let stacksBytes = 4095 - "STALL_STACKS=".utf8.count
+    public static let stacksBytes = 4096
+    /// `STALL_BACKTRACE`, in bytes, as writers fill it: journalctl's 4096 bytes count the field's
+    /// `NAME=` too, so a value of ``backtraceBytes`` (which a SwiftNIO loop's 64 frames reach) came
+    /// out `null`. Readers still accept ``backtraceBytes``, which earlier writers filled.
+    public static let backtraceWriteBytes = 4095 - "STALL_BACKTRACE=".utf8.count
+    /// `STALL_STACKS`, in bytes, as writers fill it, for the same reason as ``backtraceWriteBytes``.
+    public static let stacksWriteBytes = 4095 - "STALL_STACKS=".utf8.count
     /// `SYSLOG_IDENTIFIER` and the unit (`_SYSTEMD_UNIT`, `_SYSTEMD_USER_UNIT`), in bytes; systemd's
     /// own unit names are at most 256. Longer ones are cut, ending in ``truncationMarker``.
     public static let identifierBytes = 256

@@ -1,5 +1,5 @@
 /// `STALL_STACKS`: every distinct stack sampled during a stall, with how many samples showed it, in
-/// a form that fits one journal field (at most ``FieldLimits/stacksBytes``).
+/// a form that fits one journal field (at most ``FieldLimits/stacksWriteBytes``).
 ///
 /// `STALL_BACKTRACE` already holds the reported stack, one frame a line, so frames are numbered
 /// after its lines: line `#0` is frame 0, line `#n-1` frame n-1. Frames that are not in the
@@ -76,7 +76,7 @@ public struct SampledStacks: Sendable, Hashable {
     /// `maximumBytes` are left out and counted in ``omittedSamples``.
     public init(
         stacks input: [(frames: [Frame], count: Int)], backtraceLines: [String],
-        maximumBytes: Int = FieldLimits.stacksBytes
+        maximumBytes: Int = FieldLimits.stacksWriteBytes
     ) {
         self.init()
         var lineNumbers: [String: Int] = [:]

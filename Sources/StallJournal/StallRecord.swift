@@ -57,8 +57,8 @@ public struct StallRecord: Sendable, Hashable {
     /// stack taken earlier in the stall); empty when there is no stack.
     public var stackSource: String = ""
 
-    /// `journalctl -o json` prints `null` for fields over 4096 bytes unless `--all` is given.
-    public static let maximumBacktraceBytes = FieldLimits.backtraceBytes
+    /// What a writer puts in `STALL_BACKTRACE` at most (see ``FieldLimits/backtraceWriteBytes``).
+    public static let maximumBacktraceBytes = FieldLimits.backtraceWriteBytes
 
     public init(
         event: Event, message: String, stallID: String, durationMicroseconds: UInt64,
@@ -165,7 +165,7 @@ public struct StallRecord: Sendable, Hashable {
     /// set by hand that is longer is left out whole rather than cut into a different meaning.
     var sampledStacksValue: String {
         let value = sampledStacks.encoded
-        return value.utf8.count <= FieldLimits.stacksBytes
+        return value.utf8.count <= FieldLimits.stacksWriteBytes
             ? value : "* \(FieldLimits.count(sampledStacks.totalSamples))"
     }
 
