@@ -270,10 +270,12 @@ public final class StallMonitor: Sendable {
             logger.info("stallmon stopped", metadata: ["stallmon.stalls": "\(statistics.stalls)"])
         }
 
-        /// Two observers with disjoint activities: window starts at the lowest order (so that a
-        /// slow observer of someone else's counts as part of the window) and window ends at the
-        /// highest. Not the entry: `RunLoop.run()` enters the loop on every pass, and each observed
-        /// activity costs a whole CF observer dispatch; the callouts tell nesting from the stack.
+        /// Two observers with disjoint activities: window starts (entry, before-timers, after-waiting)
+        /// at the lowest order, so that a slow observer of someone else's on any activity counts as
+        /// part of a window, and window ends (before-waiting, exit) at the highest. Each observed
+        /// activity costs a whole CF observer dispatch: before-timers opens the pass's window in
+        /// place of before-sources (only observers run between the two), and the entry, which
+        /// `RunLoop.run()` goes through on every pass, also counts the nesting of runs.
         private static func addObservers(to runLoop: CFRunLoop, loop: OpaquePointer, additionalModes: [String])
             -> [CFRunLoopObserver]
         {
@@ -282,8 +284,8 @@ public final class StallMonitor: Sendable {
             let end: Callout = stallmon_observer_window_end
             let specs: [(CFOptionFlags, CFIndex, Callout)] = [
                 (
-                    CFRunLoopActivity.beforeSources.rawValue | CFRunLoopActivity.afterWaiting.rawValue, CFIndex.min,
-                    start
+                    CFRunLoopActivity.entry.rawValue | CFRunLoopActivity.beforeTimers.rawValue
+                        | CFRunLoopActivity.afterWaiting.rawValue, CFIndex.min, start
                 ),
                 (CFRunLoopActivity.beforeWaiting.rawValue | CFRunLoopActivity.exit.rawValue, CFIndex.max, end),
             ]

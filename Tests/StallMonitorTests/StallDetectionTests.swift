@@ -40,6 +40,14 @@ extension Serial {
                 scenario: "observer", callout: "observer", functions: ["ObserverWork.flush(milliseconds:)"],
                 onCPU: false,
                 syscall: "poll"),
+            // Observers that run at the top of a run, before the sources: under RunLoop.run(),
+            // every pass enters the loop again.
+            Case(
+                scenario: "observer-before-timers", callout: "observer",
+                functions: ["EarlyObserverWork.prepare(_:milliseconds:)"], onCPU: false, syscall: "poll"),
+            Case(
+                scenario: "observer-entry", callout: "observer",
+                functions: ["EarlyObserverWork.prepare(_:milliseconds:)"], onCPU: false, syscall: "poll"),
             Case(
                 scenario: "perform-block", callout: "perform-block", functions: ["PerformWork.render(milliseconds:)"],
                 onCPU: true),

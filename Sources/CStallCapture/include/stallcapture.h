@@ -17,7 +17,7 @@ extern "C" {
 /// What the monitored loop is doing since its latest transition.
 typedef enum {
     STALLMON_LOOP_UNKNOWN = 0,  ///< No transition seen since the observers were added.
-    STALLMON_LOOP_ACTIVE = 1,   ///< Inside a before-sources or after-waiting window: callouts run.
+    STALLMON_LOOP_ACTIVE = 1,   ///< Inside a before-sources (from entry or before-timers) or after-waiting window.
     STALLMON_LOOP_ASLEEP = 2,   ///< Waiting for events (after before-waiting).
     STALLMON_LOOP_OUTSIDE = 3,  ///< The outermost run of the loop has exited.
 } stallmon_loop_phase;
@@ -59,7 +59,8 @@ void stallmon_loop_watch(stallmon_loop *loop, uint64_t sequence);
 /// When the watched window has ended and the observer recorded it, stores its end and returns 1.
 int stallmon_loop_watched_end(const stallmon_loop *loop, uint64_t sequence, uint64_t *end_ns);
 
-/// CFRunLoopObserver callout for kCFRunLoopBeforeSources | kCFRunLoopAfterWaiting (lowest order).
+/// CFRunLoopObserver callout for kCFRunLoopEntry | kCFRunLoopBeforeTimers | kCFRunLoopAfterWaiting
+/// (lowest order).
 /// Its signature matches CFRunLoopObserverCallBack; `info` is the stallmon_loop.
 void stallmon_observer_window_start(void *observer, uintptr_t activity, void *info);
 /// CFRunLoopObserver callout for kCFRunLoopBeforeWaiting | kCFRunLoopExit (added with the highest order).
