@@ -4,6 +4,7 @@ import Dispatch
 import Foundation
 import Logging
 import StallJournal
+import Synchronization
 
 /// Watches a thread's run loop and reports every stall: a callout that keeps the loop inside one
 /// before-sources or after-waiting window for longer than the threshold.
@@ -218,8 +219,11 @@ public final class StallMonitor: Sendable {
                 configuration: configuration, target: target, loop: pointer, semaphore: semaphore, signal: signal,
                 slot: slot, deliver: { reporter.submit($0) }, deliverNow: { reporter.submitNow($0) }
             )
+            Self.probeCalloutSites(of: runLoop, threadID: threadID)
             observers = Self.addObservers(to: runLoop, loop: pointer, additionalModes: configuration.additionalModes)
-            reporter.prepare(watchdog)
+            watchdog.setObserver(observers[0])
+            let logger = self.logger
+            reporter.prepare(watchdog) { Self.warnOfMissingSymbols(logger) }
             watchdog.start()
             reporter.emit(.started(description))
             logger.info(
@@ -305,6 +309,35 @@ public final class StallMonitor: Sendable {
                 }
                 return observer
             }
+        }
+
+        /// Learns where CoreFoundation calls out (``CalloutSites``) on the monitored thread: at
+        /// once when this is that thread, otherwise in the loop's next pass.
+        private static func probeCalloutSites(of runLoop: CFRunLoop, threadID: pid_t) {
+            if stallmon_gettid() == threadID {
+                CalloutSites.probe()
+            } else {
+                CFRunLoopPerformBlock(runLoop, kCFRunLoopCommonModes) { CalloutSites.probe() }
+                CFRunLoopWakeUp(runLoop)
+            }
+        }
+
+        private static let warnedOfMissingSymbols = Atomic<Bool>(false)
+
+        /// Once per process: the loop's wait function was not found among CoreFoundation's symbols.
+        private static func warnOfMissingSymbols(_ logger: Logger) {
+            guard !warnedOfMissingSymbols.exchange(true, ordering: .relaxed) else { return }
+            let missing = CalloutSites.missing.map(\.rawValue).joined(separator: ",")
+            logger.warning(
+                """
+                CoreFoundation's local symbols are missing (a stripped libFoundation?): idle nested runs are told \
+                by the thread's wait call and the loop's mode, callout kinds by the call sites of a probe run
+                """,
+                metadata: [
+                    "stallmon.missing_symbol": "__CFRunLoopServiceFileDescriptors",
+                    "stallmon.unrecognized_callouts": "\(missing.isEmpty ? "none" : missing)",
+                ]
+            )
         }
 
         /// The configured signal, or the highest real-time signal that has no handler and that the

@@ -49,10 +49,13 @@ public struct StallReport: Sendable, Hashable {
             "__CFRUNLOOP_IS_CALLING_OUT_TO_A_BLOCK__": .performBlock,
         ]
 
-        /// The innermost callout on a stack (frames innermost first).
+        /// The innermost callout on a stack (frames innermost first): by the names of
+        /// CoreFoundation's callout functions, or, where its local symbols are missing, by the
+        /// call sites the probe run learned (``CalloutSites``).
         static func recognize(_ frames: [StallFrame]) -> Callout {
             for frame in frames {
                 if let symbol = frame.symbol, let kind = functionNames[symbol] { return kind }
+                if let kind = CalloutSites.kind(at: frame.address) { return kind }
             }
             return .unknown
         }

@@ -154,6 +154,31 @@ uint64_t stallmon_continue_count(void);
 /// CLOCK_MONOTONIC of the latest continuation.
 uint64_t stallmon_continue_time_ns(void);
 
+// MARK: - Callout sites, for stacks without CoreFoundation's symbols (callouts.c)
+
+/// The kinds of callout a probe run learns the call site of.
+typedef enum {
+    STALLMON_CALLOUT_SITE_TIMER = 0,
+    STALLMON_CALLOUT_SITE_SOURCE0 = 1,
+    STALLMON_CALLOUT_SITE_OBSERVER = 2,
+    STALLMON_CALLOUT_SITE_BLOCK = 3,
+    STALLMON_CALLOUT_SITE_COUNT = 4,
+} stallmon_callout_site;
+
+/// Called from a probe callback: records the return address of the nearest caller inside the
+/// image that holds CFRunLoopRunSpecific, the call site of this kind of callout.
+void stallmon_callout_site_record(stallmon_callout_site kind);
+/// The recorded call site of `kind`, 0 when none was recorded.
+uintptr_t stallmon_callout_site_address(stallmon_callout_site kind);
+/// Probe callbacks with the signatures of CFRunLoopTimerCallBack, a source0's perform and
+/// CFRunLoopObserverCallBack; each records its call site.
+void stallmon_probe_timer(void *timer, void *info);
+void stallmon_probe_source0(void *info);
+void stallmon_probe_observer(void *observer, uintptr_t activity, void *info);
+/// The address range of an exported function (from the dynamic symbol table, which stripping
+/// keeps). Returns 0 when it is not found or has no size.
+int stallmon_exported_function_range(const char *name, uintptr_t *start, uintptr_t *end);
+
 #ifdef __cplusplus
 }
 #endif
