@@ -84,10 +84,16 @@ let package = Package(
             name: "StallmonFixture",
             dependencies: ["StallMonitor", "StallJournal"]
         ),
+        // The same for an async @main service, whose main actor has no run loop unless the monitor runs one.
+        .executableTarget(
+            name: "StallmonAsyncFixture",
+            dependencies: ["StallMonitor", "StallJournal", "CStallCapture"]
+        ),
         .testTarget(
             name: "StallMonitorTests",
             dependencies: [
-                "StallMonitor", "StallJournal", "StallCollector", "StallmonFixture", "stallmon", "stallmond",
+                "StallMonitor", "StallJournal", "StallCollector", "StallmonFixture", "StallmonAsyncFixture",
+                "stallmon", "stallmond",
             ]
         ),
     ]

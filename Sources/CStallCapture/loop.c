@@ -175,8 +175,9 @@ static inline void publish(stallmon_loop *loop, uint32_t phase, uint32_t window)
 
     uint32_t previous = loop->phase;
     loop->phase = phase;
-    if (phase == STALLMON_LOOP_ACTIVE && previous != STALLMON_LOOP_ACTIVE) {
-        // Leaving an idle phase: the watchdog may be parked. Pairs with the barrier in stallmon_loop_park.
+    if ((phase == STALLMON_LOOP_ACTIVE && previous != STALLMON_LOOP_ACTIVE) || previous == STALLMON_LOOP_UNKNOWN) {
+        // Leaving an idle phase, or the first transition the monitor sees (the watchdog waits for
+        // it, whichever phase it is): the watchdog may be parked. Pairs with the barrier in stallmon_loop_park.
         if (loop->asymmetric) {
             atomic_signal_fence(memory_order_seq_cst);
         } else {

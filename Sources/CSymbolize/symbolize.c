@@ -6,8 +6,12 @@
 #include <elfutils/libdw.h>
 #include <elfutils/libdwfl.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 // Exported by libswiftCore; declared here because no public header carries it.
 extern char *swift_demangle(const char *mangled_name, size_t mangled_name_length, char *output_buffer,
@@ -16,13 +20,33 @@ extern char *swift_demangle(const char *mangled_name, size_t mangled_name_length
 struct stallmon_symbolizer {
     Dwfl *dwfl;
     pid_t pid;
+    // Modules lookups have touched since the last trim (the others' files were never read).
+    Dwfl_Module *touched[128];
+    size_t touched_count;
 };
+
+static void note_touched(stallmon_symbolizer *symbolizer, Dwfl_Module *module) {
+    for (size_t i = 0; i < symbolizer->touched_count; i++) {
+        if (symbolizer->touched[i] == module) return;
+    }
+    if (symbolizer->touched_count < sizeof symbolizer->touched / sizeof symbolizer->touched[0]) {
+        symbolizer->touched[symbolizer->touched_count++] = module;
+    }
+}
 
 static char *debuginfo_path = NULL;
 
+// The vDSO has no debug info anywhere, and looking for it costs megabytes (a search by build id
+// through every debug path): its symbols come from its own image.
+static int find_debuginfo(Dwfl_Module *module, void **userdata, const char *name, Dwarf_Addr base,
+                          const char *file, const char *debuglink, GElf_Word crc, char **debuginfo_name) {
+    if (name != NULL && strncmp(name, "[vdso", 5) == 0) return -1;
+    return dwfl_standard_find_debuginfo(module, userdata, name, base, file, debuglink, crc, debuginfo_name);
+}
+
 static const Dwfl_Callbacks callbacks = {
     .find_elf = dwfl_linux_proc_find_elf,
-    .find_debuginfo = dwfl_standard_find_debuginfo,
+    .find_debuginfo = find_debuginfo,
     .debuginfo_path = &debuginfo_path,
 };
 
@@ -99,6 +123,26 @@ static int find_cu(cu_index *index, Dwarf_Addr address, Dwarf_Die *out) {
         if (address >= range->low && address < range->high) {
             return dwarf_offdie(index->dwarf, range->die_offset, out) != NULL;
         }
+    }
+    return 0;
+}
+
+// Whether the module's own file carries DWARF. Debug info installed apart from the module (a
+// distribution's -dbg package in /usr/lib/debug) still names its symbols, but its DWARF is not
+// read: elfutils 0.188 decompresses every debug section of such a file when it opens it, about
+// 16 MB for glibc's, all at once, for file:line of library frames that are never a stall's culprit.
+static int has_embedded_dwarf(Dwfl_Module *module) {
+    Dwarf_Addr bias = 0;
+    Elf *elf = dwfl_module_getelf(module, &bias);
+    if (elf == NULL) return 0;
+    size_t strings;
+    if (elf_getshdrstrndx(elf, &strings) != 0) return 0;
+    Elf_Scn *section = NULL;
+    while ((section = elf_nextscn(elf, section)) != NULL) {
+        GElf_Shdr header;
+        if (gelf_getshdr(section, &header) == NULL) continue;
+        const char *name = elf_strptr(elf, strings, header.sh_name);
+        if (name != NULL && strcmp(name, ".debug_info") == 0) return header.sh_type != SHT_NOBITS;
     }
     return 0;
 }
@@ -185,6 +229,7 @@ int stallmon_symbolizer_refresh(stallmon_symbolizer *symbolizer) {
     // Modules that stay mapped keep their userdata across reports; indexes of modules that go away
     // would leak, so drop them all and rebuild lazily.
     dwfl_getmodules(symbolizer->dwfl, free_module_index, NULL, 0);
+    symbolizer->touched_count = 0;
     return report(symbolizer);
 }
 
@@ -229,6 +274,7 @@ int stallmon_symbolize(stallmon_symbolizer *symbolizer, uintptr_t address, int i
     Dwarf_Addr lookup = is_return_address && address > 0 ? address - 1 : address;
     Dwfl_Module *module = dwfl_addrmodule(symbolizer->dwfl, lookup);
     if (module == NULL) return 0;
+    note_touched(symbolizer, module);
 
     Dwarf_Addr start = 0;
     const char *module_path = NULL;
@@ -244,12 +290,10 @@ int stallmon_symbolize(stallmon_symbolizer *symbolizer, uintptr_t address, int i
     Dwarf_Die *cudie = NULL;
     Dwarf_Die found_cu;
     Dwarf_Addr bias = 0;
-    cu_index *index = module_index(module);
+    cu_index *index = has_embedded_dwarf(module) ? module_index(module) : NULL;
     if (index != NULL && index->dwarf != NULL && find_cu(index, lookup - index->bias, &found_cu)) {
         cudie = &found_cu;
         bias = index->bias;
-    } else {
-        cudie = dwfl_module_addrdie(module, lookup, &bias);  // modules that do have .debug_aranges
     }
     if (cudie != NULL) {
         Dwarf_Line *source = dwarf_getsrc_die(cudie, lookup - bias);
@@ -324,10 +368,19 @@ static int find_in_module(Dwfl_Module *module, void **userdata, const char *name
     return DWARF_CB_OK;
 }
 
-int stallmon_symbolizer_find_function(stallmon_symbolizer *symbolizer, const char *name, uintptr_t *start,
-                                      uintptr_t *end) {
+int stallmon_symbolizer_find_function(stallmon_symbolizer *symbolizer, const char *name, const char *neighbor,
+                                      uintptr_t *start, uintptr_t *end) {
     find_request request = {.name = name};
-    dwfl_getmodules(symbolizer->dwfl, find_in_module, &request, 0);
+    // Only the module that holds `neighbor`: every other module's symbol table would be loaded
+    // (megabytes each) for nothing.
+    void *anchor = neighbor != NULL ? dlsym(RTLD_DEFAULT, neighbor) : NULL;
+    Dwfl_Module *module = anchor != NULL ? dwfl_addrmodule(symbolizer->dwfl, (Dwarf_Addr)(uintptr_t)anchor) : NULL;
+    if (module != NULL) {
+        note_touched(symbolizer, module);
+        find_in_module(module, NULL, NULL, 0, &request);
+    } else if (neighbor == NULL) {
+        dwfl_getmodules(symbolizer->dwfl, find_in_module, &request, 0);
+    }
     if (!request.found) return 0;
     *start = request.start;
     *end = request.end;
@@ -360,4 +413,86 @@ char *stallmon_demangle_cxx(const char *name) {
     int status = 0;
     char *result = demangle(name, NULL, NULL, &status);
     return status == 0 ? result : NULL;
+}
+
+// MARK: - Trimming
+
+// Whether [start, end) lies inside one private mapping of a file: an image libelf mapped (libdwfl
+// maps them writable, ELF_C_READ_MMAP_PRIVATE). An image libdwfl copied into the heap (the vDSO,
+// or one read from process memory) must be left alone.
+static int is_private_file_mapping(uintptr_t start, uintptr_t end) {
+    FILE *maps = fopen("/proc/self/maps", "re");
+    if (maps == NULL) return 0;
+    char line[512];
+    int found = 0;
+    while (fgets(line, sizeof line, maps) != NULL) {
+        unsigned long low, high, offset, inode;
+        char permissions[5];
+        unsigned device_major, device_minor;
+        if (sscanf(line, "%lx-%lx %4s %lx %x:%x %lu", &low, &high, permissions, &offset, &device_major,
+                   &device_minor, &inode) != 7) {
+            continue;
+        }
+        if (low <= start && end <= high) {
+            found = inode != 0 && permissions[0] == 'r' && permissions[3] == 'p';
+            break;
+        }
+    }
+    fclose(maps);
+    return found;
+}
+
+// Drops the pages of [start, end) that still are the file's own (never written): a page written
+// to became the process's private copy, which dropping would lose. /proc/self/pagemap tells them
+// apart: bit 63 present, bit 61 a file page.
+static void release_clean_pages(uintptr_t start, uintptr_t end, uintptr_t page) {
+    int pagemap = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+    if (pagemap < 0) return;
+    uint64_t entries[512];
+    uintptr_t run = 0;  // start of the current run of clean pages, 0 when none
+    for (uintptr_t address = start; address < end;) {
+        size_t count = (end - address) / page;
+        if (count > 512) count = 512;
+        ssize_t got = pread(pagemap, entries, count * sizeof entries[0], (off_t)(address / page * sizeof entries[0]));
+        if (got <= 0) break;
+        count = (size_t)got / sizeof entries[0];
+        for (size_t i = 0; i < count; i++, address += page) {
+            int present = (entries[i] >> 63) & 1;
+            int file_page = (entries[i] >> 61) & 1;
+            int clean = !present || file_page;
+            if (clean && run == 0) run = address;
+            if (!clean && run != 0) {
+                madvise((void *)run, address - run, MADV_DONTNEED);
+                run = 0;
+            }
+        }
+    }
+    if (run != 0) madvise((void *)run, end - run, MADV_DONTNEED);
+    close(pagemap);
+}
+
+static void release_pages(Elf *elf) {
+    if (elf == NULL) return;
+    size_t size = 0;
+    char *image = elf_rawfile(elf, &size);
+    if (image == NULL || size == 0) return;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t start = (uintptr_t)image;
+    uintptr_t end = ((uintptr_t)image + size + page - 1) & ~(page - 1);
+    if (start % page != 0 || !is_private_file_mapping(start, end)) return;
+    release_clean_pages(start, end, page);
+}
+
+static void trim_module(Dwfl_Module *module) {
+    Dwarf_Addr bias = 0;
+    release_pages(dwfl_module_getelf(module, &bias));
+    void **userdata = NULL;
+    dwfl_module_info(module, &userdata, NULL, NULL, NULL, NULL, NULL, NULL);
+    cu_index *index = userdata != NULL ? *userdata : NULL;
+    if (index != NULL && index->dwarf != NULL) release_pages(dwarf_getelf(index->dwarf));
+}
+
+void stallmon_symbolizer_trim(stallmon_symbolizer *symbolizer) {
+    for (size_t i = 0; i < symbolizer->touched_count; i++) trim_module(symbolizer->touched[i]);
+    symbolizer->touched_count = 0;
 }

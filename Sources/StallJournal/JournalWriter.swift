@@ -46,14 +46,13 @@ public struct JournalWriter: Sendable {
         }
     }
 
-    /// Sends one entry. Fields whose names journald would silently drop are rejected up front, and
-    /// so are values that no reader would accept: a `SYSLOG_IDENTIFIER` longer than
-    /// ``FieldLimits/identifierBytes`` or any value longer than ``FieldLimits/readBytes``. The
-    /// records (``StallRecord``, ``SuppressionRecord``, ``DigestRecord``) clamp their own fields,
-    /// far below that.
-    /// - Throws: ``SystemdError`` from `sd_journal_sendv`, or ``JournalDecodingError`` for a bad
-    ///   field name or an over-long value.
-    public func send(_ fields: [JournalField]) throws {
+    /// Checks an entry before it is sent, whoever sends it: fields whose names journald would
+    /// silently drop are rejected, and so are values that no reader would accept: a
+    /// `SYSLOG_IDENTIFIER` longer than ``FieldLimits/identifierBytes`` or any value longer than
+    /// ``FieldLimits/readBytes``. The records (``StallRecord``, ``SuppressionRecord``,
+    /// ``DigestRecord``) clamp their own fields, far below that.
+    /// - Throws: ``JournalDecodingError`` naming the field.
+    public static func validate(_ fields: [JournalField]) throws(JournalDecodingError) {
         for field in fields {
             guard JournalField.isValidName(field.name) else {
                 throw JournalDecodingError(field: field.name, value: nil, reason: "not a valid journal field name")
@@ -66,6 +65,13 @@ public struct JournalWriter: Sendable {
                     reason: "\(length) bytes long, longer than the \(limit) allowed")
             }
         }
+    }
+
+    /// Sends one entry, after ``validate(_:)``.
+    /// - Throws: ``SystemdError`` from `sd_journal_sendv`, or ``JournalDecodingError`` for a bad
+    ///   field name or an over-long value.
+    public func send(_ fields: [JournalField]) throws {
+        try Self.validate(fields)
         guard !fields.isEmpty else { return }
         // All fields in one buffer; each iovec points at its NAME=value slice.
         var buffer = [UInt8]()

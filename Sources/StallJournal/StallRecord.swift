@@ -20,7 +20,7 @@ public struct StallRecord: Sendable, Hashable {
     /// `before-sources` or `after-waiting`.
     public var activity: String
     public var runLoopMode: String
-    /// `timer`, `source0`, `source1`, `main-queue`, `observer`, `perform-block` or `unknown`.
+    /// `timer`, `source0`, `source1`, `main-queue`, `main-actor`, `observer`, `perform-block` or `unknown`.
     public var callout: String
     /// Name of the monitored loop: `main`, or the thread's name.
     public var loop: String

@@ -96,4 +96,6 @@ public enum MonitorField {
     public static let stalls = "STALLMON_STALLS"
     public static let suppressed = "STALLMON_SUPPRESSED"
     public static let dropped = "STALLMON_DROPPED"
+    /// Reports a sink failed to deliver (journald down with no fallback, standard error closed).
+    public static let lost = "STALLMON_LOST"
 }

@@ -21,6 +21,11 @@ extension StallMonitor {
         public var maximumStacks: Int = 64
         /// No stall is reported until this long after ``StallMonitor/start(_:)``.
         public var startupGracePeriod: Duration = .zero
+        /// How long after the startup grace period the monitored loop may go without turning once
+        /// before the monitor warns (on its logger) that it cannot see the loop: an async `@main`
+        /// that never runs the main run loop, a thread that never runs its loop. Until the loop
+        /// first turns, the service watchdog gets no `WATCHDOG=1`.
+        public var loopStartTimeout: Duration = .seconds(10)
         /// Whether stalls are reported while a debugger or tracer is attached (`TracerPid`).
         public var reportWhileDebuggerAttached: Bool = false
         /// The signal used to sample the stalled thread. `nil` picks a real-time signal that has
@@ -72,6 +77,10 @@ extension StallMonitor {
             try Self.check(startupGracePeriod >= .zero, .startupGracePeriod, startupGracePeriod, "must not be negative")
             try Self.check(
                 startupGracePeriod <= .seconds(86400), .startupGracePeriod, startupGracePeriod, "must be at most 1 day")
+            try Self.check(
+                loopStartTimeout >= .milliseconds(100), .loopStartTimeout, loopStartTimeout, "must be at least 100 ms")
+            try Self.check(
+                loopStartTimeout <= .seconds(3600), .loopStartTimeout, loopStartTimeout, "must be at most 1 hour")
             if let signal {
                 let low = stallmon_sigrtmin(), high = stallmon_sigrtmax()
                 let allowed = [SIGUSR1, SIGUSR2, SIGPROF] + Array(low...high)
@@ -147,6 +156,7 @@ enum ConfigurationKey: String, CaseIterable {
     case maximumFrames = "max_frames"
     case maximumStacks = "max_stacks"
     case startupGracePeriod = "startup_grace_period_ms"
+    case loopStartTimeout = "loop_start_timeout_ms"
     case reportWhileDebuggerAttached = "report_while_debugger_attached"
     case signal = "signal"
     case rateLimitBurst = "rate_limit_burst"

@@ -90,6 +90,7 @@ extension StallMonitor.Configuration {
         case .sampleInterval: sampleInterval = try milliseconds()
         case .sampleTimeout: sampleTimeout = try milliseconds()
         case .startupGracePeriod: startupGracePeriod = try milliseconds()
+        case .loopStartTimeout: loopStartTimeout = try milliseconds()
         case .maximumFrames: maximumFrames = try integer()
         case .maximumStacks: maximumStacks = try integer()
         case .reportQueueCapacity: reportQueueCapacity = try integer()
@@ -183,6 +184,7 @@ extension StallMonitor.Configuration {
         case .sampleInterval: return milliseconds(sampleInterval)
         case .sampleTimeout: return milliseconds(sampleTimeout)
         case .startupGracePeriod: return milliseconds(startupGracePeriod)
+        case .loopStartTimeout: return milliseconds(loopStartTimeout)
         case .maximumFrames: return "\(maximumFrames)"
         case .maximumStacks: return "\(maximumStacks)"
         case .reportQueueCapacity: return "\(reportQueueCapacity)"

@@ -2,7 +2,10 @@
 /// on a monitored thread; a slow sink delays later reports (which are queued, then dropped and
 /// counted past ``StallMonitor/Configuration/reportQueueCapacity``), never the monitored loop.
 public protocol ReportSink: Sendable {
-    func emit(_ event: StallMonitorEvent)
+    /// Delivers one event.
+    /// - Throws: When the event did not reach its destination: the monitor counts it as lost
+    ///   (``StallMonitor/Statistics/lostReports``) and tells in its `stopped` summary.
+    func emit(_ event: StallMonitorEvent) throws
 }
 
 /// Everything a monitor reports.

@@ -12,6 +12,8 @@ final class Reporter: @unchecked Sendable {
     private let threadID: Int
     private let pending = AtomicCounter()
     let droppedReports = AtomicCounter()
+    /// Deliveries a sink failed (it threw).
+    let lostReports = AtomicCounter()
     let suppressedReports = AtomicCounter()
 
     // Confined to `queue`.
@@ -42,7 +44,7 @@ final class Reporter: @unchecked Sendable {
     func prepare(_ watchdog: Watchdog, symbolsMissing: @escaping @Sendable () -> Void) {
         queue.async {
             let range = SharedSymbolicator.shared.withSymbolicator {
-                $0.functionRange(named: "__CFRunLoopServiceFileDescriptors")
+                $0.functionRange(named: "__CFRunLoopServiceFileDescriptors", besides: "CFRunLoopRunSpecific")
             }
             watchdog.setIdleWaitRange(range)
             if range == nil { symbolsMissing() }
@@ -76,13 +78,25 @@ final class Reporter: @unchecked Sendable {
         queue.async { self.send(event) }
     }
 
-    /// Emits pending suppression summaries, then waits until everything submitted so far is out.
-    func drain() {
-        queue.sync { self.flushSuppressions(all: true) }
+    /// Emits pending suppression summaries, then waits until everything submitted so far is out or
+    /// `timeout` passes; returns whether it is all out.
+    func drain(timeout: Duration) -> Bool {
+        let done = DispatchSemaphore(value: 0)
+        queue.async {
+            self.flushSuppressions(all: true)
+            done.signal()
+        }
+        return done.wait(timeout: .now() + .nanoseconds(Int(timeout.nanoseconds))) == .success
     }
 
     private func send(_ event: StallMonitorEvent) {
-        for sink in sinks { sink.emit(event) }
+        for sink in sinks {
+            do {
+                try sink.emit(event)
+            } catch {
+                lostReports.add(1)
+            }
+        }
     }
 
     private func process(_ stall: CapturedStall) {
@@ -251,17 +265,42 @@ final class StatusBoard: @unchecked Sendable {
 }
 
 /// The process's one symbolicator: libdw is not thread-safe, and its caches are worth sharing
-/// between monitors.
+/// between monitors. A second after its last use, the pages of the image files it read (symbol
+/// tables, DWARF: several megabytes) leave the resident set until the next report.
 final class SharedSymbolicator: @unchecked Sendable {
     static let shared = SharedSymbolicator()
     private let lock = Lock()
     private var symbolicator: Symbolicator?
+    private var lastUse: UInt64 = 0
+    private var trimScheduled = false
+    private static let idleBeforeTrim: UInt64 = 1_000_000_000
 
     func withSymbolicator<Result>(_ body: (Symbolicator) -> Result) -> Result {
         lock.withLock {
             let symbolicator = self.symbolicator ?? Symbolicator()
             self.symbolicator = symbolicator
+            defer {
+                lastUse = stallmon_now_ns()
+                scheduleTrim(after: Self.idleBeforeTrim)
+            }
             return body(symbolicator)
+        }
+    }
+
+    /// Called with the lock held.
+    private func scheduleTrim(after delay: UInt64) {
+        guard !trimScheduled else { return }
+        trimScheduled = true
+        DispatchQueue.global(qos: .utility).asyncAfter(deadline: .now() + .nanoseconds(Int(delay))) {
+            self.lock.withLock {
+                self.trimScheduled = false
+                let idle = stallmon_now_ns() - self.lastUse
+                if idle >= Self.idleBeforeTrim {
+                    self.symbolicator?.trim()
+                } else {
+                    self.scheduleTrim(after: Self.idleBeforeTrim - idle)
+                }
+            }
         }
     }
 }

@@ -15,6 +15,15 @@ import Synchronization
 /// RunLoop.main.run()
 /// ```
 ///
+/// An async `@main` has no run loop on Linux; it starts the monitor with ``Target/asyncMain``
+/// before its first `await`:
+///
+/// ```swift
+/// let monitor = try StallMonitor()
+/// try monitor.start(.asyncMain)
+/// try await app.run()
+/// ```
+///
 /// Reports go to the systemd journal when it runs, to standard error otherwise, and to any
 /// ``ReportSink`` you pass.
 public final class StallMonitor: Sendable {
@@ -26,10 +35,24 @@ public final class StallMonitor: Sendable {
     /// Which thread's run loop to monitor.
     public enum Target: Sendable {
         /// The main thread's run loop (`RunLoop.main`), which also drains `DispatchQueue.main` and
-        /// `@MainActor` work while it runs.
+        /// `@MainActor` work while it runs. An async `@main` never runs it on Linux: use
+        /// ``asyncMain`` there (a monitor whose loop never turns logs a warning).
         case mainThread
         /// The calling thread's run loop; call ``start(_:)`` on the thread that will run it.
         case currentThread
+        /// The main actor and main queue of an async `@main`. On Linux the runtime parks the main
+        /// thread of an async main in `dispatch_main()` and lets worker threads drain the main
+        /// queue; no run loop turns, and nothing can be watched. With this target the main thread
+        /// runs the main run loop instead once `main()` first suspends, as on Darwin: `@MainActor`
+        /// jobs and `DispatchQueue.main` blocks then run on the main thread, inside run-loop
+        /// callouts the monitor observes (and timers on `RunLoop.main` fire).
+        ///
+        /// The corresponding runtime hook is `swift_task_asyncMainDrainQueue_hook`.
+        /// - Important: Call ``start(_:)`` in `main()` before its first suspension (its first
+        ///   `await` that waits): the runtime reads the hook then. Elsewhere than on the main thread
+        ///   it throws. The change outlives ``stop()``: the main thread runs the run loop until the
+        ///   process exits.
+        case asyncMain
     }
 
     /// Counts since the monitor was created.
@@ -40,6 +63,10 @@ public final class StallMonitor: Sendable {
         public var suppressedReports: Int
         /// Reports dropped because the report queue was full.
         public var droppedReports: Int
+        /// Deliveries that failed: a sink threw (journald down and no fallback, standard error
+        /// closed). Counted per sink; the default journal sink falls back to standard error and
+        /// loses a report only when both fail.
+        public var lostReports: Int = 0
     }
 
     /// Creates a monitor; nothing runs until ``start(_:)``.
@@ -48,7 +75,8 @@ public final class StallMonitor: Sendable {
     ///     environment (``Configuration/fromEnvironment(_:)``: the file in `$STALLMON_CONFIG`,
     ///     then `STALLMON_<KEY>` variables, as the systemd drop-in sets them) over the defaults.
     ///   - logger: Receives the monitor's own diagnostics (not the stall reports; add a ``LoggerSink`` for those).
-    ///   - sinks: Where reports go. `nil` means the journal when journald runs, standard error otherwise.
+    ///   - sinks: Where reports go. `nil` means ``defaultSinks(_:)``: the journal while journald
+    ///     takes entries, standard error while it does not.
     /// - Throws: ``ConfigurationError`` for an invalid configuration.
     public init(
         configuration: Configuration? = nil, logger: Logger = Logger(label: "stallmon"),
@@ -66,11 +94,15 @@ public final class StallMonitor: Sendable {
         self.sinks = sinks ?? Self.defaultSinks(resolved)
     }
 
-    /// The journal when journald listens, standard error otherwise (decided once, at creation).
+    /// The journal, falling back to standard error for each entry that journald does not take
+    /// (it is down, not started yet, or takes nothing for 100 ms): decided per entry, so reports
+    /// return to the journal as soon as journald does.
     public static func defaultSinks(_ configuration: Configuration) -> [any ReportSink] {
-        let journal = JournalSink(syslogIdentifier: configuration.syslogIdentifier)
-        return journal.isAvailable ? [journal] : [StandardErrorSink()]
+        [JournalSink(syslogIdentifier: configuration.syslogIdentifier, fallback: StandardErrorSink())]
     }
+
+    /// The longest ``stop()`` waits for queued reports to reach the sinks.
+    public static let stopTimeout: Duration = .seconds(2)
 
     /// Starts monitoring a run loop.
     /// - Important: With ``Target/currentThread``, call this on the thread that runs the loop.
@@ -83,7 +115,13 @@ public final class StallMonitor: Sendable {
     }
 
     /// Stops monitoring: removes the observers, ends a stall in progress with its report, and
-    /// waits until every report is out. Starting again afterwards is allowed.
+    /// waits until every report is out, for at most ``stopTimeout`` (2 s). Starting again
+    /// afterwards is allowed.
+    ///
+    /// The wait is short unless a sink is slow: a journald that takes no entries costs the journal
+    /// sink at most its send timeout (100 ms) once, then entries go to standard error. Reports
+    /// still queued after ``stopTimeout`` are written later if the process lives on (a warning
+    /// says how many).
     public func stop() {
         let session = state.withLock { (session: inout Session?) in
             defer { session = nil }
@@ -182,6 +220,11 @@ public final class StallMonitor: Sendable {
                 threadID = getpid()
                 runLoop = CFRunLoopGetMain()
                 loopName = "main"
+            case .asyncMain:
+                guard stallmon_gettid() == getpid() else { throw StallMonitorError.asyncMainOffMainThread() }
+                threadID = getpid()
+                runLoop = CFRunLoopGetMain()
+                loopName = "main"
             case .currentThread:
                 threadID = stallmon_gettid()
                 runLoop = CFRunLoopGetCurrent()
@@ -193,6 +236,16 @@ public final class StallMonitor: Sendable {
             let signal = try Self.samplingSignal(configuration, threadID: threadID, logger: monitor.logger)
             slot = stallmon_sampler_slot_claim()
             guard slot >= 0 else { throw StallMonitorError.tooManyMonitors() }
+            if case .asyncMain = kind {
+                let rc = stallmon_async_main_run_loop_install { CFRunLoopRun() }
+                guard rc == 0 else {
+                    stallmon_sampler_slot_release(slot)
+                    throw StallMonitorError.asyncMainHookUnavailable(
+                        reason: rc == -EBUSY
+                            ? "another library has set swift_task_asyncMainDrainQueue_hook"
+                            : "this Swift runtime has no swift_task_asyncMainDrainQueue_hook")
+                }
+            }
             _ = stallmon_continue_watch_install()
 
             let semaphore = DispatchSemaphore(value: 0)
@@ -215,14 +268,15 @@ public final class StallMonitor: Sendable {
             reporter = Reporter(
                 configuration: configuration, loopName: loopName, threadID: Int(threadID), sinks: monitor.sinks)
             let reporter = self.reporter
+            let logger = self.logger
             watchdog = Watchdog(
                 configuration: configuration, target: target, loop: pointer, semaphore: semaphore, signal: signal,
-                slot: slot, deliver: { reporter.submit($0) }, deliverNow: { reporter.submitNow($0) }
+                slot: slot, deliver: { reporter.submit($0) }, deliverNow: { reporter.submitNow($0) },
+                notice: { Self.log($0, target: kind, loopName: loopName, logger: logger) }
             )
             Self.probeCalloutSites(of: runLoop, threadID: threadID)
             observers = Self.addObservers(to: runLoop, loop: pointer, additionalModes: configuration.additionalModes)
             watchdog.setObserver(observers[0])
-            let logger = self.logger
             reporter.prepare(watchdog) { Self.warnOfMissingSymbols(logger) }
             watchdog.start()
             reporter.emit(.started(description))
@@ -235,10 +289,52 @@ public final class StallMonitor: Sendable {
             )
         }
 
+        /// Tells the monitor's logger that the loop does not turn (once), and when it turns after all.
+        private static func log(_ notice: Watchdog.LoopNotice, target: Target, loopName: String, logger: Logger) {
+            switch notice {
+            case .notTurning(let waited):
+                let remedy: String
+                switch target {
+                case .mainThread:
+                    // dispatch_main() leaves the main thread waiting in sigsuspend for the rest of the process.
+                    let parked = ThreadInspector(threadID: getpid()).view().syscall == "rt_sigsuspend"
+                    remedy =
+                        parked
+                        ? "the main thread waits in dispatch_main(), as an async @main's does on Linux, and runs no "
+                            + "run loop: call start(.asyncMain) in main() before its first await (a dispatchMain() "
+                            + "service runs RunLoop.main.run() instead)"
+                        : "an async @main never runs the main run loop on Linux: call start(.asyncMain) in main() "
+                            + "before its first await; a synchronous main must run RunLoop.main.run() (or CFRunLoopRun())"
+                case .currentThread:
+                    remedy =
+                        "run the thread's run loop (RunLoop.current.run()) on the thread that called start(.currentThread)"
+                case .asyncMain:
+                    // Once main() suspends, the main run loop turns at once: it is never empty, as
+                    // it stands for the main queue.
+                    remedy =
+                        "main() has not suspended yet (the main thread runs the run loop from its first await on); "
+                        + "a synchronous main must run RunLoop.main.run() instead"
+                }
+                let message =
+                    "stallmon cannot see the \(loopName) loop: it has not turned once in \(waited / 1_000_000) ms "
+                    + "since the monitor started, so its stalls go unreported and the service watchdog gets no "
+                    + "WATCHDOG=1; \(remedy)"
+                logger.warning(
+                    "\(message)",
+                    metadata: ["stallmon.loop": "\(loopName)", "stallmon.waited_ms": "\(waited / 1_000_000)"]
+                )
+            case .turnedLate(let waited):
+                logger.info(
+                    "stallmon sees the \(loopName) loop turn, \(waited / 1_000_000) ms after the monitor started",
+                    metadata: ["stallmon.loop": "\(loopName)", "stallmon.waited_ms": "\(waited / 1_000_000)"]
+                )
+            }
+        }
+
         var statistics: Statistics {
             Statistics(
                 stalls: watchdog.stalls, suppressedReports: reporter.suppressedReports.load(),
-                droppedReports: reporter.droppedReports.load()
+                droppedReports: reporter.droppedReports.load(), lostReports: reporter.lostReports.load()
             )
         }
 
@@ -268,7 +364,11 @@ public final class StallMonitor: Sendable {
             watchdog.stop()
             let statistics = self.statistics
             reporter.emit(.stopped(description, statistics))
-            reporter.drain()
+            if !reporter.drain(timeout: StallMonitor.stopTimeout) {
+                logger.warning(
+                    "stallmon stopped with reports still queued",
+                    metadata: ["stallmon.timeout": "\(StallMonitor.stopTimeout)"])
+            }
             stallmon_sampler_slot_release(slot)
             releaseLoopState()
             logger.info("stallmon stopped", metadata: ["stallmon.stalls": "\(statistics.stalls)"])
@@ -388,7 +488,7 @@ public final class StallMonitor: Sendable {
         private let lock = NSLock()
         private var session: Session?
         /// Totals of the sessions that have stopped; read inside ``withLock(_:)`` only.
-        private(set) var finished = Statistics(stalls: 0, suppressedReports: 0, droppedReports: 0)
+        private(set) var finished = Statistics(stalls: 0, suppressedReports: 0, droppedReports: 0, lostReports: 0)
 
         func withLock<Result, Failure: Error>(_ body: (inout Session?) throws(Failure) -> Result) throws(Failure)
             -> Result
@@ -410,7 +510,7 @@ extension StallMonitor.Statistics {
     static func + (lhs: Self, rhs: Self) -> Self {
         Self(
             stalls: lhs.stalls + rhs.stalls, suppressedReports: lhs.suppressedReports + rhs.suppressedReports,
-            droppedReports: lhs.droppedReports + rhs.droppedReports
+            droppedReports: lhs.droppedReports + rhs.droppedReports, lostReports: lhs.lostReports + rhs.lostReports
         )
     }
 }
@@ -422,6 +522,8 @@ public struct StallMonitorError: Error, Sendable, CustomStringConvertible {
         case signalUnavailable(Int32, String)
         case tooManyMonitors
         case outOfMemory
+        case asyncMainOffMainThread
+        case asyncMainHookUnavailable(String)
     }
 
     private let code: Code
@@ -451,6 +553,14 @@ public struct StallMonitorError: Error, Sendable, CustomStringConvertible {
         Self(.outOfMemory, file: file, line: line)
     }
 
+    static func asyncMainOffMainThread(file: String = #fileID, line: Int = #line) -> Self {
+        Self(.asyncMainOffMainThread, file: file, line: line)
+    }
+
+    static func asyncMainHookUnavailable(reason: String, file: String = #fileID, line: Int = #line) -> Self {
+        Self(.asyncMainHookUnavailable(reason), file: file, line: line)
+    }
+
     public var description: String {
         switch code {
         case .alreadyRunning: "the monitor is already running"
@@ -458,6 +568,10 @@ public struct StallMonitorError: Error, Sendable, CustomStringConvertible {
             "sampling signal \(SignalName.name(of: signal)) is unavailable: \(reason)"
         case .tooManyMonitors: "too many monitors in this process (at most 32 run at once)"
         case .outOfMemory: "out of memory"
+        case .asyncMainOffMainThread:
+            "start(.asyncMain) must run on the main thread, in main() before its first await (the main thread "
+                + "has left for dispatch_main() once main() suspends)"
+        case .asyncMainHookUnavailable(let reason): "cannot run the main run loop in an async main: \(reason)"
         }
     }
 }

@@ -22,6 +22,8 @@ public struct StallReport: Sendable, Hashable {
         case source0
         case source1
         case mainQueue = "main-queue"
+        /// A Swift job on the main actor (`@MainActor` code, `MainActor.run`), run from the main queue.
+        case mainActor = "main-actor"
         case observer
         case performBlock = "perform-block"
         case unknown
@@ -33,6 +35,7 @@ public struct StallReport: Sendable, Hashable {
             case .source0: "source0 callout"
             case .source1: "source1 (port) callout"
             case .mainQueue: "main-queue block"
+            case .mainActor: "main-actor job"
             case .observer: "observer callout"
             case .performBlock: "perform-block callout"
             case .unknown: "unknown callout"
@@ -51,11 +54,15 @@ public struct StallReport: Sendable, Hashable {
 
         /// The innermost callout on a stack (frames innermost first): by the names of
         /// CoreFoundation's callout functions, or, where its local symbols are missing, by the
-        /// call sites the probe run learned (``CalloutSites``).
+        /// call sites the probe run learned (``CalloutSites``). A main-queue callout that runs a
+        /// Swift job (`swift_job_run` between it and the stalling code) is a main-actor job.
         static func recognize(_ frames: [StallFrame]) -> Callout {
+            var runsSwiftJob = false
             for frame in frames {
-                if let symbol = frame.symbol, let kind = functionNames[symbol] { return kind }
-                if let kind = CalloutSites.kind(at: frame.address) { return kind }
+                if frame.symbol == "swift_job_run" { runsSwiftJob = true }
+                guard let kind = frame.symbol.flatMap({ functionNames[$0] }) ?? CalloutSites.kind(at: frame.address)
+                else { continue }
+                return kind == .mainQueue && runsSwiftJob ? .mainActor : kind
             }
             return .unknown
         }

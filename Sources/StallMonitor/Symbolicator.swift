@@ -24,6 +24,12 @@ final class Symbolicator {
         stallmon_symbolizer_destroy(handle)
     }
 
+    /// Drops the pages of image files that lookups read in (see `stallmon_symbolizer_trim`).
+    func trim() {
+        guard let handle else { return }
+        stallmon_symbolizer_trim(handle)
+    }
+
     /// Symbolicates one captured stack. `frames[0]` is the interrupted instruction; the others are
     /// return addresses, looked up at the call instruction.
     func symbolicate(_ addresses: [UInt]) -> [StallFrame] {
@@ -43,12 +49,15 @@ final class Symbolicator {
         return frames
     }
 
-    /// The address range of a function found by its symbol name in any loaded image.
-    func functionRange(named name: String) -> Range<UInt>? {
+    /// The address range of a function found by its symbol name in the image that exports
+    /// `neighbor` (in any loaded image when `neighbor` is `nil`, which loads every symbol table).
+    func functionRange(named name: String, besides neighbor: String?) -> Range<UInt>? {
         guard let handle else { return nil }
         var start: UInt = 0
         var end: UInt = 0
-        guard stallmon_symbolizer_find_function(handle, name, &start, &end) == 1, end > start else { return nil }
+        guard stallmon_symbolizer_find_function(handle, name, neighbor, &start, &end) == 1, end > start else {
+            return nil
+        }
         return start..<end
     }
 

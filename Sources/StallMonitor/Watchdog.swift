@@ -46,6 +46,7 @@ final class Watchdog: @unchecked Sendable {
     private let signal: Int32?
     private let slot: Int32
     private let inspector: ThreadInspector
+    private let clocks: ThreadClocks
     private let deliver: @Sendable (CapturedStall) -> Void
     /// Hands a report over and returns once it is written (for the report before a watchdog kill).
     private let deliverNow: @Sendable (CapturedStall) -> Void
@@ -60,8 +61,13 @@ final class Watchdog: @unchecked Sendable {
 
     // Owned by the watchdog thread.
     private var armedSequence: UInt64 = 0
-    private var armedCPU: Int64 = -1
-    private var armedAt: UInt64 = 0
+    /// The thread's CPU clock when the watchdog first saw the armed window, and the reading
+    /// before that (with whether the loop slept from it until the window began).
+    private var armedReading: CPUReading?
+    private var armedBefore: (reading: CPUReading, sleptUntilStart: Bool)?
+    /// The latest reading of the thread's CPU clock, the transition it was taken in, and whether
+    /// the loop slept in that transition when it was taken.
+    private var lastCPUReading: (reading: CPUReading, sequence: UInt64, asleep: Bool)?
     /// A window may not count from before this point (set after a stop, an idle sample or an allowed stall).
     private var floor: (sequence: UInt64, time: UInt64) = (0, 0)
     /// When the process last resumed from a stop: no window counts from before it, whichever
@@ -82,11 +88,28 @@ final class Watchdog: @unchecked Sendable {
     private var signalChecked: (time: UInt64, problem: String?) = (0, nil)
     /// Pings of the service manager's watchdog, when the service runs with `WatchdogSec=`.
     private var serviceWatchdog: ServiceWatchdogSchedule?
+    /// Whether the loop has turned since the start, and whether the monitor warned that it did not.
+    private var firstTurn = FirstTurn.awaited
+    private let notice: @Sendable (LoopNotice) -> Void
+
+    /// What the monitor tells its logger about the loop itself (not about a stall).
+    enum LoopNotice: Sendable {
+        /// The loop has not turned once in `waited` nanoseconds since the monitor started.
+        case notTurning(waited: UInt64)
+        /// The loop turned for the first time `waited` nanoseconds after the start, after a warning.
+        case turnedLate(waited: UInt64)
+    }
+
+    private enum FirstTurn {
+        case awaited
+        case warned
+        case seen
+    }
 
     init(
         configuration: StallMonitor.Configuration, target: Target, loop: OpaquePointer, semaphore: DispatchSemaphore,
         signal: Int32?, slot: Int32, deliver: @escaping @Sendable (CapturedStall) -> Void,
-        deliverNow: @escaping @Sendable (CapturedStall) -> Void
+        deliverNow: @escaping @Sendable (CapturedStall) -> Void, notice: @escaping @Sendable (LoopNotice) -> Void
     ) {
         self.configuration = configuration
         self.target = target
@@ -95,8 +118,10 @@ final class Watchdog: @unchecked Sendable {
         self.signal = signal
         self.slot = slot
         self.inspector = ThreadInspector(threadID: target.threadID)
+        self.clocks = ThreadClocks(threadID: target.threadID)
         self.deliver = deliver
         self.deliverNow = deliverNow
+        self.notice = notice
         self.startedAt = stallmon_now_ns()
         self.serviceWatchdog = ServiceNotifier.watchdogInterval().map {
             ServiceWatchdogSchedule(interval: $0, now: stallmon_now_ns())
@@ -125,11 +150,14 @@ final class Watchdog: @unchecked Sendable {
     /// The watchdog thread's name, in Foundation and in the kernel (at most 15 bytes).
     static let threadName = "stallmon-watch"
 
+    /// Starts the thread and returns once it runs, so that ``threadID`` is known.
     func start() {
+        let running = DispatchSemaphore(value: 0)
         let thread = Thread { [self] in
             watchdogThreadID.store(stallmon_gettid(), ordering: .releasing)
             // Thread.name set before the start does not reach the kernel on Linux.
             stallmon_set_thread_name(Self.threadName)
+            running.signal()
             stallmon_set_timer_slack(1)
             runQueue.open()
             run()
@@ -139,6 +167,7 @@ final class Watchdog: @unchecked Sendable {
         thread.name = Self.threadName
         thread.stackSize = 512 * 1024
         thread.start()
+        running.wait()
     }
 
     /// Stops the thread and waits for it; a stall in progress gets its ended report.
@@ -157,16 +186,19 @@ final class Watchdog: @unchecked Sendable {
         while !isStopping {
             var event = stallmon_event()
             guard stallmon_loop_latest(loop, &event) == 1 else {
-                // No transition yet (the loop is not running, or the monitor started inside a callout).
-                pingServiceWatchdog(nil)
-                waitNoticingStops(until: cappedByPing(stallmon_now_ns() + threshold))
+                awaitFirstTurn()
                 continue
+            }
+            if firstTurn != .seen {
+                if firstTurn == .warned { notice(.turnedLate(waited: stallmon_now_ns() - startedAt)) }
+                firstTurn = .seen
             }
             pingServiceWatchdog(event)
             switch event.phase {
             case UInt32(STALLMON_LOOP_ACTIVE.rawValue):
                 watchWindow(event)
             default:
+                noteCPUWhileIdle(event)
                 if !parkNext {
                     // A window that starts from now on cannot cross the threshold before now +
                     // threshold, so this wait delays no detection. A loop that stayed quiet
@@ -194,15 +226,59 @@ final class Watchdog: @unchecked Sendable {
         }
     }
 
+    // MARK: - Before the loop turns
+
+    /// No transition yet: the loop does not run (an async main that never runs the main run loop, a
+    /// thread that never runs its own), or the monitor started inside a callout. A loop never seen
+    /// turning is not healthy, so the service watchdog gets no ping; nothing can stall either, so
+    /// the watchdog parks until the first transition wakes it, once waking at the deadline to warn.
+    private func awaitFirstTurn() {
+        var deadline: UInt64?
+        if firstTurn == .awaited {
+            let grace = UInt64(configuration.startupGracePeriod.nanoseconds)
+            let timeout = UInt64(configuration.loopStartTimeout.nanoseconds)
+            // Under a service watchdog, the warning lands before systemd kills the service for the missing pings.
+            deadline = min(startedAt + grace + timeout, serviceWatchdog?.finalReportTime ?? .max)
+            if let due = deadline, stallmon_now_ns() >= due {
+                firstTurn = .warned
+                notice(.notTurning(waited: stallmon_now_ns() - startedAt))
+                return
+            }
+        }
+        switch stallmon_loop_park(loop, 0) {
+        case 1:
+            wait(until: deadline)
+        case -1:
+            // Parking is unsafe here: poll once per threshold instead.
+            wait(until: min(deadline ?? .max, stallmon_now_ns() + threshold))
+        default:
+            break
+        }
+        _ = stallmon_loop_unpark(loop)
+    }
+
+    /// Reads the thread's CPU clock once per sleep of the loop: while the loop sleeps, that is the
+    /// clock at the start of the next window (see ``StallCPUAccount``).
+    private func noteCPUWhileIdle(_ event: stallmon_event) {
+        guard event.phase == UInt32(STALLMON_LOOP_ASLEEP.rawValue), lastCPUReading?.sequence != event.sequence,
+            let reading = clocks.read()
+        else { return }
+        // Asleep at the reading only if no transition came between the event and the reading.
+        var latest = stallmon_event()
+        let stillAsleep = stallmon_loop_latest(loop, &latest) == 1 && latest.sequence == event.sequence
+        lastCPUReading = (reading, event.sequence, stillAsleep)
+    }
+
     // MARK: - Service watchdog
 
     /// Pings `WATCHDOG=1` when one is due and the loop is healthy: idle, outside the loop, inside
-    /// `allowingStall`, or in a window younger than the threshold.
-    private func pingServiceWatchdog(_ event: stallmon_event?) {
+    /// `allowingStall`, or in a window younger than the threshold. A loop with no transition yet
+    /// never gets here.
+    private func pingServiceWatchdog(_ event: stallmon_event) {
         guard serviceWatchdog != nil else { return }
         let now = stallmon_now_ns()
         var healthy = true
-        if let event, event.phase == UInt32(STALLMON_LOOP_ACTIVE.rawValue), stallmon_loop_allowed(loop) == 0 {
+        if event.phase == UInt32(STALLMON_LOOP_ACTIVE.rawValue), stallmon_loop_allowed(loop) == 0 {
             healthy = now < windowStart(of: event) + threshold
         }
         serviceWatchdog?.pingIfDue(now: now, healthy: healthy)
@@ -217,8 +293,9 @@ final class Watchdog: @unchecked Sendable {
     private func watchWindow(_ event: stallmon_event) {
         if event.sequence != armedSequence {
             armedSequence = event.sequence
-            armedAt = stallmon_now_ns()
-            armedCPU = stallmon_thread_cpu_ns(target.threadID)
+            armedBefore = lastCPUReading.map { ($0.reading, $0.asleep && $0.sequence + 1 == event.sequence) }
+            armedReading = clocks.read()
+            if let armedReading { lastCPUReading = (armedReading, event.sequence, false) }
         }
         let windowStart = windowStart(of: event)
         let deadline = windowStart + threshold
@@ -262,6 +339,28 @@ final class Watchdog: @unchecked Sendable {
     private func processWasStopped(wokeAt woke: UInt64, deadline: UInt64) -> Bool {
         if wasContinued() { return true }
         return woke > deadline && woke - deadline > pauseTolerance &+ lastWaitQueued
+    }
+
+    /// When a sample began, to tell afterwards whether the process was stopped during it.
+    private struct SampleStart {
+        let time = stallmon_now_ns()
+        let queued: UInt64?
+        /// How much longer than allowed the sample took (set by ``sampleWasStopped(_:)``).
+        var lateness: UInt64 = 0
+
+        init(_ runQueue: RunQueueClock) {
+            queued = runQueue.waited()
+        }
+    }
+
+    /// Whether the process was stopped during a sample: a SIGCONT arrived, or the sample took
+    /// longer than its timeout by more than the pause tolerance and the watchdog's wait for a CPU
+    /// (a SIGCONT handler cannot run where every thread blocks SIGCONT).
+    private func sampleWasStopped(_ start: inout SampleStart) -> Bool {
+        let elapsed = stallmon_now_ns() - start.time
+        let expected = UInt64(configuration.sampleTimeout.nanoseconds) &+ queued(since: start.queued)
+        start.lateness = elapsed > expected ? elapsed - expected : 0
+        return wasContinued() || start.lateness > pauseTolerance
     }
 
     /// The observer wakes a parked watchdog within microseconds of the loop waking up. When the
@@ -418,30 +517,46 @@ final class Watchdog: @unchecked Sendable {
             return nil
         }
 
+        let startReading = clocks.read()
+        var sampleBegan = SampleStart(runQueue)
         if !takeSample() {
             floor = (sequence, stallmon_now_ns())
             return
         }
         let stallID = Self.newStallID()
-        let cpuBase =
-            armedSequence == sequence && armedCPU >= 0
-            ? (cpu: armedCPU, time: armedAt) : (cpu: stallmon_thread_cpu_ns(target.threadID), time: watchedAt)
+        let armed = armedSequence == sequence
+        let insideReadings = [armed ? armedReading : nil, startReading].compactMap { $0 }
+        var cpuAccount =
+            insideReadings.isEmpty
+            ? nil
+            : StallCPUAccount(
+                windowStart: windowStart, before: armed ? armedBefore?.reading : nil,
+                sleptUntilStart: armed && armedBefore?.sleptUntilStart == true, after: insideReadings)
+        var sleptSinceEnd = false
+        var pausedOutsideAccount: UInt64 = 0
 
-        func cpuEstimate(until end: UInt64) -> UInt64 {
-            // The share of CPU the thread used since the watchdog armed this window, applied to
-            // the whole window.
-            let used = stallmon_thread_cpu_ns(target.threadID)
-            let readAt = stallmon_now_ns()
-            guard used >= cpuBase.cpu, readAt > cpuBase.time, end > windowStart else { return 0 }
-            let share = min(1, Double(used - cpuBase.cpu) / Double(readAt - cpuBase.time))
-            return UInt64(share * Double(end - windowStart))
+        /// Reads the thread's clocks; when the process was stopped since the previous reading,
+        /// adds the stop to `paused`. Called after every wait and every sample, so that each stop
+        /// falls between two readings: right after a sample, the thread has just run, and its
+        /// runnable time is up to date.
+        func readClocks(stopped: Bool, late: UInt64 = 0) {
+            if var account = cpuAccount, let reading = clocks.read() {
+                account.record(reading, stopped: stopped, late: late)
+                cpuAccount = account
+                paused = pausedOutsideAccount + account.paused
+            } else if stopped {
+                pausedOutsideAccount += late
+                paused = pausedOutsideAccount + (cpuAccount?.paused ?? 0)
+            }
         }
+        readClocks(stopped: sampleWasStopped(&sampleBegan), late: sampleBegan.lateness)
 
         func captured(_ kind: StallReport.Event, end: UInt64, stacks: [(stack: [UInt], count: Int)]) -> CapturedStall {
             let duration = end > windowStart + paused ? end - windowStart - paused : 0
+            let cpu = cpuAccount?.used(until: end, sleptSinceEnd: sleptSinceEnd) ?? 0
             return CapturedStall(
                 event: kind, stallID: stallID, startNanoseconds: windowStart, duration: duration, paused: paused,
-                activity: activity, runLoopMode: mode, cpu: min(cpuEstimate(until: end), duration),
+                activity: activity, runLoopMode: mode, cpu: min(cpu, duration),
                 samples: samples, unansweredSamples: unanswered, stacks: stacks,
                 threadState: Self.dominantState(states),
                 kernelView: Self.dominantWait(waits, fallback: latestView),
@@ -463,10 +578,10 @@ final class Watchdog: @unchecked Sendable {
             var target = nextSample
             if let schedule = serviceWatchdog, !finalReportWritten { target = min(target, schedule.finalReportTime) }
             let woke = wait(until: target)
-            if processWasStopped(wokeAt: woke, deadline: target), woke > target {
-                // Late by a stop, less any time spent waiting for a CPU (no stop).
-                paused += (woke - target) - min(lastWaitQueued, woke - target)
-            }
+            // Late by a stop, less any time spent waiting for a CPU (no stop); the thread's
+            // runnable time tells when the stop began.
+            let stopped = processWasStopped(wokeAt: woke, deadline: target)
+            readClocks(stopped: stopped, late: woke > target ? (woke - target) - min(lastWaitQueued, woke - target) : 0)
             if let schedule = serviceWatchdog, !finalReportWritten, stallmon_now_ns() >= schedule.finalReportTime {
                 finalReportWritten = true
                 var report = captured(.watchdog, end: stallmon_now_ns(), stacks: stacks.all)
@@ -499,17 +614,27 @@ final class Watchdog: @unchecked Sendable {
                 break
             }
             if stallmon_now_ns() >= nextSample {
+                sampleBegan = SampleStart(runQueue)
                 if !takeSample() {
                     end = stallmon_now_ns()
                     floor = (sequence, end)
                     break
                 }
+                readClocks(stopped: sampleWasStopped(&sampleBegan), late: sampleBegan.lateness)
                 nextSample += UInt64(configuration.sampleInterval.nanoseconds)
                 let now = stallmon_now_ns()
                 if nextSample < now { nextSample = now + UInt64(configuration.sampleInterval.nanoseconds) }
             }
         }
 
+        // A reading after the end; the loop slept from the end through it if no transition followed
+        // its sleep.
+        if let reading = clocks.read() { cpuAccount?.record(reading) }
+        var afterEnd = stallmon_event()
+        sleptSinceEnd =
+            stallmon_loop_latest(loop, &afterEnd) == 1 && afterEnd.sequence == sequence + 1
+            && afterEnd.phase == UInt32(STALLMON_LOOP_ASLEEP.rawValue)
+        if let cpuAccount { lastCPUReading = (cpuAccount.latest, sequence, false) }
         stallCount.add(1, ordering: .relaxed)
         if !suppressed {
             deliver(captured(.ended, end: end, stacks: stacks.all))

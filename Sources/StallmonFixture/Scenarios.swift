@@ -18,6 +18,24 @@ enum Scenarios {
             Fixture.after(0.3) { Fixture.truth(name) { Stalls.burnCPU(milliseconds: stallMilliseconds) } }
             finish(after: 1.5)
 
+        case "stopped-stall":
+            // A CPU stall of 2 s during which a shell stops the process three times for 200 ms
+            // (SIGSTOP, SIGCONT); the "pause" line is how long the stalled thread was stopped.
+            try monitor.start()
+            Fixture.after(0.05) {
+                let stop = "kill -STOP \(getpid()); sleep 0.2; kill -CONT \(getpid())"
+                let stopper = Process()
+                stopper.executableURL = URL(fileURLWithPath: "/bin/sh")
+                stopper.arguments = ["-c", "sleep 0.45; \(stop); sleep 0.2; \(stop); sleep 0.2; \(stop)"]
+                try? stopper.run()
+            }
+            Fixture.after(0.3) {
+                var pause: UInt64 = 0
+                Fixture.truth(name) { pause = Stalls.burnCPUNotingStops(milliseconds: 2000) }
+                Fixture.print(["type": "pause", "duration_ns": pause])
+            }
+            finish(after: 3.0)
+
         case "main-queue-syscall":
             try monitor.start()
             DispatchQueue.main.asyncAfter(deadline: .now() + 0.3) {
@@ -185,6 +203,15 @@ enum Scenarios {
             try monitor.start()
             Timer.scheduledRepeating(every: 0.3) { Stalls.sleepInSyscall(milliseconds: 150) }
             finish(after: 3.2)
+
+        case "stream":
+            // A stall of --stall-ms every --period-ms for --seconds, each with its ended report.
+            try monitor.start()
+            let stall = options.stallMilliseconds
+            Timer.scheduledRepeating(every: Double(options.periodMilliseconds) / 1000) {
+                Stalls.sleepInSyscall(milliseconds: stall)
+            }
+            finish(after: options.seconds)
 
         case "idle":
             try monitor.start()

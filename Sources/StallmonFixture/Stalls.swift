@@ -63,6 +63,26 @@ enum Stalls {
         blackHole(UInt64(total))
     }
 
+    /// Burns CPU like ``burnCPU(milliseconds:)`` and returns how long, in nanoseconds, the thread
+    /// was stopped meanwhile: the wall time it was neither on a CPU nor waiting for one (its
+    /// schedstat, read while it runs, so that both readings are up to date).
+    @inline(never)
+    static func burnCPUNotingStops(milliseconds: Int) -> UInt64 {
+        let startWall = monotonicMilliseconds()
+        let startRunnable = runnableMilliseconds()
+        burnCPU(milliseconds: milliseconds)
+        let runnable = runnableMilliseconds() - startRunnable
+        let wall = monotonicMilliseconds() - startWall
+        return UInt64(max(0, wall - runnable) * 1_000_000)
+    }
+
+    /// On a CPU plus waiting for one, from /proc/thread-self/schedstat.
+    static func runnableMilliseconds() -> Double {
+        let text = (try? String(contentsOfFile: "/proc/thread-self/schedstat", encoding: .utf8)) ?? ""
+        let fields = text.split(separator: " ").prefix(2).compactMap { Double($0) }
+        return fields.reduce(0, +) / 1_000_000
+    }
+
     @inline(never)
     static func blackHole(_ value: UInt64) {
         if value == 42 { print("") }

@@ -26,6 +26,9 @@ struct Options {
     var stallMilliseconds = 300
     var blockAfter: Double?
     var denyMembarrier: String?
+    var journalSocket = "/run/systemd/journal/socket"
+    var journalFallback = false
+    var periodMilliseconds = 250
 
     init(_ arguments: [String]) {
         var iterator = arguments.makeIterator()
@@ -40,6 +43,9 @@ struct Options {
             case "--stall-ms": stallMilliseconds = Int(iterator.next() ?? "") ?? stallMilliseconds
             case "--block-after": blockAfter = Double(iterator.next() ?? "")
             case "--deny-membarrier": denyMembarrier = iterator.next()
+            case "--journal-socket": journalSocket = iterator.next() ?? journalSocket
+            case "--journal-fallback": journalFallback = true
+            case "--period-ms": periodMilliseconds = Int(iterator.next() ?? "") ?? periodMilliseconds
             default: scenario = argument
             }
         }
@@ -63,6 +69,8 @@ struct JSONLinesSink: ReportSink {
             object["type"] = "stopped"
             object["stalls"] = statistics.stalls
             object["suppressed"] = statistics.suppressedReports
+            object["dropped"] = statistics.droppedReports
+            object["lost"] = statistics.lostReports
         case .suppressed: object["type"] = "suppressed"
         case .stallDetected(let report), .stallEnded(let report), .watchdogStall(let report):
             object["type"] = report.event.rawValue
@@ -99,9 +107,21 @@ enum Fixture {
     /// Records the true extent of a stall: the tests compare it with the reported duration.
     static func truth(_ name: String, _ body: () -> Void) {
         let start = now()
+        let cpuStart = threadCPU()
         body()
+        let cpuEnd = threadCPU()
         let end = now()
-        print(["type": "truth", "name": name, "start_ns": start, "end_ns": end, "duration_ns": end - start])
+        print([
+            "type": "truth", "name": name, "start_ns": start, "end_ns": end, "duration_ns": end - start,
+            "cpu_ns": cpuEnd - cpuStart,
+        ])
+    }
+
+    /// CLOCK_THREAD_CPUTIME_ID of the calling thread.
+    static func threadCPU() -> UInt64 {
+        var time = timespec()
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &time)
+        return UInt64(time.tv_sec) * 1_000_000_000 + UInt64(time.tv_nsec)
     }
 
     static func after(_ seconds: Double, _ body: @escaping @Sendable () -> Void) {
@@ -129,13 +149,20 @@ if options.scenario == "repeat" {
 }
 
 var sinks: [any ReportSink] = [JSONLinesSink(identifier: options.identifier)]
-if options.journal { sinks.append(JournalSink(syslogIdentifier: options.identifier)) }
+if options.journal {
+    sinks.append(
+        JournalSink(
+            syslogIdentifier: options.identifier, socketPath: options.journalSocket,
+            fallback: options.journalFallback ? StandardErrorSink() : nil))
+}
 if options.scenario == "service" { sinks = StallMonitor.defaultSinks(configuration) }
 let monitor = try StallMonitor(configuration: configuration, sinks: sinks)
 
 func finish(after seconds: Double) {
     Fixture.after(seconds) {
+        let start = Fixture.now()
         monitor.stop()
+        Fixture.print(["type": "stop", "duration_ns": Fixture.now() - start])
         exit(0)
     }
 }

@@ -43,6 +43,16 @@ struct Bench {
                     "[\(round)/\(options.rounds)] idle \(variant.rawValue): \(Report.format(result["wakeups_per_s"] ?? .nan)) wakeups/s"
                 )
             }
+            for workload in [Workload.mainActorHops, .poolTasks] {
+                for variant in AsyncWorkloads.variants {
+                    let result = try child(variant, workload, plan.parameters(workload))
+                    results[workload, variant] = result
+                    progress(
+                        "[\(round)/\(options.rounds)] \(workload.rawValue) \(variant.rawValue): "
+                            + "\(Report.grouped(result["rate"] ?? 0))/s"
+                    )
+                }
+            }
             let stalls = try child(.stallmon, .stalls, plan.latency)
             results[.stalls, .stallmon] = stalls
             progress(
@@ -67,6 +77,13 @@ struct Bench {
         let memory = try child(.stallmon, .stalls, plan.memory)
         progress("memory: VmRSS grew \(Report.format(memory["rss_growth_kib"] ?? .nan)) KiB")
 
+        progress("first stall: one 300 ms stall after the monitor settled")
+        let firstStall = try child(.stallmon, .firstStall, [:])
+        progress(
+            "first stall: VmRSS grew \(Report.format(firstStall["rss_first_stall_kib"] ?? .nan)) KiB, "
+                + "\(Report.format(firstStall["rss_first_stall_settled_kib"] ?? .nan)) KiB 2 s later"
+        )
+
         var instructions: InstructionCounts?
         if options.callgrind ?? true, let valgrind = InstructionCounts.valgrindPath() {
             instructions = try InstructionCounts.measure(
@@ -76,7 +93,8 @@ struct Bench {
             progress("valgrind not found: no instruction counts (apt-get install -y valgrind)")
         }
 
-        let figures = Figures.compute(rounds: rounds, memory: memory)
+        let figures = Figures.compute(
+            rounds: rounds, memory: memory, firstStall: firstStall, instructions: instructions)
         let elapsed = Double(Kernel.now() - started) / 1e9
         let table = Report.table(
             figures: figures, rounds: rounds, memory: memory, instructions: instructions, plan: plan, options: options,
@@ -138,6 +156,10 @@ struct Plan: Sendable {
                     ]
                 case .timer: ["passes": count(50_000, minimum: 1_000), "warmup": count(2_000, minimum: 100)]
                 case .io: ["passes": count(60_000, minimum: 1_000), "warmup": count(2_000, minimum: 100)]
+                case .mainActorHops:
+                    ["operations": count(50_000, minimum: 1_000), "warmup": count(2_000, minimum: 100)]
+                case .poolTasks:
+                    ["operations": count(500_000, minimum: 10_000), "warmup": count(20_000, minimum: 1_000)]
                 default: [:]
                 }
             }()

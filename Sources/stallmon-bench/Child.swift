@@ -23,6 +23,12 @@ enum Workload: String, CaseIterable, Sendable {
     case longStall = "long-stall"
     /// Direct samples of a thread 64 frames deep: time spent in the signal handler.
     case samplePause = "sample-pause"
+    /// Round trips from the cooperative pool to the main actor (``AsyncWorkloads``).
+    case mainActorHops = "main-actor-hops"
+    /// Tiny tasks on the cooperative pool (``AsyncWorkloads``).
+    case poolTasks = "pool-tasks"
+    /// One stall after the monitor settled: the resident memory its report costs.
+    case firstStall = "first-stall"
 }
 
 /// One child run: `--child VARIANT WORKLOAD [--NAME VALUE]...`, the hidden argument form the
@@ -79,6 +85,11 @@ enum Child {
                 try StallWorkloads.startLongStall(request)
             case .samplePause:
                 SamplePause.run(request)
+            case .mainActorHops, .poolTasks:
+                try AsyncWorkloads.start(request)
+                if request.variant == .unmonitored { dispatchMain() }  // an async main's drain
+            case .firstStall:
+                try StallWorkloads.startFirstStall(request)
             }
         } catch {
             fail("\(request.variant.rawValue) \(request.workload.rawValue): \(error)")

@@ -47,6 +47,14 @@ struct RoundResults: Sendable {
 
     func rate(_ workload: Workload, _ variant: Variant) -> Double? { self[workload, variant]?["rate"] }
 
+    /// The ratio of passes per second of main-thread CPU time.
+    func cpuRatio(_ workload: Workload, _ numerator: Variant, over denominator: Variant) -> Double? {
+        guard let top = self[workload, numerator]?["cpu_rate"], let bottom = self[workload, denominator]?["cpu_rate"],
+            bottom > 0
+        else { return nil }
+        return top / bottom
+    }
+
     func ratio(_ workload: Workload, _ numerator: Variant, over denominator: Variant) -> Double? {
         guard let top = rate(workload, numerator), let bottom = rate(workload, denominator), bottom > 0 else {
             return nil
@@ -57,7 +65,10 @@ struct RoundResults: Sendable {
 
 /// The figures of the JSON object, in its order, computed from the rounds.
 enum Figures {
-    static func compute(rounds: [RoundResults], memory: [String: Double]?) -> [Figure] {
+    static func compute(
+        rounds: [RoundResults], memory: [String: Double]?, firstStall: [String: Double]? = nil,
+        instructions: InstructionCounts? = nil
+    ) -> [Figure] {
         var figures: [Figure] = []
         func add(_ key: String, _ target: Target? = nil, _ value: (RoundResults) -> Double?) {
             var figure = Figure(key, target)
@@ -71,6 +82,9 @@ enum Figures {
         add("work_throughput_ratio", .atLeast(0.98)) { $0.ratio(.work, .stallmon, over: .unmonitored) }
         add("timer_throughput_ratio", .atLeast(0.95)) { $0.ratio(.timer, .stallmon, over: .unmonitored) }
         add("io_throughput_ratio", .atLeast(0.95)) { $0.ratio(.io, .stallmon, over: .unmonitored) }
+        add("main_actor_hop_ratio") { $0.ratio(.mainActorHops, .stallmon, over: .unmonitored) }
+        add("main_actor_over_floor_ratio") { $0.ratio(.mainActorHops, .stallmon, over: .noopObserver) }
+        add("pool_tasks_ratio") { $0.ratio(.poolTasks, .stallmon, over: .unmonitored) }
         add("idle_watchdog_wakeups_per_s", .atMost(0)) { $0[.idle, .stallmon]?["wakeups_per_s"] }
         add("busy_watchdog_wakeups_per_s", .atMost(10)) { $0[.busy, .stallmon]?["wakeups_per_s"] }
         add("detection_latency_p50_ms") { $0[.stalls, .stallmon]?["latency_p50_ms"] }
@@ -82,6 +96,28 @@ enum Figures {
         var memoryFigure = Figure("rss_growth_kib_10k_stalls", .atMost(512))
         if let growth = memory?["rss_growth_kib"] { memoryFigure.values = [growth] }
         figures.append(memoryFigure)
+        // By the main thread's CPU time instead of wall time: steadier on a shared machine.
+        add("floor_busy_cpu_ratio") { $0.cpuRatio(.busy, .noopObserver, over: .unmonitored) }
+        add("busy_over_floor_cpu_ratio") { $0.cpuRatio(.busy, .stallmon, over: .noopObserver) }
+        add("busy_cpu_ratio") { $0.cpuRatio(.busy, .stallmon, over: .unmonitored) }
+        add("work_cpu_ratio") { $0.cpuRatio(.work, .stallmon, over: .unmonitored) }
+        add("timer_cpu_ratio") { $0.cpuRatio(.timer, .stallmon, over: .unmonitored) }
+        add("io_cpu_ratio") { $0.cpuRatio(.io, .stallmon, over: .unmonitored) }
+        for (key, target) in [("rss_first_stall_kib", Target.atMost(8192)), ("rss_first_stall_settled_kib", nil)] {
+            var figure = Figure(key, target)
+            if let value = firstStall?[key] { figure.values = [value] }
+            figures.append(figure)
+        }
+        // Only when counted (not in a quick run, nor without valgrind).
+        if let instructions {
+            for variant in Variant.allCases {
+                guard let value = instructions.perPass[variant] else { continue }
+                let name = String(variant.rawValue.map { $0 == "-" ? "_" : $0 })
+                var figure = Figure("callgrind_busy_instructions_per_pass_\(name)")
+                figure.values = [value]
+                figures.append(figure)
+            }
+        }
         return figures
     }
 }

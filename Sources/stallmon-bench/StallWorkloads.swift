@@ -61,6 +61,42 @@ enum StallWorkloads {
     }
 }
 
+extension StallWorkloads {
+    /// One 300 ms CPU stall (100 ms threshold) once the monitor has settled (`settle`, 1.5 s: the
+    /// reporter's look-up of the run loop's wait is done and its pages released). Finishes with
+    /// `rss_before_kib` (VmRSS then), `rss_first_stall_kib` (VmRSS growth as the ended report
+    /// reaches the sink: symbols loaded for it) and `rss_first_stall_settled_kib` (the growth 2 s
+    /// later, once the symbolicator released the pages of the image files it read).
+    static func startFirstStall(_ request: ChildRequest) throws {
+        var configuration = StallMonitor.Configuration()
+        configuration.threshold = .milliseconds(100)
+        let sink = TimingSink(recording: true)
+        let installed = try InstalledVariant(request.variant, configuration: configuration, sinks: [sink])
+        Timers.after(request.double("settle", default: 1.5)) {
+            let before = Kernel.residentKiB() ?? 0
+            Spin.burn(until: Kernel.now() + 300_000_000)
+            let deadline = Kernel.now() + 10_000_000_000
+            @Sendable func waitForReport() {
+                guard sink.endedReports.isEmpty, Kernel.now() < deadline else {
+                    let peak = Kernel.residentKiB() ?? 0
+                    Timers.after(2) {
+                        let settled = Kernel.residentKiB() ?? 0
+                        installed.stallMonitor?.stop()
+                        Child.finish([
+                            "rss_before_kib": Double(before), "rss_first_stall_kib": Double(peak - before),
+                            "rss_first_stall_settled_kib": Double(settled - before),
+                            "ended": Double(sink.endedReports.count),
+                        ])
+                    }
+                    return
+                }
+                Timers.after(0.01) { waitForReport() }
+            }
+            waitForReport()
+        }
+    }
+}
+
 /// The stall loop of ``StallWorkloads/startRepeatedStalls(_:)``; main thread only.
 final class RepeatedStalls: @unchecked Sendable {
     private let count: Int

@@ -48,6 +48,9 @@ struct ConfigurationTests {
         Invalid(key: "startup_grace_period_ms", value: "-1 ms", reason: "must not be negative") {
             $0.startupGracePeriod = .milliseconds(-1)
         },
+        Invalid(key: "loop_start_timeout_ms", value: "50 ms", reason: "must be at least 100 ms") {
+            $0.loopStartTimeout = .milliseconds(50)
+        },
         Invalid(key: "signal", value: "9", reason: "must be SIGUSR1, SIGUSR2, SIGPROF or a real-time signal") {
             $0.signal = SIGKILL
         },

@@ -179,6 +179,19 @@ void stallmon_probe_observer(void *observer, uintptr_t activity, void *info);
 /// keeps). Returns 0 when it is not found or has no size.
 int stallmon_exported_function_range(const char *name, uintptr_t *start, uintptr_t *end);
 
+// MARK: - The main thread of an async @main
+
+/// Runs the main run loop until it is stopped (CFRunLoopRun, passed in from Swift).
+typedef void (*stallmon_main_loop_fn)(void);
+
+/// Sets `swift_task_asyncMainDrainQueue_hook` so that, once an async main first suspends, the main
+/// thread runs `run` (the CoreFoundation main run loop, which drains the main queue) instead of
+/// `dispatch_main()`, as on Darwin. If `run` returns, the runtime's own drain takes over. Effective
+/// only when called on the main thread before the async main first suspends (the runtime reads the
+/// hook then). Returns 0 (also when it is installed already), -ENOENT when the Swift runtime has
+/// no such hook, -EBUSY when someone else's hook is set.
+int stallmon_async_main_run_loop_install(stallmon_main_loop_fn run);
+
 #ifdef __cplusplus
 }
 #endif

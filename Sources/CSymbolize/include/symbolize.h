@@ -33,14 +33,21 @@ void stallmon_symbolizer_destroy(stallmon_symbolizer *symbolizer);
 /// Re-reads the process's mappings (after dlopen). Invalidates strings handed out before.
 int stallmon_symbolizer_refresh(stallmon_symbolizer *symbolizer);
 
+/// Drops the pages of the modules' files that lookups read in (symbol tables, DWARF), which the
+/// symbolizer maps privately and never writes: they leave the process's resident set and come back
+/// from the page cache on the next lookup. Strings handed out stay valid.
+void stallmon_symbolizer_trim(stallmon_symbolizer *symbolizer);
+
 /// Resolves `address` into up to `capacity` frames, innermost (inlined) first.
 /// `is_return_address` makes the lookup use address - 1, the call instruction.
 /// Returns the number of frames written (0 when the address is in no known module).
 int stallmon_symbolize(stallmon_symbolizer *symbolizer, uintptr_t address, int is_return_address,
                        stallmon_symbol *out, int capacity);
 
-/// Finds a function symbol by exact name in any module. Returns 1 and its address range when found.
-int stallmon_symbolizer_find_function(stallmon_symbolizer *symbolizer, const char *name,
+/// Finds a function symbol by exact name in the module that defines the exported symbol
+/// `neighbor` (found with dlsym), or in any module when `neighbor` is NULL (which loads the symbol
+/// table of every module). Returns 1 and its address range when found.
+int stallmon_symbolizer_find_function(stallmon_symbolizer *symbolizer, const char *name, const char *neighbor,
                                       uintptr_t *start, uintptr_t *end);
 
 /// Demangles a Swift symbol with the runtime's demangler. Returns a malloc'd string, or NULL when

@@ -1,32 +1,56 @@
 import StallJournal
 
 /// Writes reports to the systemd journal as structured entries (see `StallRecord` for the fields).
+///
+/// Each entry goes over a socket of the sink's own in journald's native protocol, and one send
+/// waits at most `sendTimeout` for journald (see ``JournalConnection``). An entry journald does
+/// not take goes to `fallback` when there is one (the default sinks fall back to standard error),
+/// and counts as lost otherwise. Every entry tries the journal first, so reports return to it as
+/// soon as journald listens again, whether or not it listened when the sink was made.
 public struct JournalSink: ReportSink {
-    private let writer: JournalWriter
+    private let connection: JournalConnection
     private let syslogIdentifier: String
+    private let fallback: (any ReportSink)?
     private let failures: FailureCounter
 
     /// - Parameters:
     ///   - syslogIdentifier: `SYSLOG_IDENTIFIER` of stall entries; `nil` uses the program's name.
     ///     Cut to ``FieldLimits/identifierBytes`` (with a marker), the longest readers accept.
-    ///   - writer: Where entries go; the default is journald's native socket.
-    public init(syslogIdentifier: String? = nil, writer: JournalWriter = JournalWriter()) {
-        self.writer = writer
+    ///   - socketPath: journald's native socket (`/run/systemd/journal.NAMESPACE/socket` for a
+    ///     journal namespace).
+    ///   - sendTimeout: How long one entry may wait for a journald that takes none; after such a
+    ///     wait, entries skip the journal for a second.
+    ///   - fallback: Where entries go that journald did not take; `nil` counts them as lost.
+    public init(
+        syslogIdentifier: String? = nil, socketPath: String = "/run/systemd/journal/socket",
+        sendTimeout: Duration = .milliseconds(100), fallback: (any ReportSink)? = nil
+    ) {
+        self.connection = JournalConnection(path: socketPath, timeout: sendTimeout)
         self.syslogIdentifier = FieldLimits.identifier(syslogIdentifier ?? ProgramName.current)
+        self.fallback = fallback
         self.failures = FailureCounter()
     }
 
     /// Whether journald listens (see ``JournalWriter/isAvailable``).
-    public var isAvailable: Bool { writer.isAvailable }
+    public var isAvailable: Bool { JournalWriter(socketPath: connection.path).isAvailable }
 
-    /// Entries that journald refused (for example while it is down).
+    /// Entries that journald did not take (for example while it is down), whether or not the
+    /// fallback then had them.
     public var failedEntries: Int { failures.count }
 
-    public func emit(_ event: StallMonitorEvent) {
+    /// Sends the event to the journal, or to the fallback when journald does not take it.
+    /// - Throws: ``JournalDecodingError`` for a field journald would drop or no reader would accept
+    ///   (``JournalWriter/validate(_:)``); without a fallback, the reason journald did not take the
+    ///   entry; with one, the fallback's error.
+    public func emit(_ event: StallMonitorEvent) throws {
+        let fields = Self.fields(for: event, syslogIdentifier: syslogIdentifier)
+        try JournalWriter.validate(fields)
         do {
-            try writer.send(Self.fields(for: event, syslogIdentifier: syslogIdentifier))
+            try connection.send(JournalConnection.encode(fields))
         } catch {
             failures.increment()
+            guard let fallback else { throw error }
+            try fallback.emit(event)
         }
     }
 
@@ -55,11 +79,12 @@ public struct JournalSink: ReportSink {
                 message:
                     "stallmon stopped monitoring \(description.loop == "main" ? "the main run loop" : "thread \(description.loop)"): "
                     + "\(statistics.stalls) stalls, \(statistics.suppressedReports) reports suppressed, "
-                    + "\(statistics.droppedReports) dropped"
+                    + "\(statistics.droppedReports) dropped, \(statistics.lostReports) lost"
             )
             fields.append(JournalField(MonitorField.stalls, String(statistics.stalls)))
             fields.append(JournalField(MonitorField.suppressed, String(statistics.suppressedReports)))
             fields.append(JournalField(MonitorField.dropped, String(statistics.droppedReports)))
+            fields.append(JournalField(MonitorField.lost, String(statistics.lostReports)))
             return fields
         }
     }

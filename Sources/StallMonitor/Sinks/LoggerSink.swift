@@ -15,7 +15,10 @@ public struct LoggerSink: ReportSink {
         case .stopped(let description, let statistics):
             logger.info(
                 "stopped monitoring \(description.loop)",
-                metadata: ["stalls": "\(statistics.stalls)", "suppressed": "\(statistics.suppressedReports)"]
+                metadata: [
+                    "stalls": "\(statistics.stalls)", "suppressed": "\(statistics.suppressedReports)",
+                    "dropped": "\(statistics.droppedReports)", "lost": "\(statistics.lostReports)",
+                ]
             )
         case .suppressed(let suppression):
             logger.notice("\(suppression.message)", metadata: ["stall.fingerprint": "\(suppression.fingerprint)"])

@@ -11,20 +11,30 @@ public struct StandardErrorSink: ReportSink {
         self.prefix = prefix ?? "stallmon[\(getpid())]"
     }
 
-    public func emit(_ event: StallMonitorEvent) {
+    /// Writes the event's lines.
+    /// - Throws: ``WriteError`` when standard error does not take them (closed, a full disk).
+    public func emit(_ event: StallMonitorEvent) throws {
         var text = Self.render(event).split(separator: "\n", omittingEmptySubsequences: false)
             .map { "\(prefix): \($0)" }.joined(separator: "\n")
         text += "\n"
         // One write per event so that lines of concurrent writers do not interleave.
-        text.withUTF8 { bytes in
+        let failure = text.withUTF8 { bytes -> Int32? in
             var offset = 0
             while offset < bytes.count {
                 let written = write(STDERR_FILENO, bytes.baseAddress! + offset, bytes.count - offset)
                 if written < 0, errno == EINTR { continue }
-                if written <= 0 { return }
+                if written <= 0 { return written < 0 ? errno : EIO }
                 offset += written
             }
+            return nil
         }
+        if let failure { throw WriteError(code: failure) }
+    }
+
+    /// Standard error did not take an event; `code` is the errno of `write`.
+    public struct WriteError: Error, CustomStringConvertible {
+        public var code: Int32
+        public var description: String { "write to standard error failed (errno \(code))" }
     }
 
     /// The readable form of an event: its message, then details and the backtrace indented.
@@ -34,7 +44,8 @@ public struct StandardErrorSink: ReportSink {
             return "started: " + description.message
         case .stopped(let description, let statistics):
             return "stopped monitoring \(description.loop): \(statistics.stalls) stalls, "
-                + "\(statistics.suppressedReports) reports suppressed, \(statistics.droppedReports) dropped"
+                + "\(statistics.suppressedReports) reports suppressed, \(statistics.droppedReports) dropped, "
+                + "\(statistics.lostReports) lost"
         case .suppressed(let suppression):
             return suppression.message
         case .stallDetected(let report), .stallEnded(let report), .watchdogStall(let report):

@@ -12,6 +12,8 @@ struct Executable {
     static let stallmond = Executable(name: "stallmond")
     /// The service the tests stall (Sources/StallmonFixture).
     static let fixture = Executable(name: "StallmonFixture")
+    /// The async `@main` service the tests stall (Sources/StallmonAsyncFixture).
+    static let asyncFixture = Executable(name: "StallmonAsyncFixture")
 
     var url: URL {
         URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent(name)

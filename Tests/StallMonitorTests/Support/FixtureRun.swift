@@ -26,9 +26,9 @@ struct FixtureRun {
     /// - Parameter whileRunning: Called with the child's pid once it runs (for SIGSTOP tests).
     static func run(
         _ scenario: String, arguments: [String] = [], environment: [String: String] = [:], timeout: Double = 30,
-        whileRunning: ((pid_t) -> Void)? = nil
+        executable: Executable = .fixture, whileRunning: ((pid_t) -> Void)? = nil
     ) throws -> FixtureRun {
-        let running = try Executable.fixture.start([scenario] + arguments, environment: environment)
+        let running = try executable.start([scenario] + arguments, environment: environment)
         let killer = DispatchWorkItem { if running.process.isRunning { running.signal(SIGKILL) } }
         DispatchQueue.global().asyncAfter(deadline: .now() + timeout, execute: killer)
         defer { killer.cancel() }

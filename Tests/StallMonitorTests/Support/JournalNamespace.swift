@@ -5,39 +5,91 @@ import StallJournal
     import Glibc
 #endif
 
-/// A journald of its own namespace (`systemd-journald NAME`, what `LogNamespace=` starts), so a
-/// test can write hostile entries that no other test's `stallmon report` reads. Entries go over
-/// journald's native protocol, so they carry any field, any bytes, any length. ``remove()`` stops
-/// it and deletes its journal files.
-final class JournalNamespace {
+/// A journald of the test's own: `/lib/systemd/systemd-journald NAMESPACE` (what `LogNamespace=`
+/// starts) listens on `/run/systemd/journal.NAMESPACE/socket` and writes its own journal files, read
+/// back with `journalctl --namespace`. A test can write hostile entries that no other test's
+/// `stallmon report` reads, and kill, stop and restart it without touching the journald other tests
+/// share. ``remove()`` kills it and deletes its socket folder and journal files.
+final class JournalNamespace: @unchecked Sendable {
     let name: String
-    private var pid: pid_t = 0
+    private var process: Process?
 
     init() {
-        name = "stallmon-test-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
+        // Namespace names are file-name-safe words; a fresh one per test keeps runs apart.
+        name = "stallmontest\(getpid())x\(UInt32.random(in: 0...UInt32.max))"
     }
 
     var socketPath: String { "/run/systemd/journal.\(name)/socket" }
 
-    /// Starts its journald unless one listens (a namespace's journald exits when idle).
-    func ensureRunning() -> Bool {
-        if connects() { return true }
-        if pid > 0 {
-            var status: Int32 = 0
-            _ = waitpid(pid, &status, WNOHANG)
-        }
+    /// Starts journald and waits until it takes a datagram; false when it cannot (not root).
+    func start() -> Bool {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: "/lib/systemd/systemd-journald")
         process.arguments = [name]
         process.standardOutput = FileHandle.nullDevice
         process.standardError = FileHandle.nullDevice
         do { try process.run() } catch { return false }
-        pid = process.processIdentifier
+        self.process = process
         for _ in 0..<100 {
-            if connects() { return true }
+            if listens { return true }
             usleep(50_000)
         }
         return false
+    }
+
+    /// Starts its journald unless one listens (a namespace's journald exits when idle).
+    func ensureRunning() -> Bool {
+        if listens { return true }
+        if let process, !process.isRunning { self.process = nil }
+        return start()
+    }
+
+    /// Whether a datagram socket connects to journald's socket.
+    var listens: Bool {
+        let descriptor = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        defer { close(descriptor) }
+        return JournalWriter.withSocketAddress(socketPath) { connect(descriptor, $0, $1) } == 0
+    }
+
+    /// Sends `signal` to journald; SIGKILL also waits until it is gone (its socket file stays).
+    func signal(_ signal: Int32) {
+        guard let process else { return }
+        kill(process.processIdentifier, signal)
+        if signal == SIGKILL {
+            process.waitUntilExit()
+            self.process = nil
+        }
+    }
+
+    /// Fills the socket's queue (`net.unix.max_dgram_qlen` datagrams) of a stopped journald, so
+    /// that the next sender would wait; returns how many datagrams it sent.
+    func fillQueue() -> Int {
+        let descriptor = socket(
+            AF_UNIX, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue) | Int32(SOCK_NONBLOCK.rawValue), 0)
+        defer { close(descriptor) }
+        guard JournalWriter.withSocketAddress(socketPath, { connect(descriptor, $0, $1) }) == 0 else { return 0 }
+        let entry = Array("MESSAGE=filler\nSYSLOG_IDENTIFIER=stallmon-test-filler\n".utf8)
+        var sent = 0
+        while sent < 10_000, entry.withUnsafeBytes({ Glibc.send(descriptor, $0.baseAddress, $0.count, 0) }) >= 0 {
+            sent += 1
+        }
+        return sent
+    }
+
+    /// Kills journald and removes its socket folder and journal files.
+    func remove() {
+        if process != nil {
+            signal(SIGCONT)
+            signal(SIGKILL)
+        }
+        try? FileManager.default.removeItem(atPath: "/run/systemd/journal.\(name)")
+        let machineID = (try? String(contentsOfFile: "/etc/machine-id", encoding: .utf8))?
+            .trimmingCharacters(in: .whitespacesAndNewlines)
+        if let machineID {
+            for root in ["/var/log/journal", "/run/log/journal"] {
+                try? FileManager.default.removeItem(atPath: "\(root)/\(machineID).\(name)")
+            }
+        }
     }
 
     /// Sends one entry, every field in the binary-safe form of the native protocol.
@@ -85,30 +137,34 @@ final class JournalNamespace {
         return false
     }
 
-    /// Stops its journald and deletes its journal files and sockets.
-    func remove() {
-        if pid > 0, kill(pid, SIGTERM) == 0 {
-            for _ in 0..<100 {
-                var status: Int32 = 0
-                if waitpid(pid, &status, WNOHANG) != 0 { break }
-                usleep(50_000)
-            }
-        }
-        let machine =
-            (try? String(contentsOfFile: "/etc/machine-id", encoding: .utf8))?
-            .trimmingCharacters(in: .whitespacesAndNewlines) ?? ""
-        for path in [
-            "/var/log/journal/\(machine).\(name)", "/run/log/journal/\(machine).\(name)",
-            "/run/systemd/journal.\(name)",
-        ] where !machine.isEmpty {
-            try? FileManager.default.removeItem(atPath: path)
-        }
+    /// `journalctl --namespace NAME -o json` for the matches, polled until `count` entries appear
+    /// or `timeout` passes.
+    func entries(_ matches: [String], atLeast count: Int = 1, timeout: Double = 10) throws -> [[String: String]] {
+        let deadline = Date(timeIntervalSinceNow: timeout)
+        var entries: [[String: String]] = []
+        repeat {
+            entries = try read(matches)
+            if entries.count >= count { return entries }
+            usleep(100_000)
+        } while Date() < deadline
+        return entries
     }
 
-    private func connects() -> Bool {
-        let descriptor = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue), 0)
-        guard descriptor >= 0 else { return false }
-        defer { close(descriptor) }
-        return JournalWriter.withSocketAddress(socketPath) { connect(descriptor, $0, $1) } == 0
+    private func read(_ matches: [String]) throws -> [[String: String]] {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/journalctl")
+        process.arguments = ["--namespace", name, "-o", "json", "--no-pager", "--all"] + matches
+        let output = Pipe()
+        process.standardOutput = output
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        let data = output.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        return String(decoding: data, as: UTF8.self).split(separator: "\n").compactMap { line in
+            guard let object = (try? JSONSerialization.jsonObject(with: Data(line.utf8))) as? [String: Any] else {
+                return nil
+            }
+            return object.compactMapValues { $0 as? String }
+        }
     }
 }

@@ -1,0 +1,319 @@
+// A small async service (an `async` `@main`, as Vapor, Hummingbird and swift-service-lifecycle
+// services are) that stalls its main actor on request. The tests run it as a child process and read
+// what its monitor reported from standard output (one JSON object a line).
+//
+//   StallmonAsyncFixture SCENARIO [--threshold-ms N] [--seconds N] [--loop-start-timeout-ms N]
+//                                 [--journal --identifier NAME]
+//
+// Scenarios:
+//   unwatched  starts the monitor as a run-loop service would (start()), which sees nothing here
+//   stalls     start(.asyncMain); main-actor stalls on the CPU, in a system call and on a lock, then
+//              a DispatchQueue.main block on the CPU
+//   idle       start(.asyncMain); nothing happens for --seconds
+//   watchdog   start(.asyncMain); READY=1, then a 3 s main-actor stall in a system call
+//   late       calls start(.asyncMain) after main()'s first await: too late, it throws
+//   hops       measures main-actor hops from the global pool (--hops N, --drain dispatch|run-loop|monitored):
+//              the runtime's dispatch_main drain, the main run loop without a monitor, and start(.asyncMain)
+
+import CStallCapture
+import CoreFoundation
+import Dispatch
+import Foundation
+import StallJournal
+import StallMonitor
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+@main
+enum AsyncFixture {
+    static func main() async throws {
+        let options = Options(Array(CommandLine.arguments.dropFirst()))
+        var configuration = StallMonitor.Configuration()
+        configuration.threshold = .milliseconds(options.threshold)
+        configuration.sampleInterval = .milliseconds(10)
+        configuration.syslogIdentifier = options.identifier
+        configuration.loopStartTimeout = .milliseconds(options.loopStartTimeout)
+        configuration.rateLimit.burst = 1000  // the tests count every report
+        var sinks: [any ReportSink] = [JSONLinesSink(identifier: options.identifier)]
+        if options.journal { sinks.append(JournalSink(syslogIdentifier: options.identifier)) }
+        let monitor = try StallMonitor(configuration: configuration, sinks: sinks)
+        if options.scenario == "hops" {
+            try await Hops.measure(options, monitor: monitor)
+            return
+        }
+        if options.scenario == "late" {
+            try await Task.sleep(for: .milliseconds(10))
+            do {
+                try monitor.start(.asyncMain)
+            } catch {
+                Fixture.print(["type": "error", "description": "\(error)", "main_thread": Thread.isMainThread])
+            }
+            return
+        }
+
+        // The adoption under test: one line before main()'s first await.
+        try monitor.start(options.scenario == "unwatched" ? .mainThread : .asyncMain)
+
+        let started = Fixture.now()
+        let switches = WatchdogSwitches(monitor: monitor, started: started)
+        switches.record(every: 0.5, until: options.seconds)
+
+        switch options.scenario {
+        case "unwatched":
+            try await Task.sleep(for: .milliseconds(300))
+            Fixture.truth("main-actor-cpu") { AsyncWork.recompute(milliseconds: 600) }
+        case "stalls":
+            // Past the reporter's symbol loading, which competes for the CPU in the first few hundred ms.
+            try await Task.sleep(for: .milliseconds(1000))
+            Fixture.truth("main-actor-cpu") { AsyncWork.recompute(milliseconds: 600) }
+            try await Task.sleep(for: .milliseconds(300))
+            Fixture.truth("main-actor-syscall") { AsyncWork.readConfiguration(milliseconds: 600) }
+            try await Task.sleep(for: .milliseconds(300))
+            let lock = NSLock()
+            let holding = DispatchSemaphore(value: 0)
+            Thread.detachNewThread {
+                lock.lock()
+                holding.signal()
+                usleep(800_000)
+                lock.unlock()
+            }
+            holding.wait()
+            Fixture.truth("main-actor-lock") { AsyncWork.waitForCache(lock) }
+            try await Task.sleep(for: .milliseconds(300))
+            DispatchQueue.main.async {
+                Fixture.truth("main-queue-cpu") { AsyncWork.flushMetrics(milliseconds: 600) }
+            }
+        case "idle":
+            break
+        case "watchdog":
+            monitor.notifyReady()
+            try await Task.sleep(for: .milliseconds(1200))
+            Fixture.truth("main-actor-syscall") { AsyncWork.readConfiguration(milliseconds: 3000) }
+        default:
+            FileHandle.standardError.write(Data("unknown scenario \(options.scenario)\n".utf8))
+            exit(64)
+        }
+
+        let left = options.seconds - Double(Fixture.now() - started) / 1e9
+        if left > 0 { try await Task.sleep(for: .milliseconds(Int(left * 1000))) }
+        // The last switch count, then the monitor's own statistics.
+        switches.print()
+        let statistics = monitor.statistics
+        monitor.stop()
+        Fixture.print([
+            "type": "statistics", "stalls": statistics.stalls, "main_thread": Thread.isMainThread,
+        ])
+    }
+}
+
+struct Options {
+    var scenario = ""
+    var threshold = 100
+    var seconds = 5.0
+    var loopStartTimeout = 1000
+    var hops = 100_000
+    var journal = false
+    var identifier = "stallmon-async-fixture"
+    var drain = "monitored"
+
+    init(_ arguments: [String]) {
+        var iterator = arguments.makeIterator()
+        while let argument = iterator.next() {
+            switch argument {
+            case "--threshold-ms": threshold = Int(iterator.next() ?? "") ?? threshold
+            case "--seconds": seconds = Double(iterator.next() ?? "") ?? seconds
+            case "--loop-start-timeout-ms": loopStartTimeout = Int(iterator.next() ?? "") ?? loopStartTimeout
+            case "--hops": hops = Int(iterator.next() ?? "") ?? hops
+            case "--journal": journal = true
+            case "--identifier": identifier = iterator.next() ?? identifier
+            case "--drain": drain = iterator.next() ?? drain
+            default: scenario = argument
+            }
+        }
+    }
+}
+
+/// Main-actor hops from the global pool: each `MainActor.run` enqueues a job on the main executor
+/// and resumes on the pool when it is done.
+enum Hops {
+    @MainActor static var counter = 0
+
+    @MainActor static func measure(_ options: Options, monitor: StallMonitor) async throws {
+        switch options.drain {
+        case "dispatch": break
+        case "run-loop": _ = stallmon_async_main_run_loop_install { CFRunLoopRun() }
+        default: try monitor.start(.asyncMain)
+        }
+        try await Task.sleep(for: .milliseconds(200))
+        let count = options.hops
+        let elapsed = await Task.detached {
+            let start = Fixture.now()
+            for _ in 0..<count {
+                await MainActor.run { counter += 1 }
+            }
+            return Fixture.now() - start
+        }.value
+        let cpu = Fixture.processCPU()
+        Fixture.print([
+            "type": "hops", "drain": options.drain, "hops": count, "ns_per_hop": Double(elapsed) / Double(count),
+            "process_cpu_ns": cpu, "main_thread": Thread.isMainThread,
+        ])
+        monitor.stop()
+    }
+}
+
+/// The stalling code. Each is its own non-inlined function, so that tests can look for it by name
+/// (and file:line) in the reported stack.
+enum AsyncWork {
+    /// Main-actor work busy on the CPU (FNV hashing).
+    @MainActor @inline(never)
+    static func recompute(milliseconds: Int) {
+        let end = Fixture.milliseconds() + Double(milliseconds)
+        var hash: UInt64 = 0xcbf2_9ce4_8422_2325
+        while Fixture.milliseconds() < end {
+            for byte in 0..<UInt64(4096) { hash = (hash ^ byte) &* 0x100_0000_01b3 }
+        }
+        blackHole(hash)
+    }
+
+    /// Main-actor work blocked in a system call (`poll` with no descriptors).
+    @MainActor @inline(never)
+    static func readConfiguration(milliseconds: Int) {
+        let end = Fixture.milliseconds() + Double(milliseconds)
+        while true {
+            let left = end - Fixture.milliseconds()
+            if left <= 0 { break }
+            _ = poll(nil, 0, Int32(left.rounded(.up)))
+        }
+    }
+
+    /// Main-actor work waiting for a lock another thread holds.
+    @MainActor @inline(never)
+    static func waitForCache(_ lock: NSLock) {
+        lock.lock()
+        lock.unlock()
+    }
+
+    /// A main-queue block busy on the CPU.
+    @inline(never)
+    static func flushMetrics(milliseconds: Int) {
+        let end = Fixture.milliseconds() + Double(milliseconds)
+        var hash: UInt64 = 0x8422_2325_cbf2_9ce4
+        while Fixture.milliseconds() < end {
+            for byte in 0..<UInt64(4096) { hash = (hash ^ byte) &* 0x100_0000_01b3 }
+        }
+        blackHole(hash)
+    }
+
+    @inline(never)
+    static func blackHole(_ value: UInt64) {
+        if value == 42 { Swift.print("") }
+    }
+}
+
+/// The clock, the output, and the true extent of each stall, for the tests to compare with.
+enum Fixture {
+    static func now() -> UInt64 {
+        var time = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &time)
+        return UInt64(time.tv_sec) * 1_000_000_000 + UInt64(time.tv_nsec)
+    }
+
+    static func milliseconds() -> Double { Double(now()) / 1e6 }
+
+    static func processCPU() -> UInt64 {
+        var time = timespec()
+        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &time)
+        return UInt64(time.tv_sec) * 1_000_000_000 + UInt64(time.tv_nsec)
+    }
+
+    static func print(_ object: [String: Any]) {
+        guard let data = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys]) else { return }
+        FileHandle.standardOutput.write(data + Data("\n".utf8))
+    }
+
+    /// Records the true extent of a stall and the thread it ran on.
+    /// Records the true extent of a stall, the CPU time its thread used meanwhile (on a busy
+    /// machine a CPU-bound stall gets less CPU than its duration), and the thread it ran on.
+    static func truth(_ name: String, _ body: () -> Void) {
+        let startCPU = threadCPU()
+        let start = now()
+        body()
+        let end = now()
+        let cpu = threadCPU() - startCPU
+        print([
+            "type": "truth", "name": name, "start_ns": start, "end_ns": end, "duration_ns": end - start,
+            "cpu_ns": cpu, "main_thread": Thread.isMainThread,
+        ])
+    }
+
+    static func threadCPU() -> UInt64 {
+        var time = timespec()
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &time)
+        return UInt64(time.tv_sec) * 1_000_000_000 + UInt64(time.tv_nsec)
+    }
+}
+
+/// Context switches of the watchdog thread (each wakeup is one), printed every half second.
+final class WatchdogSwitches: @unchecked Sendable {
+    private let monitor: StallMonitor
+    private let started: UInt64
+
+    init(monitor: StallMonitor, started: UInt64) {
+        self.monitor = monitor
+        self.started = started
+    }
+
+    func record(every interval: Double, until seconds: Double) {
+        Task.detached { [self] in
+            var elapsed = 0.0
+            while elapsed < seconds {
+                try? await Task.sleep(for: .milliseconds(Int(interval * 1000)))
+                elapsed += interval
+                print()
+            }
+        }
+    }
+
+    func print() {
+        let tid = monitor.watchdogThreadID
+        guard tid != 0, let status = try? String(contentsOfFile: "/proc/self/task/\(tid)/status", encoding: .utf8)
+        else { return }
+        var total = 0
+        for line in status.split(separator: "\n")
+        where line.hasPrefix("voluntary_ctxt_switches") || line.hasPrefix("nonvoluntary_ctxt_switches") {
+            total += Int(line.split(separator: ":").last?.trimmingCharacters(in: .whitespaces) ?? "") ?? 0
+        }
+        Fixture.print(["type": "switches", "elapsed_ns": Fixture.now() - started, "count": total])
+    }
+}
+
+/// Prints every event as one JSON line: the journal fields plus the symbolicated frames.
+struct JSONLinesSink: ReportSink {
+    let identifier: String
+
+    func emit(_ event: StallMonitorEvent) {
+        var object: [String: Any] = [:]
+        for field in JournalSink.fields(for: event, syslogIdentifier: identifier) {
+            object[field.name] = field.value
+        }
+        switch event {
+        case .started: object["type"] = "started"
+        case .stopped: object["type"] = "stopped"
+        case .suppressed: object["type"] = "suppressed"
+        case .stallDetected(let report), .stallEnded(let report), .watchdogStall(let report):
+            object["type"] = report.event.rawValue
+            object["start_ns"] = report.startNanoseconds
+            object["reported_ns"] = Fixture.now()
+            object["frames"] = report.stack.map { frame in
+                [
+                    "function": frame.function ?? "", "symbol": frame.symbol ?? "", "file": frame.file ?? "",
+                    "line": frame.line,
+                ] as [String: Any]
+            }
+        }
+        Fixture.print(object)
+    }
+}

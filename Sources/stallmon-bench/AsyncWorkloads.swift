@@ -1,0 +1,99 @@
+import Dispatch
+import Foundation
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// Workloads of an async service: main-actor hops and tiny tasks on the cooperative pool, under the
+/// main-thread drain each variant gives an async `@main` on Linux. The child's main is synchronous,
+/// but the main actor's executor is the main queue either way, so the drains are the runtime's own:
+/// - unmonitored: `dispatchMain()`, which is what the runtime ends an async main in (worker threads
+///   drain the main queue);
+/// - noop-observer: the main run loop with no-op observers, the floor of `start(.asyncMain)` (which
+///   has the main thread run the main run loop);
+/// - stallmon: a monitor on the main run loop, as `start(.asyncMain)` leaves it.
+///
+/// Each finishes the child with `rate` (operations per second of the fastest of `segments`
+/// segments, as ``ThroughputWorkloads``), `overall_rate`, `seconds`, `cpu_rate` (operations per
+/// second of the whole process's CPU time: the work moves between threads) and `wakeups_per_s`.
+enum AsyncWorkloads {
+    static let variants: [Variant] = [.unmonitored, .noopObserver, .stallmon]
+
+    static func start(_ request: ChildRequest) throws {
+        let installed = try InstalledVariant(request.variant)
+        let warmup = max(1, request.int("warmup", default: 1000))
+        let measured = request.int("operations", default: 50_000)
+        let segments = max(1, request.int("segments", default: 5))
+        let settle = request.double("settle", default: 0.7)
+        let workload = request.workload
+        Task.detached {
+            try? await Task.sleep(for: .milliseconds(Int(settle * 1000)))
+            await run(workload, warmup)
+            let segmentLength = max(1, measured / segments)
+            let watchdog = installed.watchdogThreadID
+            let startSwitches = Kernel.contextSwitches(ofThread: watchdog)
+            let startCPU = processCPU()
+            let start = Kernel.now()
+            var best = 0.0
+            var done = 0
+            while done < measured {
+                let count = min(segmentLength, measured - done)
+                let segmentStart = Kernel.now()
+                await run(workload, count)
+                best = max(best, Double(count) / (Double(Kernel.now() - segmentStart) / 1e9))
+                done += count
+            }
+            let seconds = Double(Kernel.now() - start) / 1e9
+            var result: [String: Double] = [
+                "rate": best, "overall_rate": Double(measured) / seconds, "seconds": seconds,
+                "cpu_rate": Double(measured) / (Double(processCPU() - startCPU) / 1e9),
+            ]
+            if let startSwitches, let endSwitches = Kernel.contextSwitches(ofThread: watchdog) {
+                result["wakeups_per_s"] = Double(endSwitches - startSwitches) / seconds
+            }
+            Child.finish(result)
+        }
+    }
+
+    private static func run(_ workload: Workload, _ count: Int) async {
+        if workload == .mainActorHops {
+            await hops(count)
+        } else {
+            await poolTasks(count)
+        }
+    }
+
+    /// `count` round trips from the pool to the main actor and back.
+    private static func hops(_ count: Int) async {
+        for _ in 0..<count {
+            await MainActor.run { MainActorCounter.value &+= 1 }
+        }
+    }
+
+    /// `count` tiny child tasks on the cooperative pool, 1,000 at a time.
+    private static func poolTasks(_ count: Int) async {
+        var left = count
+        while left > 0 {
+            let batch = min(1000, left)
+            await withTaskGroup(of: Int.self) { group in
+                for index in 0..<batch { group.addTask { index &* 31 } }
+                var sum = 0
+                for await value in group { sum &+= value }
+                if sum == -1 { print("") }
+            }
+            left -= batch
+        }
+    }
+
+    private static func processCPU() -> UInt64 {
+        var time = timespec()
+        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &time)
+        return UInt64(time.tv_sec) * 1_000_000_000 + UInt64(time.tv_nsec)
+    }
+}
+
+@MainActor
+enum MainActorCounter {
+    static var value = 0
+}
