@@ -43,6 +43,15 @@ struct Report: ParsableCommand {
     @Flag(help: "Print JSON instead of a table.")
     var json = false
 
+    @Option(
+        help: ArgumentHelp(
+            "Write an SVG flame graph of the stalls' sampled stacks, weighted by stall time, to this file.",
+            valueName: "file"))
+    var flamegraph: String?
+
+    @Flag(help: "Print the stalls' sampled stacks as folded text (outer;...;inner microseconds).")
+    var folded = false
+
     func validate() throws {
         if !directory.isEmpty, merge || namespace != nil {
             throw ValidationError("--directory reads only the given directories: it excludes --merge and --namespace.")
@@ -53,6 +62,7 @@ struct Report: ParsableCommand {
         if let host, host.isEmpty || host.contains("=") {
             throw ValidationError("--host '\(host)' is not a host name or machine id.")
         }
+        if json, folded { throw ValidationError("--json and --folded print different things: choose one.") }
         if let since, TimeSpec.parse(since, now: Date()) == nil {
             throw ValidationError(
                 "--since '\(since)' is not a time: use 30s, 15m, 2h, 7d, today, yesterday or YYYY-MM-DD[ HH:MM[:SS]].")
@@ -63,6 +73,7 @@ struct Report: ParsableCommand {
         let readers = try JournalSource.open(
             namespace: namespace, directories: directory, merge: merge, command: "report")
         var stalls: [StallObservation] = []
+        var records: [StallRecord] = []
         var malformed: [String] = []
         do {
             for reader in readers {
@@ -82,6 +93,7 @@ struct Report: ParsableCommand {
                 while let entry = try reader.next() {
                     do {
                         let record = try StallRecord(journalFields: entry.fields)
+                        if flamegraph != nil || folded { records.append(record) }
                         stalls.append(StallObservation(record: record, entry: entry))
                     } catch {
                         malformed.append("entry \(entry.cursor): \(error)")
@@ -93,7 +105,9 @@ struct Report: ParsableCommand {
             throw ExitStatus.unavailable
         }
         let groups = StallGroup.group(stalls)
-        if json {
+        if flamegraph != nil || folded {
+            try drawStacks(records)
+        } else if json {
             let encoder = JSONEncoder()
             encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
             print(JSONText.escapingControls(String(decoding: try encoder.encode(groups), as: UTF8.self)))
