@@ -19,7 +19,7 @@
 
 // CFRunLoopActivity values (CFRunLoop.h).
 enum {
-    ACTIVITY_BEFORE_SOURCES = 1UL << 2,
+    ACTIVITY_ENTRY = 1UL << 0,
     ACTIVITY_BEFORE_WAITING = 1UL << 5,
     ACTIVITY_AFTER_WAITING = 1UL << 6,
     ACTIVITY_EXIT = 1UL << 7,
@@ -27,14 +27,8 @@ enum {
 
 enum {
     RING_SIZE = 16,
+    // Runs nested deeper than this share the innermost level's window.
     MAX_LEVELS = 32,
-    // How far the callouts of one run may move on the stack: CF's observer dispatch keeps a buffer
-    // of the mode's observers on the stack (8 bytes each), so observers added to or removed from
-    // the mode while it runs shift them. A nested run sits at least __CFRunLoopRun's and
-    // CFRunLoopRunSpecific's frames deeper (over 500 bytes) than the callout that started it.
-    // Limits: a nested run in a mode with about 50 fewer observers than the outer one, or more
-    // than 32 observers added to a mode during one of its runs, would be misread.
-    LEVEL_SLACK = 128,
 };
 
 typedef struct {
@@ -47,11 +41,10 @@ struct stallmon_loop {
     _Atomic uint64_t sequence;
     ring_entry ring[RING_SIZE];
     _Atomic uint32_t allowed;
-    // Owned by the monitored thread (never read elsewhere): the runs of the loop on its stack,
-    // outermost first, each with the frame address of its window callouts and its latest window.
+    // Owned by the monitored thread (never read elsewhere): the runs of the loop on its stack
+    // (entries less exits) and the latest window of each, outermost first.
     uint32_t phase;
     uint32_t depth;
-    uintptr_t level_frame[MAX_LEVELS];
     uint32_t level_window[MAX_LEVELS];
     // Shared with the watchdog; written rarely, so the observer's reads stay cache hits.
     _Atomic int parked __attribute__((aligned(64)));
@@ -120,10 +113,7 @@ stallmon_loop *stallmon_loop_create(stallmon_wake_fn wake, void *wake_context, s
     atomic_init(&loop->allowed, 0);
     loop->phase = STALLMON_LOOP_UNKNOWN;
     loop->depth = 0;
-    for (int i = 0; i < MAX_LEVELS; i++) {
-        loop->level_frame[i] = 0;
-        loop->level_window[i] = STALLMON_WINDOW_NONE;
-    }
+    for (int i = 0; i < MAX_LEVELS; i++) loop->level_window[i] = STALLMON_WINDOW_NONE;
     atomic_init(&loop->parked, 0);
     loop->asymmetric = membarrier_registered();
     atomic_init(&loop->watch_sequence, 0);
@@ -200,33 +190,31 @@ static inline void publish(stallmon_loop *loop, uint32_t phase, uint32_t window)
     }
 }
 
-// Nesting without kCFRunLoopEntry. RunLoop.run() enters and exits the loop on every pass, and each
-// activity that has an observer costs a full CF observer dispatch, so observing the entry would add
-// a third of the monitor's cost to a busy loop. The nesting is read off the stack instead: every
-// window callout of one run comes from __CFRunLoopRun at the same stack depth, a nested run's from
-// deeper down, and a run's exit from CFRunLoopRunSpecific, above its own window callouts (by
-// __CFRunLoopRun's frame) and below those of the run around it (by the callout that nested it).
+// Windows and nesting. The window-start observer sees kCFRunLoopEntry, kCFRunLoopBeforeTimers and
+// kCFRunLoopAfterWaiting at the lowest order, so everything a run does from its entry on is inside
+// a window: the entry and before-timers observers of others (RunLoop.run() enters the loop on
+// every pass, and both run before the sources), the before-sources observers, sources, blocks and
+// the main queue. Before-timers opens the window of every pass, where before-sources did: nothing
+// but observers runs between the two, and a mode observed on both would pay two dispatches. Entry
+// costs one CF observer dispatch a run, and buys nesting that needs nothing of CoreFoundation's
+// layout: every run the observers see is entered and exited through them, so the depth is a count.
 
-// The monitored thread's frame address in an observer callout.
-#define CALLOUT_FRAME() ((uintptr_t)__builtin_frame_address(0))
+static inline uint32_t level_index(uint32_t depth) { return (depth < MAX_LEVELS ? depth : MAX_LEVELS) - 1; }
 
 void stallmon_observer_window_start(void *observer, uintptr_t activity, void *info) {
     (void)observer;
     stallmon_loop *loop = info;
     if (loop == NULL) return;  // CFRunLoopObserverInvalidate clears info while a callout may be on its way
-    uintptr_t frame = CALLOUT_FRAME();
     uint32_t window = (activity & ACTIVITY_AFTER_WAITING) ? STALLMON_WINDOW_AFTER_WAITING : STALLMON_WINDOW_BEFORE_SOURCES;
-    uint32_t depth = loop->depth;
-    // Runs deeper than this callout have returned (their exits normally pop them already).
-    while (depth > 0 && loop->level_frame[depth - 1] + LEVEL_SLACK < frame) depth--;
-    // Deeper than the innermost known run: a nested run, or the first run the monitor sees. A
-    // monitor started inside a callout knows nothing of the run around it: if that callout runs
-    // the loop again, the nested run counts as the outermost, and once it exits the rest of the
-    // callout goes unwatched (the next window of the outer run is seen again).
-    if (depth == 0 || (loop->level_frame[depth - 1] > frame + LEVEL_SLACK && depth < MAX_LEVELS)) depth++;
-    loop->level_frame[depth - 1] = frame;
-    loop->level_window[depth - 1] = window;
-    loop->depth = depth;
+    if (activity & ACTIVITY_ENTRY) {
+        loop->depth++;
+    } else if (loop->depth == 0) {
+        // A monitor started inside a run sees its windows without its entry: it counts as the
+        // outermost run from here on (its exit pops nothing it did not push). If a callout of
+        // that run nests a run, that run's exit leaves the rest of the callout unwatched.
+        loop->depth = 1;
+    }
+    loop->level_window[level_index(loop->depth)] = window;
     publish(loop, STALLMON_LOOP_ACTIVE, window);
 }
 
@@ -238,15 +226,11 @@ void stallmon_observer_window_end(void *observer, uintptr_t activity, void *info
         publish(loop, STALLMON_LOOP_ASLEEP, STALLMON_WINDOW_NONE);
         return;
     }
-    // Exit: the run that exits, and anything nested in it, had its window callouts below this one.
-    uintptr_t frame = CALLOUT_FRAME();
-    uint32_t depth = loop->depth;
-    while (depth > 0 && loop->level_frame[depth - 1] < frame) depth--;
-    loop->depth = depth;
-    if (depth > 0) {
-        // A nested run returned to the callout that started it: the outer window resumes, and since
-        // the nested run made progress, it resumes as a fresh window.
-        publish(loop, STALLMON_LOOP_ACTIVE, loop->level_window[depth - 1]);
+    // Exit: the innermost run returns to the callout that started it, or leaves the loop.
+    if (loop->depth > 0) loop->depth--;
+    if (loop->depth > 0) {
+        // The outer window resumes, and since the nested run made progress, as a fresh window.
+        publish(loop, STALLMON_LOOP_ACTIVE, loop->level_window[level_index(loop->depth)]);
     } else {
         publish(loop, STALLMON_LOOP_OUTSIDE, STALLMON_WINDOW_NONE);
     }
@@ -315,7 +299,7 @@ void stallmon_loop_allow_end(stallmon_loop *loop) {
     // The fresh window is published before the scope closes, so that the watchdog never sees the
     // old window without the scope.
     if (loop->phase == STALLMON_LOOP_ACTIVE) {
-        uint32_t window = loop->depth > 0 ? loop->level_window[loop->depth - 1] : STALLMON_WINDOW_BEFORE_SOURCES;
+        uint32_t window = loop->depth > 0 ? loop->level_window[level_index(loop->depth)] : STALLMON_WINDOW_BEFORE_SOURCES;
         publish(loop, STALLMON_LOOP_ACTIVE, window);
     }
     atomic_store_explicit(&loop->allowed, before - 1, memory_order_relaxed);

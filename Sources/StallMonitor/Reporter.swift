@@ -39,13 +39,15 @@ final class Reporter: @unchecked Sendable {
         )
     }
 
-    /// Loads symbols in the background and tells the watchdog where the run loop waits for events.
-    func prepare(_ watchdog: Watchdog) {
+    /// Loads symbols in the background and tells the watchdog where the run loop waits for events;
+    /// `symbolsMissing` runs when that function is not found.
+    func prepare(_ watchdog: Watchdog, symbolsMissing: @escaping @Sendable () -> Void) {
         queue.async {
             let range = SharedSymbolicator.shared.withSymbolicator {
                 $0.functionRange(named: "__CFRunLoopServiceFileDescriptors", besides: "CFRunLoopRunSpecific")
             }
             watchdog.setIdleWaitRange(range)
+            if range == nil { symbolsMissing() }
         }
     }
 

@@ -4,6 +4,7 @@ import Dispatch
 import Foundation
 import Logging
 import StallJournal
+import Synchronization
 
 /// Watches a thread's run loop and reports every stall: a callout that keeps the loop inside one
 /// before-sources or after-waiting window for longer than the threshold.
@@ -274,8 +275,10 @@ public final class StallMonitor: Sendable {
                 deliverNow: { reporter.submitNow($0) },
                 notice: { Self.log($0, target: kind, loopName: loopName, logger: logger) }
             )
+            Self.probeCalloutSites(of: runLoop, threadID: threadID)
             observers = Self.addObservers(to: runLoop, loop: pointer, additionalModes: configuration.additionalModes)
-            reporter.prepare(watchdog)
+            watchdog.setObserver(observers[0])
+            reporter.prepare(watchdog) { Self.warnOfMissingSymbols(logger) }
             watchdog.start()
             reporter.emit(.started(description))
             logger.info(
@@ -372,10 +375,12 @@ public final class StallMonitor: Sendable {
             logger.info("stallmon stopped", metadata: ["stallmon.stalls": "\(statistics.stalls)"])
         }
 
-        /// Two observers with disjoint activities: window starts at the lowest order (so that a
-        /// slow observer of someone else's counts as part of the window) and window ends at the
-        /// highest. Not the entry: `RunLoop.run()` enters the loop on every pass, and each observed
-        /// activity costs a whole CF observer dispatch; the callouts tell nesting from the stack.
+        /// Two observers with disjoint activities: window starts (entry, before-timers, after-waiting)
+        /// at the lowest order, so that a slow observer of someone else's on any activity counts as
+        /// part of a window, and window ends (before-waiting, exit) at the highest. Each observed
+        /// activity costs a whole CF observer dispatch: before-timers opens the pass's window in
+        /// place of before-sources (only observers run between the two), and the entry, which
+        /// `RunLoop.run()` goes through on every pass, also counts the nesting of runs.
         private static func addObservers(to runLoop: CFRunLoop, loop: OpaquePointer, additionalModes: [String])
             -> [CFRunLoopObserver]
         {
@@ -384,8 +389,8 @@ public final class StallMonitor: Sendable {
             let end: Callout = stallmon_observer_window_end
             let specs: [(CFOptionFlags, CFIndex, Callout)] = [
                 (
-                    CFRunLoopActivity.beforeSources.rawValue | CFRunLoopActivity.afterWaiting.rawValue, CFIndex.min,
-                    start
+                    CFRunLoopActivity.entry.rawValue | CFRunLoopActivity.beforeTimers.rawValue
+                        | CFRunLoopActivity.afterWaiting.rawValue, CFIndex.min, start
                 ),
                 (CFRunLoopActivity.beforeWaiting.rawValue | CFRunLoopActivity.exit.rawValue, CFIndex.max, end),
             ]
@@ -405,6 +410,35 @@ public final class StallMonitor: Sendable {
                 }
                 return observer
             }
+        }
+
+        /// Learns where CoreFoundation calls out (``CalloutSites``) on the monitored thread: at
+        /// once when this is that thread, otherwise in the loop's next pass.
+        private static func probeCalloutSites(of runLoop: CFRunLoop, threadID: pid_t) {
+            if stallmon_gettid() == threadID {
+                CalloutSites.probe()
+            } else {
+                CFRunLoopPerformBlock(runLoop, kCFRunLoopCommonModes) { CalloutSites.probe() }
+                CFRunLoopWakeUp(runLoop)
+            }
+        }
+
+        private static let warnedOfMissingSymbols = Atomic<Bool>(false)
+
+        /// Once per process: the loop's wait function was not found among CoreFoundation's symbols.
+        private static func warnOfMissingSymbols(_ logger: Logger) {
+            guard !warnedOfMissingSymbols.exchange(true, ordering: .relaxed) else { return }
+            let missing = CalloutSites.missing.map(\.rawValue).joined(separator: ",")
+            logger.warning(
+                """
+                CoreFoundation's local symbols are missing (a stripped libFoundation?): idle nested runs are told \
+                by the thread's wait call and the loop's mode, callout kinds by the call sites of a probe run
+                """,
+                metadata: [
+                    "stallmon.missing_symbol": "__CFRunLoopServiceFileDescriptors",
+                    "stallmon.unrecognized_callouts": "\(missing.isEmpty ? "none" : missing)",
+                ]
+            )
         }
 
         /// The configured signal, or the highest real-time signal that has no handler and that the

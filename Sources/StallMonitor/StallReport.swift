@@ -70,14 +70,17 @@ public struct StallReport: Sendable, Hashable {
             "__CFRUNLOOP_IS_CALLING_OUT_TO_A_BLOCK__": .performBlock,
         ]
 
-        /// The innermost callout on a stack (frames innermost first). A main-queue callout that
-        /// runs a Swift job (`swift_job_run` between it and the stalling code) is a main-actor job.
+        /// The innermost callout on a stack (frames innermost first): by the names of
+        /// CoreFoundation's callout functions, or, where its local symbols are missing, by the
+        /// call sites the probe run learned (``CalloutSites``). A main-queue callout that runs a
+        /// Swift job (`swift_job_run` between it and the stalling code) is a main-actor job.
         static func recognize(_ frames: [StallFrame]) -> Callout {
             var runsSwiftJob = false
             for frame in frames {
-                guard let symbol = frame.symbol else { continue }
-                if symbol == "swift_job_run" { runsSwiftJob = true }
-                if let kind = functionNames[symbol] { return kind == .mainQueue && runsSwiftJob ? .mainActor : kind }
+                if frame.symbol == "swift_job_run" { runsSwiftJob = true }
+                guard let kind = frame.symbol.flatMap({ functionNames[$0] }) ?? CalloutSites.kind(at: frame.address)
+                else { continue }
+                return kind == .mainQueue && runsSwiftJob ? .mainActor : kind
             }
             return recognizeEventLoopWork(frames) ?? .unknown
         }

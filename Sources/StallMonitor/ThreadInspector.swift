@@ -34,13 +34,7 @@ struct ThreadInspector: Sendable {
                 view.state = Character(Unicode.Scalar(stat[stateIndex]))
             }
         }
-        if let syscall = Self.read(directory + "syscall") {
-            // "running", "-1 sp pc" (blocked, not in a call) or "nr arg1 … arg6 sp pc".
-            let first = syscall.split(separator: UInt8(ascii: " ")).first.map { String(decoding: $0, as: UTF8.self) }
-            if let first, let number = Int(first.trimmingCharacters(in: "\n")), number >= 0 {
-                view.syscall = SyscallNames.name(number)
-            }
-        }
+        view.syscall = syscall()
         if let wchan = Self.read(directory + "wchan") {
             let text = String(decoding: wchan, as: UTF8.self).trimmingCharacters(in: "\n")
             if !text.isEmpty, text != "0" { view.waitChannel = text }
@@ -49,6 +43,15 @@ struct ThreadInspector: Sendable {
     }
 
     /// The signal mask of the thread (`SigBlk`), or `nil` when it cannot be read.
+    /// The system call the thread is blocked in, `nil` when it runs or waits outside one.
+    func syscall() -> String? {
+        guard let syscall = Self.read(directory + "syscall") else { return nil }
+        // "running", "-1 sp pc" (blocked, not in a call) or "nr arg1 … arg6 sp pc".
+        let first = syscall.split(separator: UInt8(ascii: " ")).first.map { String(decoding: $0, as: UTF8.self) }
+        guard let first, let number = Int(first.trimmingCharacters(in: "\n")), number >= 0 else { return nil }
+        return SyscallNames.name(number)
+    }
+
     func blockedSignals() -> UInt64? {
         guard let status = Self.read(directory + "status") else { return nil }
         return Self.hexField("SigBlk:", in: status)

@@ -57,6 +57,8 @@ final class Watchdog: @unchecked Sendable {
     private let startedAt: UInt64
     private let stopping = Atomic<Bool>(false)
     private let idleWaitRange = Mutex<Range<UInt>?>(nil)
+    /// One of the monitor's observers: the modes it is in are the modes the monitor sees.
+    private let observer = Mutex<ObserverReference?>(nil)
     private let finished = DispatchSemaphore(value: 0)
     private let watchdogThreadID = Atomic<Int32>(0)
     private let stallCount = Atomic<Int>(0)
@@ -143,6 +145,15 @@ final class Watchdog: @unchecked Sendable {
     /// The address range of the run loop's own wait for events; samples inside it are idle.
     func setIdleWaitRange(_ range: Range<UInt>?) {
         idleWaitRange.withLock { $0 = range }
+    }
+
+    struct ObserverReference: @unchecked Sendable {
+        let observer: CFRunLoopObserver
+    }
+
+    /// One of the monitor's observers, for telling the modes it sees from those it does not.
+    func setObserver(_ observer: CFRunLoopObserver) {
+        self.observer.withLock { $0 = ObserverReference(observer: observer) }
     }
 
     /// The watchdog thread's name, in Foundation and in the kernel (at most 15 bytes).
@@ -463,17 +474,24 @@ final class Watchdog: @unchecked Sendable {
                 states[view.state, default: 0] += 1
                 waits[KernelWait(syscall: view.syscall, waitChannel: view.waitChannel), default: 0] += 1
             }
-            guard let (addresses, source) = capture(blockedReason: blockedReason) else {
-                unanswered += 1
-                return true
-            }
-            if isIdleWait(addresses) {
+            func idle() -> Bool {
                 samples -= 1
                 if let view = viewed {
                     states[view.state, default: 1] -= 1
                     waits[KernelWait(syscall: view.syscall, waitChannel: view.waitChannel), default: 1] -= 1
                 }
                 return false
+            }
+            let waitFunction = idleWaitRange.withLock { $0 }
+            if waitFunction == nil, isIdleInUnobservedMode(syscall: viewed?.syscall ?? inspector.syscall()) {
+                return idle()
+            }
+            guard let (addresses, source) = capture(blockedReason: blockedReason) else {
+                unanswered += 1
+                return true
+            }
+            if let waitFunction, isIdleWait(addresses, in: waitFunction) {
+                return idle()
             }
             // A sample that got no stack of its own counts as unanswered; the latest stack of the
             // stall stands in for it.
@@ -736,9 +754,25 @@ final class Watchdog: @unchecked Sendable {
         return tracerChecked.attached
     }
 
-    private func isIdleWait(_ addresses: [UInt]) -> Bool {
-        guard let range = idleWaitRange.withLock({ $0 }) else { return false }
-        return addresses.prefix(4).contains { range.contains($0) || range.contains($0 &- 1) }
+    /// Whether a stack shows the thread in the run loop's own wait for events.
+    private func isIdleWait(_ addresses: [UInt], in waitFunction: Range<UInt>) -> Bool {
+        addresses.prefix(4).contains { waitFunction.contains($0) || waitFunction.contains($0 &- 1) }
+    }
+
+    /// The system calls a run loop waits for events in (CoreFoundation's is ppoll on its epoll
+    /// descriptor; others may wait in epoll directly).
+    private static let loopWaitCalls: Set<String> = ["ppoll", "poll", "epoll_wait", "epoll_pwait", "epoll_pwait2"]
+
+    /// Idle without CoreFoundation's symbols (before they are loaded, or where they are stripped),
+    /// and without a signal: the thread waits in a run loop's wait call while its loop runs a mode
+    /// the observers are not in. In a mode they are in, the loop waits only after before-waiting,
+    /// outside any window, so a wait seen inside a window there is a callout's own.
+    private func isIdleInUnobservedMode(syscall: String?) -> Bool {
+        guard let syscall, Self.loopWaitCalls.contains(syscall),
+            let observer = observer.withLock({ $0 }),
+            let mode = CFRunLoopCopyCurrentMode(target.runLoop)
+        else { return false }
+        return !CFRunLoopContainsObserver(target.runLoop, observer.observer, mode)
     }
 
     private func currentMode() -> String {

@@ -91,6 +91,21 @@ enum Scenarios {
             }
             finish(after: 1.5)
 
+        case "observer-before-timers", "observer-entry":
+            // Someone else's observer on an activity that comes before the sources (before-timers,
+            // or the loop's entry) stalls once. Added from a main-queue block: RunLoop.run() leaves
+            // the loop after it and enters again, so the observer runs at the top of a fresh run.
+            try monitor.start()
+            let activity: CFRunLoopActivity = name == "observer-entry" ? .entry : .beforeTimers
+            DispatchQueue.main.asyncAfter(deadline: .now() + 0.3) {
+                let observer = CFRunLoopObserverCreateWithHandler(kCFAllocatorDefault, activity.rawValue, true, 0) {
+                    _, _ in
+                    EarlyObserverWork.prepare(name, milliseconds: 355)
+                }
+                CFRunLoopAddObserver(CFRunLoopGetMain(), observer, kCFRunLoopCommonModes)
+            }
+            finish(after: 1.5)
+
         case "perform-block":
             try monitor.start()
             Fixture.after(0.3) {
@@ -316,6 +331,18 @@ enum ObserverWork {
         guard !done else { return }
         done = true
         Stalls.sleepInSyscall(milliseconds: milliseconds)
+    }
+}
+
+enum EarlyObserverWork {
+    nonisolated(unsafe) static var done = false
+
+    /// Blocks the first time only: the observer runs on every pass.
+    @inline(never)
+    static func prepare(_ name: String, milliseconds: Int) {
+        guard !done else { return }
+        done = true
+        Fixture.truth(name) { Stalls.sleepInSyscall(milliseconds: milliseconds) }
     }
 }
 

@@ -80,14 +80,17 @@ final class InstalledVariant: Sendable {
 }
 
 /// Observers that do nothing, added exactly as `StallMonitor.Session.addObservers` adds stallmon's:
-/// before-sources | after-waiting at the lowest order, before-waiting | exit at the highest,
+/// entry | before-timers | after-waiting at the lowest order, before-waiting | exit at the highest,
 /// in the common modes, with a C function callout (CF calls a context's retain and release only when
 /// an observer is created and freed, never per callout, so these have none).
 enum NoopObservers {
     static func add(to runLoop: CFRunLoop) {
         let callout: CFRunLoopObserverCallBack = { _, _, _ in }
         let specs: [(CFOptionFlags, CFIndex)] = [
-            (CFRunLoopActivity.beforeSources.rawValue | CFRunLoopActivity.afterWaiting.rawValue, CFIndex.min),
+            (
+                CFRunLoopActivity.entry.rawValue | CFRunLoopActivity.beforeTimers.rawValue
+                    | CFRunLoopActivity.afterWaiting.rawValue, CFIndex.min
+            ),
             (CFRunLoopActivity.beforeWaiting.rawValue | CFRunLoopActivity.exit.rawValue, CFIndex.max),
         ]
         for (activities, order) in specs {

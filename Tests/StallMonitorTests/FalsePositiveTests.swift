@@ -28,6 +28,16 @@ extension Serial {
             #expect(run.detected.isEmpty)
         }
 
+        /// Without CoreFoundation's symbols the loop's wait function has no name: the thread's
+        /// wait call and the loop's mode tell the idle nested run, with no signal sent.
+        @Test func nestedRunInAnUnobservedModeIdlingIsNotAStallWithoutCoreFoundationSymbols() throws {
+            let run = try FixtureRun.run("nested-private-mode", environment: try StrippedFoundation.environment())
+            #expect(run.exitStatus == 0)
+            #expect(run.detected.isEmpty, "\(run.detected.map { $0.string("MESSAGE") })")
+            #expect(run.stopped.first?["stalls"] as? Int == 0)
+            #expect(run.standardError.components(separatedBy: StrippedFoundation.warning).count == 2)
+        }
+
         @Test(arguments: ["busy", "idle"])
         func processStoppedLongerThanTheThresholdIsNotAStall(_ scenario: String) throws {
             let run = try FixtureRun.run(scenario, arguments: ["--seconds", "3"]) { pid in

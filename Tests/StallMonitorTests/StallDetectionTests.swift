@@ -40,6 +40,14 @@ extension Serial {
                 scenario: "observer", callout: "observer", functions: ["ObserverWork.flush(milliseconds:)"],
                 onCPU: false,
                 syscall: "poll"),
+            // Observers that run at the top of a run, before the sources: under RunLoop.run(),
+            // every pass enters the loop again.
+            Case(
+                scenario: "observer-before-timers", callout: "observer",
+                functions: ["EarlyObserverWork.prepare(_:milliseconds:)"], onCPU: false, syscall: "poll"),
+            Case(
+                scenario: "observer-entry", callout: "observer",
+                functions: ["EarlyObserverWork.prepare(_:milliseconds:)"], onCPU: false, syscall: "poll"),
             Case(
                 scenario: "perform-block", callout: "perform-block", functions: ["PerformWork.render(milliseconds:)"],
                 onCPU: true),
@@ -57,6 +65,26 @@ extension Serial {
         @Test(arguments: cases)
         func stallIsReportedWithItsCalloutFunctionAndDuration(_ expected: Case) throws {
             let run = try FixtureRun.run(expected.scenario)
+            #expect(!run.standardError.contains(StrippedFoundation.warning))
+            try check(run, expected)
+        }
+
+        /// Against a libFoundation stripped of CoreFoundation's local symbols: every callout kind
+        /// is still named (from the call sites of the monitor's probe run, and libdispatch's
+        /// exported main-queue callback), nesting still counts, and the monitor says once that the
+        /// symbols are missing.
+        @Test(arguments: [
+            "timer-cpu", "main-queue-syscall", "main-actor", "source0", "observer", "perform-block", "nested",
+            "after-nested", "observer-entry",
+        ])
+        func stallIsReportedWithItsCalloutWithoutCoreFoundationSymbols(_ scenario: String) throws {
+            let expected = try #require(Self.cases.first { $0.scenario == scenario })
+            let run = try FixtureRun.run(scenario, environment: try StrippedFoundation.environment())
+            #expect(run.standardError.components(separatedBy: StrippedFoundation.warning).count == 2)
+            try check(run, expected)
+        }
+
+        private func check(_ run: FixtureRun, _ expected: Case) throws {
             #expect(run.exitStatus == 0, "fixture failed: \(run.standardError)")
             try #require(run.detected.count == 1, "detected reports: \(run.detected.count)\n\(run.standardError)")
             try #require(run.ended.count == 1, "ended reports: \(run.ended.count)")

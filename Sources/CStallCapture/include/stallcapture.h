@@ -17,7 +17,7 @@ extern "C" {
 /// What the monitored loop is doing since its latest transition.
 typedef enum {
     STALLMON_LOOP_UNKNOWN = 0,  ///< No transition seen since the observers were added.
-    STALLMON_LOOP_ACTIVE = 1,   ///< Inside a before-sources or after-waiting window: callouts run.
+    STALLMON_LOOP_ACTIVE = 1,   ///< Inside a before-sources (from entry or before-timers) or after-waiting window.
     STALLMON_LOOP_ASLEEP = 2,   ///< Waiting for events (after before-waiting).
     STALLMON_LOOP_OUTSIDE = 3,  ///< The outermost run of the loop has exited.
 } stallmon_loop_phase;
@@ -59,7 +59,8 @@ void stallmon_loop_watch(stallmon_loop *loop, uint64_t sequence);
 /// When the watched window has ended and the observer recorded it, stores its end and returns 1.
 int stallmon_loop_watched_end(const stallmon_loop *loop, uint64_t sequence, uint64_t *end_ns);
 
-/// CFRunLoopObserver callout for kCFRunLoopBeforeSources | kCFRunLoopAfterWaiting (lowest order).
+/// CFRunLoopObserver callout for kCFRunLoopEntry | kCFRunLoopBeforeTimers | kCFRunLoopAfterWaiting
+/// (lowest order).
 /// Its signature matches CFRunLoopObserverCallBack; `info` is the stallmon_loop.
 void stallmon_observer_window_start(void *observer, uintptr_t activity, void *info);
 /// CFRunLoopObserver callout for kCFRunLoopBeforeWaiting | kCFRunLoopExit (added with the highest order).
@@ -219,6 +220,31 @@ int stallmon_continue_watch_install(void);
 uint64_t stallmon_continue_count(void);
 /// CLOCK_MONOTONIC of the latest continuation.
 uint64_t stallmon_continue_time_ns(void);
+
+// MARK: - Callout sites, for stacks without CoreFoundation's symbols (callouts.c)
+
+/// The kinds of callout a probe run learns the call site of.
+typedef enum {
+    STALLMON_CALLOUT_SITE_TIMER = 0,
+    STALLMON_CALLOUT_SITE_SOURCE0 = 1,
+    STALLMON_CALLOUT_SITE_OBSERVER = 2,
+    STALLMON_CALLOUT_SITE_BLOCK = 3,
+    STALLMON_CALLOUT_SITE_COUNT = 4,
+} stallmon_callout_site;
+
+/// Called from a probe callback: records the return address of the nearest caller inside the
+/// image that holds CFRunLoopRunSpecific, the call site of this kind of callout.
+void stallmon_callout_site_record(stallmon_callout_site kind);
+/// The recorded call site of `kind`, 0 when none was recorded.
+uintptr_t stallmon_callout_site_address(stallmon_callout_site kind);
+/// Probe callbacks with the signatures of CFRunLoopTimerCallBack, a source0's perform and
+/// CFRunLoopObserverCallBack; each records its call site.
+void stallmon_probe_timer(void *timer, void *info);
+void stallmon_probe_source0(void *info);
+void stallmon_probe_observer(void *observer, uintptr_t activity, void *info);
+/// The address range of an exported function (from the dynamic symbol table, which stripping
+/// keeps). Returns 0 when it is not found or has no size.
+int stallmon_exported_function_range(const char *name, uintptr_t *start, uintptr_t *end);
 
 // MARK: - The main thread of an async @main
 
