@@ -1,3 +1,4 @@
+import CStallCapture
 import CoreFoundation
 import Foundation
 
@@ -87,7 +88,10 @@ enum Child {
                 SamplePause.run(request)
             case .mainActorHops, .poolTasks:
                 try AsyncWorkloads.start(request)
-                if request.variant == .unmonitored { dispatchMain() }  // an async main's drain
+                // The runtime's drain of an async main, or the one start(.asyncMain) installs.
+                if request.variant == .unmonitored { dispatchMain() }
+                stallmon_async_main_light_drain()
+                fail("the light drain returned: libdispatch has no main-queue port")
             case .firstStall:
                 try StallWorkloads.startFirstStall(request)
             }

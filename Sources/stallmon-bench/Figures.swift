@@ -117,6 +117,13 @@ enum Figures {
                 figure.values = [value]
                 figures.append(figure)
             }
+            for variant in InstructionCounts.hopVariants {
+                guard let value = instructions.perHop[variant] else { continue }
+                let name = String(variant.rawValue.map { $0 == "-" ? "_" : $0 })
+                var figure = Figure("callgrind_main_actor_hop_instructions_\(name)")
+                figure.values = [value]
+                figures.append(figure)
+            }
         }
         return figures
     }
