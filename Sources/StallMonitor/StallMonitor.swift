@@ -334,8 +334,8 @@ public final class StallMonitor: Sendable {
                     // Once main() suspends, the drain turns at once: the main queue is never empty
                     // then (the runtime enqueues main()'s continuation or wakes the drain).
                     remedy =
-                        "main() has not suspended yet (the main thread runs the run loop from its first await on); "
-                        + "a synchronous main must run RunLoop.main.run() instead"
+                        "main() has not suspended yet (the main thread drains the main queue from its first await "
+                        + "on); a synchronous main must run RunLoop.main.run() instead"
                 }
                 let message =
                     "stallmon cannot see the \(loopName) loop: it has not turned once in \(waited / 1_000_000) ms "
