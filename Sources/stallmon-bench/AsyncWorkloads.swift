@@ -57,10 +57,10 @@ enum AsyncWorkloads {
     }
 
     private static func run(_ workload: Workload, _ count: Int) async {
-        if workload == .mainActorHops {
-            await hops(count)
-        } else {
-            await poolTasks(count)
+        switch workload {
+        case .mainActorHops: await hops(count)
+        case .poolWork: await poolWork(count)
+        default: await poolTasks(count)
         }
     }
 
@@ -81,6 +81,30 @@ enum AsyncWorkloads {
                 var sum = 0
                 for await value in group { sum &+= value }
                 if sum == -1 { print("") }
+            }
+            left -= batch
+        }
+    }
+
+    /// FNV steps a `poolWork` task takes: a dependent multiply and xor each, about 50 µs in all.
+    static let workSteps: UInt64 = 40_000
+
+    /// `count` tasks of about 50 µs of work each on the cooperative pool, 100 at a time.
+    private static func poolWork(_ count: Int) async {
+        var left = count
+        while left > 0 {
+            let batch = min(100, left)
+            await withTaskGroup(of: UInt64.self) { group in
+                for index in 0..<batch {
+                    group.addTask {
+                        var hash = 0xcbf2_9ce4_8422_2325 ^ UInt64(index)
+                        for step in 0..<workSteps { hash = (hash ^ step) &* 0x100_0000_01b3 }
+                        return hash
+                    }
+                }
+                var sum: UInt64 = 0
+                for await value in group { sum &+= value }
+                if sum == 42 { print("") }
             }
             left -= batch
         }

@@ -28,6 +28,8 @@ enum Workload: String, CaseIterable, Sendable {
     case mainActorHops = "main-actor-hops"
     /// Tiny tasks on the cooperative pool (``AsyncWorkloads``).
     case poolTasks = "pool-tasks"
+    /// Tasks of about 50 µs of hashing each on the cooperative pool (``AsyncWorkloads``).
+    case poolWork = "pool-work"
     /// One stall after the monitor settled: the resident memory its report costs.
     case firstStall = "first-stall"
 }
@@ -86,7 +88,7 @@ enum Child {
                 try StallWorkloads.startLongStall(request)
             case .samplePause:
                 SamplePause.run(request)
-            case .mainActorHops, .poolTasks:
+            case .mainActorHops, .poolTasks, .poolWork:
                 try AsyncWorkloads.start(request)
                 // The runtime's drain of an async main, or the one start(.asyncMain) installs.
                 if request.variant == .unmonitored { dispatchMain() }

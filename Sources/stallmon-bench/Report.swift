@@ -92,7 +92,10 @@ enum Report {
                 + "stallmon ÷ unmonitored \(cpuRatio(.busy, .stallmon, .unmonitored)); "
                 + "work \(cpuRatio(.work, .stallmon, .unmonitored)); timer \(cpuRatio(.timer, .stallmon, .unmonitored))"
         )
-        for (workload, unit) in [(Workload.mainActorHops, "main-actor round trips"), (.poolTasks, "pool tasks")] {
+        for (workload, unit) in [
+            (Workload.mainActorHops, "main-actor round trips"), (.poolTasks, "pool tasks"),
+            (.poolWork, "pool tasks of ~50 µs"),
+        ] {
             let cells = AsyncWorkloads.variants.map { variant in
                 "\(variant.rawValue) \(Statistics.median(rounds.compactMap { $0.rate(workload, variant) }).map(grouped) ?? "n/a")"
             }
