@@ -13,6 +13,7 @@
 //   timers     start(.asyncMain); counts the firings of a 100 ms timer on RunLoop.main for 1 s
 //   watchdog   start(.asyncMain); READY=1, then a 3 s main-actor stall in a system call
 //   (--drain run-loop has those scenarios start(.asyncMainRunLoop) instead)
+//   other-drain  start(.asyncMain), stop(), then start(.asyncMainRunLoop): a second drain, which throws
 //   late       calls start(.asyncMain) after main()'s first await: too late, it throws
 //   hops       measures main-actor hops from the global pool (--hops N, --drain D): D is dispatch (the
 //              runtime's dispatch_main drain), run-loop or light (the main run loop or the light drain
@@ -45,6 +46,19 @@ enum AsyncFixture {
         let monitor = try StallMonitor(configuration: configuration, sinks: sinks)
         if options.scenario == "hops" {
             try await Hops.measure(options, monitor: monitor)
+            return
+        }
+        if options.scenario == "other-drain" {
+            // A process has one drain of the main queue: the first start chose the light drain.
+            try monitor.start(.asyncMain)
+            monitor.stop()
+            do {
+                try monitor.start(.asyncMainRunLoop)
+            } catch {
+                Fixture.print(["type": "error", "description": "\(error)", "main_thread": Thread.isMainThread])
+            }
+            try await Task.sleep(for: .milliseconds(10))
+            Fixture.print(["type": "drained", "main_thread": Thread.isMainThread])
             return
         }
         if options.scenario == "late" {

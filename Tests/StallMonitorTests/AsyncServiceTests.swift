@@ -235,6 +235,16 @@ extension Serial {
             #expect(run.lines.allSatisfy { $0.string("type") != "started" })
         }
 
+        @Test func anAsyncMainHasOneDrainAndStartingForTheOtherThrowsSayingWhy() throws {
+            let run = try Self.run("other-drain")
+            #expect(run.exitStatus == 0, "\(run.standardError)")
+            let error = try #require(run.lines.first { $0.string("type") == "error" })
+            #expect(error.string("description").contains("an earlier start chose the other drain of the main queue"))
+            // The light drain chosen first still runs main-actor work on the main thread.
+            #expect(run.lines.first { $0.string("type") == "drained" }?["main_thread"] as? Bool == true)
+            #expect(run.lines.filter { $0.string("type") == "started" }.count == 1)
+        }
+
         @Test func startingForAnAsyncMainOffTheMainThreadThrows() throws {
             let monitor = try StallMonitor(configuration: StallMonitor.Configuration(), sinks: [])
             #expect(throws: StallMonitorError.self) { try monitor.start(.asyncMain) }
