@@ -24,10 +24,11 @@ let package = Package(
             pkgConfig: "libsystemd",
             providers: [.apt(["libsystemd-dev"])]
         ),
-        // Async-signal-safe capture: the run-loop observer callouts, the sample slot and the signal handler.
+        // Async-signal-safe capture: the run-loop observer callouts, the sample slot and the signal handler;
+        // and the in-place unwinder of threads blocked in the kernel (libunwind's remote interface).
         .target(
             name: "CStallCapture",
-            linkerSettings: [.linkedLibrary("unwind")]
+            linkerSettings: [.linkedLibrary("unwind"), .linkedLibrary("unwind-generic")]
         ),
         // Symbolication of captured addresses through elfutils' libdw, and Swift demangling.
         .target(

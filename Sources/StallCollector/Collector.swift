@@ -19,7 +19,28 @@ public final class Collector: @unchecked Sendable {
     public private(set) var configuration: CollectorConfiguration
     private var aggregator: StallAggregator
     private let store: StateStore
-    private let reader: JournalReader
+    /// One reader per journal directory (`nil` while the directory does not exist yet), or one
+    /// for the local journal.
+    private var readers: [JournalReader?]
+    /// The configured directories, by reader; empty for the local journal.
+    private let directories: [String]
+    /// Each source machine, and the reader that holds its entries (the first that has any).
+    private var machines: [(id: String, reader: Int)] = []
+    private var knownMachines: Set<String> = []
+    /// The machine whose entries each reader is positioned on (its matches name it).
+    private var positioned: [String?]
+    /// The machine the next slice starts with, so that one busy machine cannot starve the others.
+    private var nextMachine = 0
+    /// Readers whose files changed since their machines were last read to the end: a pass over
+    /// every machine costs a seek each, so an idle journal costs none.
+    private var pending: [Bool]
+    /// Timer ticks since every reader was last read to the end, whatever its descriptor said.
+    private var ticksSinceFullPass = 0
+    /// Every this many ticks (seconds), every reader is read, for changes no descriptor announced.
+    static let fullPassTicks = 10
+    /// The one cursor of a state saved before positions were kept per machine: the machines found
+    /// at the first look start after it (later ones are new, and start at their beginning).
+    private var legacyCursor: String?
     private let writer = JournalWriter()
     private let logger: Logger
     private var unsaved = false
@@ -55,22 +76,87 @@ public final class Collector: @unchecked Sendable {
         self.store = StateStore(directory: configuration.resolvedStateDirectory())
         let state = try store.load()
         self.aggregator = StallAggregator(state: state, configuration: configuration)
-        self.reader = try JournalReader()
-        for messageID in [MessageID.stallEnded, MessageID.watchdogStall, MessageID.reportsSuppressed] {
-            try reader.addMatch("MESSAGE_ID", messageID)
-        }
-        if let cursor = state.cursor {
-            try reader.seek(cursor: cursor)
+        directories = configuration.journalDirectories
+        if directories.isEmpty {
+            readers = [try JournalReader()]
         } else {
-            try reader.seekHead()
+            // systemd-journal-remote creates its directory at its first connection: a missing
+            // one is waited for (see openDirectories()); any other failure is an error.
+            var opened: [JournalReader?] = []
+            for directory in directories {
+                do {
+                    opened.append(try JournalReader(directory: directory))
+                } catch  where error.errno == ENOENT {
+                    logger.notice(
+                        "the journal directory does not exist yet; reading it once it does",
+                        metadata: ["directory": "\(directory)"])
+                    opened.append(nil)
+                } catch {
+                    throw OpenError(directory: directory, error: error)
+                }
+            }
+            readers = opened
         }
+        positioned = Array(repeating: nil, count: readers.count)
+        pending = Array(repeating: true, count: readers.count)
+        legacyCursor = state.sources.isEmpty ? state.cursor : nil
         self.lastDigest = Self.monotonicNanoseconds()
         logger.info(
             "collector state loaded",
             metadata: [
-                "state": "\(store.path)", "units": "\(state.units.count)",
-                "resuming": "\(state.cursor == nil ? "from the start of the journal" : "after the saved cursor")",
+                "state": "\(store.path)", "units": "\(state.units.count)", "hosts": "\(state.hosts.count)",
+                "journal":
+                    "\(configuration.journalDirectories.isEmpty ? "local" : configuration.journalDirectories.joined(separator: ", "))",
+                "resuming":
+                    "\(state.cursor == nil ? "from the start of the journal" : "after the saved cursors (\(state.sources.count) machines)")",
             ])
+    }
+
+    /// A journal directory that could not be opened.
+    public struct OpenError: Error, CustomStringConvertible {
+        public var directory: String
+        public var error: SystemdError
+        public var description: String { "cannot open the journal directory \(directory): \(error)" }
+    }
+
+    /// Machines are looked up in the files at most this many at a time (a bound on memory: the
+    /// number of machines a journal directory holds is the number of positions kept).
+    static let maximumMachines = 100_000
+
+    /// Adds the machines whose entries appeared since the last look, in each reader's files.
+    private func discoverMachines() throws(SystemdError) {
+        for (index, reader) in readers.enumerated() {
+            guard let reader else { continue }
+            for id in try reader.uniqueValues(of: "_MACHINE_ID", limit: Self.maximumMachines)
+            where !knownMachines.contains(id) && knownMachines.count < Self.maximumMachines {
+                // A machine in two directories is read from the first only: its entries count once.
+                knownMachines.insert(id)
+                machines.append((id, index))
+                if let legacyCursor { aggregator.adopt(cursor: legacyCursor, for: id) }
+            }
+        }
+        if readers.allSatisfy({ $0 != nil }) { legacyCursor = nil }
+    }
+
+    /// Points the machine's reader at the entry after the last one read from that machine (or
+    /// at the start, or, for a state saved before positions were kept per machine, after its one
+    /// cursor), matching only that machine's stall entries.
+    private func position(on machine: String, reader index: Int) throws(SystemdError) {
+        if positioned[index] == machine { return }
+        guard let reader = readers[index] else { return }
+        positioned[index] = nil
+        reader.flushMatches()
+        for messageID in [MessageID.stallEnded, MessageID.watchdogStall, MessageID.reportsSuppressed] {
+            try reader.addMatch("MESSAGE_ID", messageID)
+        }
+        try reader.addMatch("_MACHINE_ID", machine)
+        let state = aggregator.state
+        if let cursor = state.sources[machine]?.cursor {
+            try reader.seek(cursor: cursor)
+        } else {
+            try reader.seekHead()
+        }
+        positioned[index] = machine
     }
 
     public var state: CollectorState { aggregator.state }
@@ -81,6 +167,7 @@ public final class Collector: @unchecked Sendable {
     /// Reads every entry available now, in one go. Returns how many were read.
     @discardableResult
     public func catchUp() -> Int {
+        pending = Array(repeating: true, count: readers.count)
         var read = 0
         while true {
             let slice = readSlice()
@@ -96,21 +183,42 @@ public final class Collector: @unchecked Sendable {
         var read = 0
         var more = false
         do {
-            while let entry = try reader.next() {
-                read += 1
-                switch aggregator.ingest(entry) {
-                case .stall, .stallUpdated, .suppressed: counted += 1
-                case .ignored: break
-                case .malformed(let error):
-                    logger.warning(
-                        "skipping a malformed stall entry",
-                        metadata: ["cursor": "\(entry.cursor)", "error": "\(error)"])
+            // Each machine from its own position: one journal over several machines' files has
+            // one order across them, and entries of a machine that arrive late (its uploader was
+            // down) sort before the position reached in the others, where a single cursor would
+            // pass them by.
+            if pending.contains(true) { try discoverMachines() }
+            var visited = 0
+            machinesLoop: while visited < machines.count {
+                let (machine, index) = machines[nextMachine % machines.count]
+                guard pending[index] else {
+                    visited += 1
+                    nextMachine = (nextMachine + 1) % machines.count
+                    continue
                 }
-                if read >= Self.sliceEntries || Self.monotonicNanoseconds() >= deadline {
-                    more = true
-                    break
+                try position(on: machine, reader: index)
+                while let entry = try readers[index]?.next() {
+                    read += 1
+                    switch aggregator.ingest(entry) {
+                    case .stall, .stallUpdated, .suppressed: counted += 1
+                    case .ignored: break
+                    case .duplicate:
+                        logger.debug("skipping an entry received twice", metadata: ["cursor": "\(entry.cursor)"])
+                    case .malformed(let error):
+                        logger.warning(
+                            "skipping a malformed stall entry",
+                            metadata: ["cursor": "\(entry.cursor)", "error": "\(error)"])
+                    }
+                    if read >= Self.sliceEntries || Self.monotonicNanoseconds() >= deadline {
+                        more = true
+                        break machinesLoop
+                    }
                 }
+                visited += 1
+                nextMachine = (nextMachine + 1) % machines.count
             }
+            // Every machine read to the end: changes from now on are announced anew.
+            if !more { pending = Array(repeating: false, count: readers.count) }
         } catch {
             logger.error("reading the journal failed", metadata: ["error": "\(error)"])
         }
@@ -243,6 +351,9 @@ public final class Collector: @unchecked Sendable {
         var line =
             "collecting: \(digest.stalls) stall\(digest.stalls == 1 ? "" : "s") in \(StallAggregator.describe(window)) from \(digest.units) unit\(digest.units == 1 ? "" : "s")"
         if digest.stalls > 0 { line += "; worst \(digest.worstMicroseconds / 1000) ms in \(digest.worstUnit)" }
+        // A fleet's collector: how many hosts it has heard from.
+        let hosts = aggregator.state.hosts.count
+        if hosts > 1 { line += "; \(hosts) hosts" }
         return line
     }
 
@@ -252,8 +363,12 @@ public final class Collector: @unchecked Sendable {
         if configuration.resolvedStateDirectory() != self.configuration.resolvedStateDirectory() {
             logger.notice("state_directory changes take effect at the next start")
         }
+        if configuration.journalDirectories != self.configuration.journalDirectories {
+            logger.notice("journal_directories changes take effect at the next start")
+        }
         var adjusted = configuration
         adjusted.stateDirectory = self.configuration.stateDirectory
+        adjusted.journalDirectories = self.configuration.journalDirectories
         self.configuration = adjusted
         aggregator.apply(adjusted)
         metricsStale = true
@@ -263,17 +378,22 @@ public final class Collector: @unchecked Sendable {
 
     /// Serves the journal's descriptor from the main queue and runs the periodic work.
     public func start() throws {
-        let descriptor = try reader.fileDescriptor()
-        let journal = DispatchSource.makeReadSource(fileDescriptor: descriptor, queue: .main)
-        journal.setEventHandler { [self] in
-            _ = try? reader.process()
-            drain()
+        var journals: [any DispatchSourceProtocol] = []
+        for reader in readers {
+            guard let reader else { continue }
+            journals.append(try follow(reader))
         }
-        journal.resume()
         // Once a second: entries the descriptor did not announce, saves and metrics that are due, the digest.
         let timer = DispatchSource.makeTimerSource(queue: .main)
         timer.schedule(deadline: .now() + 1, repeating: 1)
         timer.setEventHandler { [self] in
+            openDirectories()
+            ticksSinceFullPass += 1
+            if ticksSinceFullPass >= Self.fullPassTicks {
+                ticksSinceFullPass = 0
+                pending = Array(repeating: true, count: readers.count)
+            }
+            for case let reader? in readers where (try? reader.process()) != 0 { markPending(reader) }
             drain()
             let interval = UInt64(configuration.digestInterval.nanoseconds)
             if interval > 0, Self.monotonicNanoseconds() - lastDigest >= interval {
@@ -286,9 +406,43 @@ public final class Collector: @unchecked Sendable {
             }
         }
         timer.resume()
-        sources = [journal, timer]
+        sources = journals + [timer]
         // The backlog is read in slices from here on, behind everything else the loop does.
         DispatchQueue.main.async { [self] in drain() }
+    }
+
+    /// Serves a reader's descriptor from the main queue.
+    private func follow(_ reader: JournalReader) throws(SystemdError) -> any DispatchSourceProtocol {
+        let descriptor = try reader.fileDescriptor()
+        let journal = DispatchSource.makeReadSource(fileDescriptor: descriptor, queue: .main)
+        journal.setEventHandler { [self] in
+            if (try? reader.process()) != 0 { markPending(reader) }
+            drain()
+        }
+        journal.resume()
+        return journal
+    }
+
+    /// Marks a reader's machines for reading at the next slice.
+    private func markPending(_ reader: JournalReader) {
+        if let index = readers.firstIndex(where: { $0 === reader }) { pending[index] = true }
+    }
+
+    /// Opens the configured directories that did not exist until now, and follows them.
+    private func openDirectories() {
+        for index in readers.indices where readers[index] == nil {
+            guard let reader = try? JournalReader(directory: directories[index]) else { continue }
+            do {
+                sources.append(try follow(reader))
+                readers[index] = reader
+                pending[index] = true
+                logger.notice("reading the journal directory", metadata: ["directory": "\(directories[index])"])
+            } catch {
+                logger.error(
+                    "cannot follow the journal directory",
+                    metadata: ["directory": "\(directories[index])", "error": "\(error)"])
+            }
+        }
     }
 
     /// Stops following, and saves and writes the metrics before it returns.

@@ -25,6 +25,15 @@ public struct CollectorConfiguration: Sendable, Hashable {
     /// Units counted on their own (memory and state bound); stalls of later units count under
     /// `(other units)`.
     public var maximumUnits: Int = 500
+    /// Hosts (machine ids) counted on their own; stalls of later hosts count under `(other hosts)`.
+    public var maximumHosts: Int = 1000
+    /// The journal directories read (`sd_journal_open_directory` each, with their machine-id
+    /// subdirectories); empty reads the local journal. ``remoteJournalDirectory`` is where
+    /// `systemd-journal-remote` writes what the fleet's hosts upload.
+    public var journalDirectories: [String] = []
+
+    /// `systemd-journal-remote`'s output directory (its unit's `--output=`).
+    public static let remoteJournalDirectory = "/var/log/journal/remote"
 
     public init() {}
 
@@ -40,6 +49,8 @@ public struct CollectorConfiguration: Sendable, Hashable {
         case monitorThreshold = "monitor_threshold_ms"
         case maximumTrackedStalls = "max_tracked_stalls"
         case maximumUnits = "max_units"
+        case maximumHosts = "max_hosts"
+        case journalDirectories = "journal_directories"
     }
 
     /// The default configuration file.
@@ -147,6 +158,8 @@ public struct CollectorConfiguration: Sendable, Hashable {
         case .monitorThreshold: monitorThreshold = try value.milliseconds(key: name, source: source)
         case .maximumTrackedStalls: maximumTrackedStalls = try value.integer(key: name, source: source)
         case .maximumUnits: maximumUnits = try value.integer(key: name, source: source)
+        case .maximumHosts: maximumHosts = try value.integer(key: name, source: source)
+        case .journalDirectories: journalDirectories = try value.list(key: name, source: source)
         }
     }
 
@@ -240,6 +253,19 @@ public struct CollectorConfiguration: Sendable, Hashable {
             "must be between 100 and 10000000")
         try check(
             (1...100_000).contains(maximumUnits), .maximumUnits, "\(maximumUnits)", "must be between 1 and 100000")
+        try check(
+            (1...10_000).contains(maximumHosts), .maximumHosts, "\(maximumHosts)", "must be between 1 and 10000")
+        let directoryList = "[\(journalDirectories.joined(separator: ", "))]"
+        try check(
+            journalDirectories.count <= 64, .journalDirectories, directoryList, "must list at most 64 directories")
+        for directory in journalDirectories {
+            try check(
+                isPath(directory), .journalDirectories, directory,
+                "each directory must be an absolute path of at most 4096 bytes without control characters")
+        }
+        try check(
+            Set(journalDirectories).count == journalDirectories.count, .journalDirectories, directoryList,
+            "must not list a directory twice (its entries would be read twice)")
     }
 
     /// The state directory in force: the configured one, `$STATE_DIRECTORY` (set by systemd's
@@ -265,6 +291,8 @@ public struct CollectorConfiguration: Sendable, Hashable {
             "digest_interval_s=\(seconds(digestInterval))", "state_directory=\(stateDirectory ?? "")",
             "monitor_threshold_ms=\(monitorThreshold.milliseconds)",
             "max_tracked_stalls=\(maximumTrackedStalls)", "max_units=\(maximumUnits)",
+            "max_hosts=\(maximumHosts)",
+            "journal_directories=\(journalDirectories.isEmpty ? "(local journal)" : journalDirectories.joined(separator: ","))",
         ].joined(separator: " ")
     }
 }

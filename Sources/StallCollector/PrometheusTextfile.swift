@@ -89,15 +89,45 @@ public enum PrometheusTextfile {
             }
         }
 
+        // Hosts get their own series here only: host × unit × fingerprint would multiply the
+        // bounds (max_hosts × max_units × max_fingerprints_per_unit). Which hosts a fingerprint
+        // hit is a count per fingerprint; `stallmon report --host` and the journal say which.
+        family(
+            "stallmon_host_stalls_total", "counter",
+            "Stalls by host (_HOSTNAME, and _MACHINE_ID as its identity); bounded by max_hosts, the rest under host=\"(other hosts)\"."
+        )
+        for (machineID, host) in state.hosts.sorted(by: { $0.key < $1.key }) {
+            let id = machineID == CollectorState.otherHosts ? "" : machineID
+            lines.append(
+                "stallmon_host_stalls_total{host=\"\(escape(host.name))\",machine_id=\"\(escape(id))\"} \(host.stalls)")
+        }
+        family(
+            "stallmon_fingerprint_hosts", "gauge",
+            "On how many hosts a unit's fingerprint stalled (the same code on many hosts shares its fingerprint).")
+        for unit in units {
+            for (key, fingerprint) in state.units[unit]!.fingerprints.sorted(by: { $0.key < $1.key })
+            where fingerprint.labeled {
+                lines.append(
+                    "stallmon_fingerprint_hosts{unit=\"\(escape(unit))\",fingerprint=\"\(escape(key))\"} \(fingerprint.hostCount)"
+                )
+            }
+        }
+
         family(
             "stallmond_malformed_entries_total", "counter",
             "Journal entries with a stall MESSAGE_ID that did not match the schema.")
         lines.append("stallmond_malformed_entries_total \(state.malformedEntries)")
         family(
             "stallmond_folded_stalls_total", "counter",
-            "Stalls counted under fingerprint=\"other\" or unit=\"(other units)\" because a limit was reached.")
+            "Stalls counted under fingerprint=\"other\", unit=\"(other units)\" or host=\"(other hosts)\" because a limit was reached."
+        )
         lines.append("stallmond_folded_stalls_total{what=\"fingerprint\"} \(state.foldedFingerprintStalls)")
+        lines.append("stallmond_folded_stalls_total{what=\"host\"} \(state.foldedHostStalls)")
         lines.append("stallmond_folded_stalls_total{what=\"unit\"} \(state.foldedUnitStalls)")
+        family(
+            "stallmond_duplicate_entries_total", "counter",
+            "Stall entries received twice (an uploader that restarted sent them again), counted once.")
+        lines.append("stallmond_duplicate_entries_total \(state.duplicateEntries)")
         family("stallmond_last_entry_timestamp_seconds", "gauge", "When the newest counted entry reached the journal.")
         lines.append("stallmond_last_entry_timestamp_seconds \(seconds(state.lastEntryMicroseconds))")
         return lines.joined(separator: "\n") + "\n"

@@ -15,11 +15,18 @@ public struct StallObservation: Sendable, Hashable {
     public var backtrace: String
     /// A stall that outlasted `WatchdogSec=` (systemd killed the service).
     public var isWatchdog: Bool
+    /// The machine it happened on (`_MACHINE_ID`; empty where the entry has none)…
+    public var machineID: String
+    /// …and that machine's name (`_HOSTNAME`, cut like other identities; empty where none).
+    public var host: String
 
     public init(
         unit: String, stallID: String, fingerprint: String, frame: String, callout: String,
-        durationMicroseconds: UInt64, realtimeMicroseconds: UInt64, backtrace: String, isWatchdog: Bool
+        durationMicroseconds: UInt64, realtimeMicroseconds: UInt64, backtrace: String, isWatchdog: Bool,
+        machineID: String = "", host: String = ""
     ) {
+        self.machineID = machineID
+        self.host = host
         self.unit = unit
         self.stallID = stallID
         self.fingerprint = fingerprint
@@ -37,13 +44,22 @@ public struct StallObservation: Sendable, Hashable {
             ?? "(unknown)"
     }
 
-    public init(record: StallRecord, unit: String, realtimeMicroseconds: UInt64) {
+    public init(
+        record: StallRecord, unit: String, realtimeMicroseconds: UInt64, machineID: String = "", host: String = ""
+    ) {
         self.init(
             unit: unit, stallID: record.stallID, fingerprint: record.fingerprint, frame: record.frame,
             callout: record.callout, durationMicroseconds: record.durationMicroseconds,
             realtimeMicroseconds: realtimeMicroseconds, backtrace: record.backtrace,
-            isWatchdog: record.event == .watchdog
+            isWatchdog: record.event == .watchdog, machineID: machineID, host: host
         )
+    }
+
+    /// A stall read from `entry`, with its unit, time and host.
+    public init(record: StallRecord, entry: JournalEntry) {
+        self.init(
+            record: record, unit: Self.unit(of: entry.fields), realtimeMicroseconds: entry.realtimeMicroseconds,
+            machineID: entry.machineID ?? "", host: entry["_HOSTNAME"] ?? "")
     }
 }
 
@@ -53,11 +69,24 @@ public struct StallObservation: Sendable, Hashable {
 /// Everything in it is bounded, whatever the journal holds: at most ``CollectorConfiguration/maximumUnits``
 /// units (later ones count under ``CollectorState/otherUnits``), at most
 /// ``CollectorConfiguration/maximumFingerprintsPerUnit`` fingerprints per unit (later ones count
-/// under ``CollectorState/otherFingerprint``), ``CollectorConfiguration/maximumTrackedStalls`` recent
-/// stalls, 1000 watchdog stall IDs, and strings as long as the journal schema allows.
+/// under ``CollectorState/otherFingerprint``), at most ``CollectorConfiguration/maximumHosts`` hosts
+/// (later ones count under ``CollectorState/otherHosts``), ``CollectorConfiguration/maximumTrackedStalls``
+/// recent stalls, 1000 watchdog stall IDs, and strings as long as the journal schema allows. One
+/// position per source machine (``sources``): as many as the journal files read hold.
 public struct CollectorState: Codable, Sendable, Hashable {
     /// The journal cursor of the last entry counted.
     public var cursor: String?
+    /// Where reading stands for each machine whose entries were read, by `_MACHINE_ID` (`""` for
+    /// entries without one): one journal over several machines' files has one order across them,
+    /// and a machine whose entries arrive late (an uploader that was down) sorts behind the others.
+    public var sources: [String: Source] = [:]
+    /// Hosts by machine id; hosts past the limit count under ``otherHosts``.
+    public var hosts: [String: HostStats] = [:]
+    /// Stalls of hosts past the host limit, counted under ``otherHosts``.
+    public var foldedHostStalls: Int = 0
+    /// Entries received twice (an uploader that died sends again what it had not yet confirmed),
+    /// skipped.
+    public var duplicateEntries: Int = 0
     public var units: [String: UnitStats] = [:]
     /// Histogram bounds (microseconds) the unit histograms were counted with.
     public var bucketBounds: [UInt64] = []
@@ -78,6 +107,8 @@ public struct CollectorState: Codable, Sendable, Hashable {
     public static let otherUnits = "(other units)"
     /// The fingerprint that stalls past a unit's fingerprint limit count under.
     public static let otherFingerprint = "other"
+    /// The machine id key that stalls of hosts past the host limit count under.
+    public static let otherHosts = "(other hosts)"
 
     public init() {}
 
@@ -94,6 +125,29 @@ public struct CollectorState: Codable, Sendable, Hashable {
         foldedFingerprintStalls = try container.decodeIfPresent(Int.self, forKey: .foldedFingerprintStalls) ?? 0
         lastEntryMicroseconds = try container.decodeIfPresent(UInt64.self, forKey: .lastEntryMicroseconds) ?? 0
         recent = try container.decodeIfPresent([Recent].self, forKey: .recent) ?? []
+        sources = try container.decodeIfPresent([String: Source].self, forKey: .sources) ?? [:]
+        hosts = try container.decodeIfPresent([String: HostStats].self, forKey: .hosts) ?? [:]
+        foldedHostStalls = try container.decodeIfPresent(Int.self, forKey: .foldedHostStalls) ?? 0
+        duplicateEntries = try container.decodeIfPresent(Int.self, forKey: .duplicateEntries) ?? 0
+    }
+
+    /// Where reading stands for one source machine: the cursor of its last entry read, and where
+    /// that entry stands in the machine's own order (its boot and monotonic time), so that an
+    /// entry received a second time is recognized.
+    public struct Source: Codable, Sendable, Hashable {
+        public var cursor: String
+        public var bootID: String
+        public var monotonicMicroseconds: UInt64
+    }
+
+    /// One host (machine).
+    public struct HostStats: Codable, Sendable, Hashable {
+        /// Its latest `_HOSTNAME`.
+        public var name: String = ""
+        /// Its bit in ``FingerprintStats/hostBits``.
+        public var index: Int = 0
+        public var stalls: Int = 0
+        public var lastSeenMicroseconds: UInt64 = 0
     }
 
     public struct UnitStats: Codable, Sendable, Hashable {
@@ -120,6 +174,26 @@ public struct CollectorState: Codable, Sendable, Hashable {
         public var heaviestBacktrace: String = ""
         /// Whether it has its own metric series: every fingerprint but ``otherFingerprint``.
         public var labeled: Bool = false
+        /// The hosts it occurred on, one bit per ``HostStats/index`` (bounded by the host limit).
+        public var hostBits: [UInt64] = []
+
+        /// On how many hosts it occurred.
+        public var hostCount: Int { hostBits.reduce(0) { $0 + $1.nonzeroBitCount } }
+
+        public init() {}
+
+        public init(from decoder: any Decoder) throws {
+            let container = try decoder.container(keyedBy: CodingKeys.self)
+            stalls = try container.decode(Int.self, forKey: .stalls)
+            totalMicroseconds = try container.decode(UInt64.self, forKey: .totalMicroseconds)
+            worstMicroseconds = try container.decode(UInt64.self, forKey: .worstMicroseconds)
+            lastSeenMicroseconds = try container.decode(UInt64.self, forKey: .lastSeenMicroseconds)
+            frame = try container.decode(String.self, forKey: .frame)
+            callout = try container.decode(String.self, forKey: .callout)
+            heaviestBacktrace = try container.decode(String.self, forKey: .heaviestBacktrace)
+            labeled = try container.decode(Bool.self, forKey: .labeled)
+            hostBits = try container.decodeIfPresent([UInt64].self, forKey: .hostBits) ?? []
+        }
     }
 
     /// One stall remembered for the windows.
@@ -203,12 +277,21 @@ public struct StallAggregator: Sendable {
         }
     }
 
+    /// Reads `machine` from `cursor` on, where nothing was read from it yet: for a state saved
+    /// when one cursor stood for every machine.
+    public mutating func adopt(cursor: String, for machine: String) {
+        guard state.sources[machine] == nil else { return }
+        state.sources[machine] = CollectorState.Source(cursor: cursor, bootID: "", monotonicMicroseconds: 0)
+    }
+
     /// What an entry did to the counts.
     public enum Outcome: Sendable, Equatable {
         case stall(StallObservation)
         case stallUpdated(StallObservation)
         case suppressed(unit: String, count: Int)
         case ignored
+        /// An entry counted before, received again (see ``CollectorState/duplicateEntries``).
+        case duplicate
         case malformed(JournalDecodingError)
     }
 
@@ -217,6 +300,19 @@ public struct StallAggregator: Sendable {
     @discardableResult
     public mutating func ingest(_ entry: JournalEntry) -> Outcome {
         state.cursor = entry.cursor
+        // One position per machine. An entry of a machine's boot at or before the last one read
+        // from it was received twice: systemd-journal-upload sends again, after a restart, what
+        // the receiver had not yet confirmed.
+        let machine = entry.machineID ?? ""
+        if let source = state.sources[machine], !entry.bootID.isEmpty, source.bootID == entry.bootID,
+            entry.monotonicMicroseconds <= source.monotonicMicroseconds
+        {
+            state.sources[machine]!.cursor = entry.cursor
+            state.duplicateEntries.saturatingIncrease(by: 1)
+            return .duplicate
+        }
+        state.sources[machine] = CollectorState.Source(
+            cursor: entry.cursor, bootID: entry.bootID, monotonicMicroseconds: entry.monotonicMicroseconds)
         state.lastEntryMicroseconds = max(state.lastEntryMicroseconds, entry.realtimeMicroseconds)
         switch entry["MESSAGE_ID"] {
         case MessageID.reportsSuppressed:
@@ -232,10 +328,7 @@ public struct StallAggregator: Sendable {
         case MessageID.stallEnded, MessageID.watchdogStall:
             do {
                 let record = try StallRecord(journalFields: entry.fields)
-                return count(
-                    StallObservation(
-                        record: record, unit: StallObservation.unit(of: entry.fields),
-                        realtimeMicroseconds: entry.realtimeMicroseconds))
+                return count(StallObservation(record: record, entry: entry))
             } catch {
                 state.malformedEntries.saturatingIncrease(by: 1)
                 return .malformed(error)
@@ -259,6 +352,27 @@ public struct StallAggregator: Sendable {
         if admitted != unit { state.foldedUnitStalls.saturatingIncrease(by: 1) }
         if state.units[admitted] == nil { state.units[admitted] = newUnit() }
         return admitted
+    }
+
+    /// The host a stall counts under, present in the state: its own while the host limit allows,
+    /// else ``CollectorState/otherHosts``; its latest name kept.
+    private mutating func admittedHost(_ stall: StallObservation) -> String {
+        let name = stall.host.isEmpty ? "(unknown)" : stall.host
+        if state.hosts[stall.machineID] != nil {
+            if state.hosts[stall.machineID]!.name != name { state.hosts[stall.machineID]!.name = name }
+            return stall.machineID
+        }
+        let others = state.hosts[CollectorState.otherHosts] == nil ? 0 : 1
+        if state.hosts.count - others < configuration.maximumHosts {
+            state.hosts[stall.machineID] = CollectorState.HostStats(name: name, index: state.hosts.count)
+            return stall.machineID
+        }
+        state.foldedHostStalls.saturatingIncrease(by: 1)
+        if state.hosts[CollectorState.otherHosts] == nil {
+            state.hosts[CollectorState.otherHosts] = CollectorState.HostStats(
+                name: CollectorState.otherHosts, index: state.hosts.count)
+        }
+        return CollectorState.otherHosts
     }
 
     private mutating func count(_ observation: StallObservation) -> Outcome {
@@ -289,6 +403,12 @@ public struct StallAggregator: Sendable {
             if state.watchdogStallIDs.count > 1000 { state.watchdogStallIDs.removeFirst() }
             state.units[stall.unit]!.watchdogStalls.saturatingIncrease(by: 1)
         }
+        let host = admittedHost(stall)
+        state.hosts[host]!.stalls.saturatingIncrease(by: 1)
+        state.hosts[host]!.lastSeenMicroseconds = max(
+            state.hosts[host]!.lastSeenMicroseconds, stall.realtimeMicroseconds)
+        state.units[stall.unit]!.fingerprints[key, default: CollectorState.FingerprintStats()].markHost(
+            state.hosts[host]!.index)
         let bucket = state.bucketBounds.firstIndex { stall.durationMicroseconds <= $0 } ?? state.bucketBounds.count
         state.units[stall.unit]!.stalls.saturatingIncrease(by: 1)
         state.units[stall.unit]!.totalMicroseconds = state.units[stall.unit]!.totalMicroseconds.saturatingAdd(
@@ -427,6 +547,13 @@ extension CollectorState.UnitStats {
 
 extension CollectorState.FingerprintStats {
     mutating func raiseWorst(to duration: UInt64) { worstMicroseconds = max(worstMicroseconds, duration) }
+
+    /// Sets the bit of host `index`.
+    mutating func markHost(_ index: Int) {
+        let word = index / 64
+        if hostBits.count <= word { hostBits += Array(repeating: 0, count: word + 1 - hostBits.count) }
+        hostBits[word] |= 1 << UInt64(index % 64)
+    }
 
     init(labeled: Bool) {
         self.init()

@@ -11,6 +11,8 @@ public struct StallGroup: Sendable, Hashable, Codable {
     public var heaviestFrame: String
     /// How many of them outlasted the service watchdog.
     public var watchdogKills: Int
+    /// On how many hosts (distinct `_MACHINE_ID`s) it stalled.
+    public var hosts: Int
 
     /// Groups stalls; a stall with both a watchdog and an ended report counts once, at its longer duration.
     public static func group(_ stalls: [StallObservation]) -> [StallGroup] {
@@ -44,7 +46,7 @@ public struct StallGroup: Sendable, Hashable, Codable {
                 unit: worst.unit, fingerprint: worst.fingerprint, count: members.count,
                 p50Microseconds: durations[(durations.count - 1) / 2], maxMicroseconds: durations.last!,
                 callout: callouts.max { ($0.value, $1.key) < ($1.value, $0.key) }!.key, heaviestFrame: worst.frame,
-                watchdogKills: members.filter(\.isWatchdog).count)
+                watchdogKills: members.filter(\.isWatchdog).count, hosts: Set(members.map(\.machineID)).count)
         }.sorted { ($0.count, $0.maxMicroseconds, $1.unit) > ($1.count, $1.maxMicroseconds, $0.unit) }
     }
 }

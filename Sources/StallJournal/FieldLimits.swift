@@ -27,6 +27,8 @@ public enum FieldLimits {
     /// `STALL_BACKTRACE`, in bytes: `journalctl -o json` prints `null` for longer fields unless
     /// `--all` is given.
     public static let backtraceBytes = 4096
+    /// `STALL_STACKS`, in bytes, for the same reason as ``backtraceBytes``.
+    public static let stacksBytes = 4096
     /// `SYSLOG_IDENTIFIER` and the unit (`_SYSTEMD_UNIT`, `_SYSTEMD_USER_UNIT`), in bytes; systemd's
     /// own unit names are at most 256. Longer ones are cut, ending in ``truncationMarker``.
     public static let identifierBytes = 256

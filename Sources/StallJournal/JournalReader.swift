@@ -14,17 +14,41 @@ public struct JournalEntry: Sendable, Hashable {
     public var cursor: String
     /// Microseconds since the epoch when journald received it.
     public var realtimeMicroseconds: UInt64
+    /// The sender's boot (`_BOOT_ID`, as 32 hex digits) and the microseconds since that boot when
+    /// journald received it (`sd_journal_get_monotonic_usec`): within one boot of one machine,
+    /// the order in which its journald received entries. Empty and 0 where unknown.
+    public var bootID: String
+    public var monotonicMicroseconds: UInt64
 
-    public init(fields: [String: String], cursor: String, realtimeMicroseconds: UInt64) {
+    public init(
+        fields: [String: String], cursor: String, realtimeMicroseconds: UInt64, bootID: String = "",
+        monotonicMicroseconds: UInt64 = 0
+    ) {
         self.fields = fields
         self.cursor = cursor
         self.realtimeMicroseconds = realtimeMicroseconds
+        self.bootID = bootID
+        self.monotonicMicroseconds = monotonicMicroseconds
     }
 
     public subscript(_ name: String) -> String? { fields[name] }
 
     /// The fields that name the sender, which readers group by: cut, never rejected, when too long.
-    public static let identityFields: Set<String> = ["_SYSTEMD_UNIT", "_SYSTEMD_USER_UNIT", "SYSLOG_IDENTIFIER"]
+    public static let identityFields: Set<String> = [
+        "_SYSTEMD_UNIT", "_SYSTEMD_USER_UNIT", "SYSLOG_IDENTIFIER", "_HOSTNAME",
+    ]
+
+    /// The machine the entry came from: `_MACHINE_ID` when it is 32 lowercase hex digits (journald
+    /// always sets it, and `systemd-journal-remote` keeps the sender's), else `nil`.
+    public var machineID: String? {
+        guard let id = fields["_MACHINE_ID"], JournalEntry.isMachineID(id) else { return nil }
+        return id
+    }
+
+    /// Whether `text` is a machine id: 32 lowercase hex digits.
+    public static func isMachineID(_ text: String) -> Bool {
+        text.utf8.count == 32 && text.utf8.allSatisfy { (0x30...0x39).contains($0) || (0x61...0x66).contains($0) }
+    }
 }
 
 /// Reads the system journal through libsystemd's `sd_journal` API.
@@ -55,7 +79,21 @@ public final class JournalReader {
         _ = sd_journal_set_data_threshold(journal, FieldLimits.readBytes + 1)
     }
 
-    /// Opens the journal files in `directory` (`sd_journal_open_directory`).
+    /// Opens every journal this machine may read, the remote and container ones included
+    /// (`sd_journal_open` without `SD_JOURNAL_LOCAL_ONLY`, as `journalctl --merge`).
+    public init(merge: Bool) throws(SystemdError) {
+        var handle: OpaquePointer?
+        try SystemdError.check(
+            "sd_journal_open", sd_journal_open(&handle, merge ? 0 : Int32(SD_JOURNAL_LOCAL_ONLY)))
+        journal = handle
+        namespace = nil
+        isSystemJournal = !merge
+        _ = sd_journal_set_data_threshold(journal, FieldLimits.readBytes + 1)
+    }
+
+    /// Opens the journal files in `directory` and in its machine-id subdirectories
+    /// (`sd_journal_open_directory`, as `journalctl --directory`): `/var/log/journal/remote` for
+    /// what `systemd-journal-remote` received. Files that appear later are read too.
     public init(directory: String) throws(SystemdError) {
         var handle: OpaquePointer?
         try SystemdError.check("sd_journal_open_directory", sd_journal_open_directory(&handle, directory, 0))
@@ -75,6 +113,30 @@ public final class JournalReader {
         let match = Array("\(field)=\(value)".utf8)
         let result = match.withUnsafeBytes { sd_journal_add_match(journal, $0.baseAddress, $0.count) }
         try SystemdError.check("sd_journal_add_match", result)
+    }
+
+    /// Drops every match (`sd_journal_flush_matches`).
+    public func flushMatches() {
+        sd_journal_flush_matches(journal)
+    }
+
+    /// The values `field` takes in the journal's files, at most `limit` of them
+    /// (`sd_journal_query_unique`); matches do not apply.
+    public func uniqueValues(of field: String, limit: Int) throws(SystemdError) -> [String] {
+        try SystemdError.check("sd_journal_query_unique", sd_journal_query_unique(journal, field))
+        var values: [String] = []
+        var data: UnsafeRawPointer?
+        var length = 0
+        while values.count < limit,
+            try SystemdError.check("sd_journal_enumerate_unique", sd_journal_enumerate_unique(journal, &data, &length))
+                > 0
+        {
+            guard let data else { continue }
+            let bytes = UnsafeRawBufferPointer(start: data, count: length)
+            guard let equals = bytes.firstIndex(of: UInt8(ascii: "=")) else { continue }
+            values.append(String(decoding: bytes[(equals + 1)...].prefix(FieldLimits.readBytes), as: UTF8.self))
+        }
+        return values
     }
 
     /// Starts a new group of matches, alternative to the ones before (`sd_journal_add_disjunction`).
@@ -226,6 +288,15 @@ public final class JournalReader {
         free(cursorPointer)
         var realtime: UInt64 = 0
         _ = sd_journal_get_realtime_usec(journal, &realtime)
-        return JournalEntry(fields: fields, cursor: cursor, realtimeMicroseconds: realtime)
+        var monotonic: UInt64 = 0
+        var boot = sd_id128_t()
+        let bootID =
+            sd_journal_get_monotonic_usec(journal, &monotonic, &boot) >= 0
+            ? withUnsafeBytes(of: boot.bytes) { bytes in
+                bytes.map { String(repeating: "0", count: $0 < 16 ? 1 : 0) + String($0, radix: 16) }.joined()
+            } : ""
+        return JournalEntry(
+            fields: fields, cursor: cursor, realtimeMicroseconds: realtime, bootID: bootID,
+            monotonicMicroseconds: bootID.isEmpty ? 0 : monotonic)
     }
 }

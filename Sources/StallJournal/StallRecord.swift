@@ -47,6 +47,15 @@ public struct StallRecord: Sendable, Hashable {
     public var syslogIdentifier: String
     /// The service's watchdog interval (`WatchdogSec=`) for ``Event/watchdog`` entries, 0 otherwise.
     public var watchdogMicroseconds: UInt64 = 0
+    /// Every distinct stack sampled, with its sample count (`STALL_STACKS`); empty when the writer
+    /// wrote none. Its frame numbers refer to the lines of ``backtrace`` as written (clamped).
+    public var sampledStacks = SampledStacks()
+
+    /// How the backtrace was taken: `signal` (the thread unwound itself in the sampling signal's
+    /// handler), `kernel` (blocked in a system call, unwound in place from the registers the kernel
+    /// shows), `previous` (samples that got no stack of their own, counted unanswered: the latest
+    /// stack taken earlier in the stall); empty when there is no stack.
+    public var stackSource: String = ""
 
     /// `journalctl -o json` prints `null` for fields over 4096 bytes unless `--all` is given.
     public static let maximumBacktraceBytes = FieldLimits.backtraceBytes
@@ -122,6 +131,8 @@ public struct StallRecord: Sendable, Hashable {
             + (event == .watchdog
                 ? [JournalField(Field.watchdogMicroseconds, String(FieldLimits.microseconds(watchdogMicroseconds)))]
                 : [])
+            + (sampledStacks.isEmpty ? [] : [JournalField(Field.stacks, sampledStacksValue)])
+            + (stackSource.isEmpty ? [] : [JournalField(Field.stackSource, stackSource)])
     }
 
     /// Field names of stall entries.
@@ -145,7 +156,24 @@ public struct StallRecord: Sendable, Hashable {
         public static let fingerprint = "STALL_FINGERPRINT"
         public static let frame = "STALL_FRAME"
         public static let backtrace = "STALL_BACKTRACE"
+        public static let stackSource = "STALL_STACK_SOURCE"
         public static let watchdogMicroseconds = "STALL_WATCHDOG_USEC"
+        public static let stacks = "STALL_STACKS"
+    }
+
+    /// `STALL_STACKS` as written: the encoding is bounded when it is built from stacks, and a value
+    /// set by hand that is longer is left out whole rather than cut into a different meaning.
+    var sampledStacksValue: String {
+        let value = sampledStacks.encoded
+        return value.utf8.count <= FieldLimits.stacksBytes
+            ? value : "* \(FieldLimits.count(sampledStacks.totalSamples))"
+    }
+
+    /// The stacks with their frames as text, heaviest first (see ``SampledStacks/resolved(backtrace:)``);
+    /// an entry without `STALL_STACKS` gives its backtrace as the one stack.
+    public var resolvedStacks: [(frames: [String], count: Int)] {
+        guard sampledStacks.isEmpty else { return sampledStacks.resolved(backtrace: Self.clampBacktrace(backtrace)) }
+        return [(SampledStacks.backtraceFrames(Self.clampBacktrace(backtrace)), max(1, stackSamples))]
     }
 
     /// Cuts a backtrace at a line boundary so that it fits ``maximumBacktraceBytes``.
@@ -212,10 +240,15 @@ extension StallRecord {
         fingerprint = try reader.hex(Field.fingerprint, digits: FieldLimits.fingerprintDigits)
         frame = try reader.optionalString(Field.frame, maximumBytes: FieldLimits.frameBytes) ?? ""
         backtrace = try reader.optionalString(Field.backtrace, maximumBytes: FieldLimits.backtraceBytes) ?? ""
+        stackSource = try reader.optionalString(Field.stackSource, maximumBytes: FieldLimits.keywordBytes) ?? ""
         // Held to its bounds wherever it appears, but part of watchdog records only: the writer
         // writes it on those alone, so that every record reads back as written.
         let watchdog = try reader.optionalMicroseconds(Field.watchdogMicroseconds) ?? 0
         watchdogMicroseconds = event == .watchdog ? watchdog : 0
+        if let stacks = try reader.optionalString(Field.stacks, maximumBytes: FieldLimits.stacksBytes) {
+            let lines = backtrace.split(separator: "\n", omittingEmptySubsequences: false).count
+            sampledStacks = try SampledStacks(decoding: stacks, backtraceLineCount: lines)
+        }
     }
 }
 

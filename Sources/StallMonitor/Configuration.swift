@@ -31,6 +31,11 @@ extension StallMonitor {
         /// The signal used to sample the stalled thread. `nil` picks a real-time signal that has
         /// no handler and that the thread does not block.
         public var signal: Int32? = nil
+        /// Whether a thread blocked in a system call is signalled for its stack like a running one.
+        /// Off by default: it is unwound in place from the kernel's view instead, because a signal
+        /// handler ends `nanosleep`, `poll`, `epoll_wait`, `select` and timed waits with `EINTR`
+        /// whatever `SA_RESTART` says. On, the program sees those `EINTR`s at the first sample.
+        public var interruptBlockedThreads: Bool = false
         /// At most ``RateLimit/burst`` reports per fingerprint in each ``RateLimit/interval``.
         public var rateLimit: RateLimit = RateLimit()
         /// Reports waiting for the reporting thread; beyond it reports are dropped and counted.
@@ -159,6 +164,7 @@ enum ConfigurationKey: String, CaseIterable {
     case loopStartTimeout = "loop_start_timeout_ms"
     case reportWhileDebuggerAttached = "report_while_debugger_attached"
     case signal = "signal"
+    case interruptBlockedThreads = "interrupt_blocked_threads"
     case rateLimitBurst = "rate_limit_burst"
     case rateLimitInterval = "rate_limit_interval_s"
     case reportQueueCapacity = "report_queue_capacity"

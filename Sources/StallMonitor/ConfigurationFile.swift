@@ -99,6 +99,8 @@ extension StallMonitor.Configuration {
         case .reportWhileDebuggerAttached:
             reportWhileDebuggerAttached = try value.flag(key: key.rawValue, source: source)
         case .notifyStatus: notifyStatus = try value.flag(key: key.rawValue, source: source)
+        case .interruptBlockedThreads:
+            interruptBlockedThreads = try value.flag(key: key.rawValue, source: source)
         case .signal:
             let reason = "must be \"auto\", a signal name such as \"SIGRTMIN+4\", or a signal number"
             if let number = value.number {
@@ -193,6 +195,7 @@ extension StallMonitor.Configuration {
         case .reportWhileDebuggerAttached: return "\(reportWhileDebuggerAttached)"
         case .notifyStatus: return "\(notifyStatus)"
         case .signal: return signal.map(SignalName.name(of:)) ?? "auto"
+        case .interruptBlockedThreads: return "\(interruptBlockedThreads)"
         case .syslogIdentifier: return syslogIdentifier ?? ProgramName.current
         case .additionalModes: return additionalModes.joined(separator: ",")
         }

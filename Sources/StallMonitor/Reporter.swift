@@ -160,8 +160,8 @@ final class Reporter: @unchecked Sendable {
     }
 
     private func makeReport(_ stall: CapturedStall, symbolicator: Symbolicator) -> StallReport {
-        let (frames, stackSamples) = Self.heaviestStack(stall.stacks, symbolicator: symbolicator)
-        return StallReport(
+        let (frames, stackSamples, index) = Self.heaviestStack(stall.stacks, symbolicator: symbolicator)
+        var report = StallReport(
             event: stall.event,
             stallID: stall.stallID,
             loop: loopName,
@@ -183,8 +183,11 @@ final class Reporter: @unchecked Sendable {
             noStackReason: stall.noStackReason,
             startNanoseconds: stall.startNanoseconds,
             pausedTime: .nanoseconds(stall.paused),
-            watchdogInterval: stall.watchdogInterval.map { .nanoseconds($0) }
+            watchdogInterval: stall.watchdogInterval.map { .nanoseconds($0) },
+            stackSource: index.flatMap { stall.stackSources.indices.contains($0) ? stall.stackSources[$0] : nil }
         )
+        report.sampledStacks = SampledStack.symbolicate(stall.stacks, symbolicator: symbolicator)
+        return report
     }
 }
 
@@ -194,17 +197,19 @@ extension Reporter {
     /// whatever library code it happened to be in at each sample.
     static func heaviestStack(
         _ stacks: [(stack: [UInt], count: Int)], symbolicator: Symbolicator
-    ) -> (frames: [StallFrame], samples: Int) {
-        var groups: [String: (total: Int, best: [StallFrame], bestCount: Int, order: Int)] = [:]
+    ) -> (frames: [StallFrame], samples: Int, index: Int?) {
+        var groups: [String: (total: Int, best: [StallFrame], bestCount: Int, order: Int, bestIndex: Int)] = [:]
         for (order, entry) in stacks.enumerated() {
             let frames = symbolicator.symbolicate(entry.stack)
             let key = StallReport.fingerprint(of: frames)
             if var group = groups[key] {
                 group.total += entry.count
-                if entry.count > group.bestCount { (group.best, group.bestCount) = (frames, entry.count) }
+                if entry.count > group.bestCount {
+                    (group.best, group.bestCount, group.bestIndex) = (frames, entry.count, order)
+                }
                 groups[key] = group
             } else {
-                groups[key] = (entry.count, frames, entry.count, order)
+                groups[key] = (entry.count, frames, entry.count, order, order)
             }
         }
         guard
@@ -212,9 +217,9 @@ extension Reporter {
                 $0.total < $1.total || ($0.total == $1.total && $0.order > $1.order)
             })
         else {
-            return ([], 0)
+            return ([], 0, nil)
         }
-        return (heaviest.best, heaviest.total)
+        return (heaviest.best, heaviest.total, heaviest.bestIndex)
     }
 }
 

@@ -46,25 +46,7 @@ final class ThreadClocks: @unchecked Sendable {
     }
 
     /// The second field of schedstat: nanoseconds runnable but not running.
-    private func runQueueWait() -> UInt64? {
-        guard descriptor >= 0 else { return nil }
-        return withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 64) { buffer -> UInt64? in
-            let count = pread(descriptor, buffer.baseAddress, buffer.count, 0)
-            guard count > 0 else { return nil }
-            var field = 0
-            var value: UInt64 = 0
-            for byte in buffer[0..<count] {
-                if byte == UInt8(ascii: " ") || byte == UInt8(ascii: "\n") {
-                    if field == 1 { return value }
-                    field += 1
-                    value = 0
-                } else if byte >= UInt8(ascii: "0"), byte <= UInt8(ascii: "9") {
-                    value = value &* 10 &+ UInt64(byte - UInt8(ascii: "0"))
-                }
-            }
-            return nil
-        }
-    }
+    private func runQueueWait() -> UInt64? { RunQueueClock.runQueueWait(schedstat: descriptor) }
 }
 
 /// The CPU time and the pauses of one stall, from readings of the thread's CPU clock that the

@@ -288,7 +288,8 @@ public final class StallMonitor: Sendable {
             let logger = self.logger
             watchdog = Watchdog(
                 configuration: configuration, target: target, loop: pointer, semaphore: semaphore, signal: signal,
-                slot: slot, deliver: { reporter.submit($0) }, deliverNow: { reporter.submitNow($0) },
+                slot: slot, logger: monitor.logger, deliver: { reporter.submit($0) },
+                deliverNow: { reporter.submitNow($0) },
                 notice: { Self.log($0, target: kind, loopName: loopName, logger: logger) }
             )
             if lightDrain {

@@ -67,6 +67,26 @@ public struct StallReport: Sendable, Hashable {
         }
     }
 
+    /// How the reported stack was taken.
+    public struct StackSource: RawRepresentable, Sendable, Hashable, CustomStringConvertible {
+        public let rawValue: String
+        public init(rawValue: String) { self.rawValue = rawValue }
+        public var description: String { rawValue }
+
+        /// The thread unwound itself in the sampling signal's handler, where it ran.
+        public static let signal = Self(rawValue: "signal")
+        /// The thread blocked in a system call and was not signalled: its stack was unwound in
+        /// place from the stack pointer and program counter the kernel shows for it.
+        public static let kernel = Self(rawValue: "kernel")
+        /// Most samples got no stack of their own (the thread blocked where it could not be
+        /// unwound, or kept entering short system calls and was not signalled): the latest stack
+        /// taken earlier in the stall stands in for them.
+        public static let previous = Self(rawValue: "previous")
+
+        /// Ties between sources go to the more direct one.
+        var rank: Int { self == .signal ? 0 : self == .kernel ? 1 : 2 }
+    }
+
     public var event: Event
     /// Same for the detected and the ended report of one stall.
     public var stallID: String
@@ -95,6 +115,8 @@ public struct StallReport: Sendable, Hashable {
     public var stackSamples: Int
     /// The first stack (detected) or the heaviest stack (ended), innermost first.
     public var stack: [StallFrame]
+    /// How ``stack`` was taken; `nil` when there is no stack.
+    public var stackSource: StackSource?
     /// Stable hash of the top frames (from ``culprit`` on): equal for the same stall across runs and hosts.
     public var fingerprint: String
     /// Why there is no stack, when there is none.
@@ -105,13 +127,15 @@ public struct StallReport: Sendable, Hashable {
     public var pausedTime: Duration
     /// The service's watchdog interval, for ``Event/watchdog`` reports.
     public var watchdogInterval: Duration?
+    /// Every distinct stack sampled so far, with how many samples showed it, heaviest first.
+    public var sampledStacks: [SampledStack] = []
 
     public init(
         event: Event, stallID: String, loop: String, threadID: Int, duration: Duration, threshold: Duration,
         activity: Activity, runLoopMode: String, callout: Callout, threadState: String, syscall: String?,
         waitChannel: String?, cpuTime: Duration, samples: Int, unansweredSamples: Int, stackSamples: Int,
         stack: [StallFrame], fingerprint: String, noStackReason: String?, startNanoseconds: UInt64,
-        pausedTime: Duration, watchdogInterval: Duration? = nil
+        pausedTime: Duration, watchdogInterval: Duration? = nil, stackSource: StackSource? = nil
     ) {
         self.event = event
         self.stallID = stallID
@@ -135,6 +159,7 @@ public struct StallReport: Sendable, Hashable {
         self.startNanoseconds = startNanoseconds
         self.pausedTime = pausedTime
         self.watchdogInterval = watchdogInterval
+        self.stackSource = stack.isEmpty ? nil : stackSource ?? .signal
     }
 
     /// The frame a reader looks at first: the innermost frame of the program's own code (with

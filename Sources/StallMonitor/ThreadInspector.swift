@@ -140,12 +140,15 @@ final class RunQueueClock: @unchecked Sendable {
     }
 
     /// Nanoseconds spent runnable but not running so far; `nil` when the kernel does not say.
-    func waited() -> UInt64? {
+    func waited() -> UInt64? { Self.runQueueWait(schedstat: descriptor) }
+
+    /// The second field of an open `schedstat` file ("<on-cpu ns> <run-queue ns> <timeslices>"):
+    /// nanoseconds runnable but not running. One `pread`, no allocation.
+    static func runQueueWait(schedstat descriptor: Int32) -> UInt64? {
         guard descriptor >= 0 else { return nil }
         return withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 64) { buffer -> UInt64? in
             let count = pread(descriptor, buffer.baseAddress, buffer.count, 0)
             guard count > 0 else { return nil }
-            // "<on-cpu ns> <run-queue ns> <timeslices>\n"
             var field = 0
             var value: UInt64 = 0
             for byte in buffer[0..<count] {

@@ -2,6 +2,7 @@ import CStallCapture
 import CoreFoundation
 import Dispatch
 import Foundation
+import Logging
 import Synchronization
 
 /// A stall as the watchdog saw it: raw addresses and kernel views, before symbolication.
@@ -19,6 +20,8 @@ struct CapturedStall: Sendable {
     /// Distinct stacks (innermost first) with the samples they were seen in: the first one for a
     /// detected report, all of them for an ended report.
     var stacks: [(stack: [UInt], count: Int)]
+    /// How each of `stacks` was taken (same order).
+    var stackSources: [StallReport.StackSource] = []
     var threadState: Character
     /// The system call and wait channel seen most often.
     var kernelView: KernelThreadView
@@ -50,6 +53,7 @@ final class Watchdog: @unchecked Sendable {
     private let deliver: @Sendable (CapturedStall) -> Void
     /// Hands a report over and returns once it is written (for the report before a watchdog kill).
     private let deliverNow: @Sendable (CapturedStall) -> Void
+    private let logger: Logger
     private let startedAt: UInt64
     private let stopping = Atomic<Bool>(false)
     private let idleWaitRange = Mutex<Range<UInt>?>(nil)
@@ -84,6 +88,10 @@ final class Watchdog: @unchecked Sendable {
     /// `TracerPid` and the thread's signal mask, read at most once a second.
     private var tracerChecked: (time: UInt64, attached: Bool) = (0, false)
     private var signalChecked: (time: UInt64, problem: String?) = (0, nil)
+    /// Said once on the logger: the program took the sampling signal over; a signal ended one of
+    /// its system calls.
+    private var signalTakenLogged = false
+    private var interruptionLogged = false
     /// Pings of the service manager's watchdog, when the service runs with `WatchdogSec=`.
     private var serviceWatchdog: ServiceWatchdogSchedule?
     /// Whether the loop has turned since the start, and whether the monitor warned that it did not.
@@ -106,7 +114,7 @@ final class Watchdog: @unchecked Sendable {
 
     init(
         configuration: StallMonitor.Configuration, target: Target, loop: OpaquePointer, semaphore: DispatchSemaphore,
-        signal: Int32?, slot: Int32, deliver: @escaping @Sendable (CapturedStall) -> Void,
+        signal: Int32?, slot: Int32, logger: Logger, deliver: @escaping @Sendable (CapturedStall) -> Void,
         deliverNow: @escaping @Sendable (CapturedStall) -> Void, notice: @escaping @Sendable (LoopNotice) -> Void
     ) {
         self.configuration = configuration
@@ -120,6 +128,7 @@ final class Watchdog: @unchecked Sendable {
         self.deliver = deliver
         self.deliverNow = deliverNow
         self.notice = notice
+        self.logger = logger
         self.startedAt = stallmon_now_ns()
         self.serviceWatchdog = ServiceNotifier.watchdogInterval().map {
             ServiceWatchdogSchedule(interval: $0, now: stallmon_now_ns())
@@ -285,6 +294,7 @@ final class Watchdog: @unchecked Sendable {
             armedBefore = lastCPUReading.map { ($0.reading, $0.asleep && $0.sequence + 1 == event.sequence) }
             armedReading = clocks.read()
             if let armedReading { lastCPUReading = (armedReading, event.sequence, false) }
+            if !configuration.interruptBlockedThreads { stallmon_sampler_note_running(slot, target.threadID) }
         }
         let windowStart = windowStart(of: event)
         let deadline = windowStart + threshold
@@ -433,6 +443,8 @@ final class Watchdog: @unchecked Sendable {
         var noStackReason: String?
         var paused: UInt64 = 0
         var firstStack: [UInt] = []
+        var firstSource = StallReport.StackSource.signal
+        var latestStack: [UInt]?
 
         // Returns false when the sample shows the loop idle in its own wait (a nested run in a
         // mode the observers do not see): then there is no stall.
@@ -451,13 +463,7 @@ final class Watchdog: @unchecked Sendable {
                 states[view.state, default: 0] += 1
                 waits[KernelWait(syscall: view.syscall, waitChannel: view.waitChannel), default: 0] += 1
             }
-            if let blockedReason {
-                unanswered += 1
-                noStackReason = blockedReason
-                return true
-            }
-            let addresses = capture()
-            guard let addresses else {
+            guard let (addresses, source) = capture(blockedReason: blockedReason) else {
                 unanswered += 1
                 return true
             }
@@ -469,21 +475,46 @@ final class Watchdog: @unchecked Sendable {
                 }
                 return false
             }
-            stacks.add(addresses)
-            if firstStack.isEmpty { firstStack = addresses }
+            // A sample that got no stack of its own counts as unanswered; the latest stack of the
+            // stall stands in for it.
+            if source == .previous { unanswered += 1 }
+            stacks.add(addresses, source: source)
+            if firstStack.isEmpty { (firstStack, firstSource) = (addresses, source) }
             return true
         }
 
-        func capture() -> [UInt]? {
-            guard let signal else { return nil }
-            stallmon_sample_thread(
-                slot, target.threadID, signal, Int32(configuration.maximumFrames),
-                UInt64(configuration.sampleTimeout.nanoseconds), &sample
+        // By default a thread in a system call is never signalled (a handler would end nanosleep,
+        // poll, epoll_wait… with EINTR): it is unwound in place from the kernel's view of it.
+        func capture(blockedReason: String?) -> (stack: [UInt], source: StallReport.StackSource)? {
+            var flags = configuration.interruptBlockedThreads ? 0 : Int32(STALLMON_SAMPLE_SPARE_SYSCALLS)
+            if blockedReason != nil {
+                flags = Int32(STALLMON_SAMPLE_SPARE_SYSCALLS | STALLMON_SAMPLE_NO_SIGNAL)
+            }
+            stallmon_sample_stack(
+                slot, target.threadID, signal ?? 0, Int32(configuration.maximumFrames),
+                UInt64(configuration.sampleTimeout.nanoseconds), flags, &sample
             )
+            if sample.interrupted_syscall != 0 { noteInterruptedSyscall() }
             switch sample.status {
             case Int32(STALLMON_SAMPLE_OK.rawValue):
                 let count = Int(sample.frame_count)
-                return withUnsafeBytes(of: sample.frames) { raw in Array(raw.bindMemory(to: UInt.self).prefix(count)) }
+                let stack = withUnsafeBytes(of: sample.frames) { raw in
+                    Array(raw.bindMemory(to: UInt.self).prefix(count))
+                }
+                latestStack = stack
+                return (stack, sample.source == Int32(STALLMON_STACK_KERNEL.rawValue) ? .kernel : .signal)
+            case Int32(STALLMON_SAMPLE_SIGNAL_TAKEN.rawValue) where blockedReason != nil:
+                noStackReason = blockedReason
+            case Int32(STALLMON_SAMPLE_SIGNAL_TAKEN.rawValue):
+                noStackReason = signalTaken(sample.disposition)
+            case Int32(STALLMON_SAMPLE_BLOCKED_UNWIND_FAILED.rawValue):
+                if let latestStack { return (latestStack, .previous) }
+                let why = sample.error == EAGAIN ? "it kept waking up" : "libunwind error \(sample.error)"
+                noStackReason =
+                    "blocked in \(SyscallNames.name(Int(sample.syscall))) and not unwound from the kernel's view (\(why))"
+            case Int32(STALLMON_SAMPLE_SYSCALL_BUSY.rawValue):
+                if let latestStack { return (latestStack, .previous) }
+                noStackReason = "thread kept blocking in short system calls, which a signal would end with EINTR"
             case Int32(STALLMON_SAMPLE_TIMEOUT.rawValue) where sample.error == EAGAIN:
                 noStackReason =
                     "thread has not run since the last sample request (blocked in the kernel or descheduled)"
@@ -533,13 +564,16 @@ final class Watchdog: @unchecked Sendable {
         }
         readClocks(stopped: sampleWasStopped(&sampleBegan), late: sampleBegan.lateness)
 
-        func captured(_ kind: StallReport.Event, end: UInt64, stacks: [(stack: [UInt], count: Int)]) -> CapturedStall {
+        func captured(
+            _ kind: StallReport.Event, end: UInt64, stacks: [(stack: [UInt], count: Int)],
+            sources: [StallReport.StackSource]
+        ) -> CapturedStall {
             let duration = end > windowStart + paused ? end - windowStart - paused : 0
             let cpu = cpuAccount?.used(until: end, sleptSinceEnd: sleptSinceEnd) ?? 0
             return CapturedStall(
                 event: kind, stallID: stallID, startNanoseconds: windowStart, duration: duration, paused: paused,
                 activity: activity, runLoopMode: mode, cpu: min(cpu, duration),
-                samples: samples, unansweredSamples: unanswered, stacks: stacks,
+                samples: samples, unansweredSamples: unanswered, stacks: stacks, stackSources: sources,
                 threadState: Self.dominantState(states),
                 kernelView: Self.dominantWait(waits, fallback: latestView),
                 noStackReason: firstStack.isEmpty ? noStackReason : nil,
@@ -548,7 +582,8 @@ final class Watchdog: @unchecked Sendable {
         }
 
         if !suppressed {
-            deliver(captured(.detected, end: stallmon_now_ns(), stacks: firstStack.isEmpty ? [] : [(firstStack, 1)]))
+            let first = firstStack.isEmpty ? [] : [(stack: firstStack, count: 1)]
+            deliver(captured(.detected, end: stallmon_now_ns(), stacks: first, sources: first.map { _ in firstSource }))
         }
 
         // Sample until the window closes. With a service watchdog, no pings go out meanwhile, and a
@@ -566,7 +601,7 @@ final class Watchdog: @unchecked Sendable {
             readClocks(stopped: stopped, late: woke > target ? (woke - target) - min(lastWaitQueued, woke - target) : 0)
             if let schedule = serviceWatchdog, !finalReportWritten, stallmon_now_ns() >= schedule.finalReportTime {
                 finalReportWritten = true
-                var report = captured(.watchdog, end: stallmon_now_ns(), stacks: stacks.all)
+                var report = captured(.watchdog, end: stallmon_now_ns(), stacks: stacks.all, sources: stacks.sources)
                 report.watchdogInterval = schedule.interval
                 deliverNow(report)
             }
@@ -619,7 +654,7 @@ final class Watchdog: @unchecked Sendable {
         if let cpuAccount { lastCPUReading = (cpuAccount.latest, sequence, false) }
         stallCount.add(1, ordering: .relaxed)
         if !suppressed {
-            deliver(captured(.ended, end: end, stacks: stacks.all))
+            deliver(captured(.ended, end: end, stacks: stacks.all, sources: stacks.sources))
         }
     }
 
@@ -658,6 +693,39 @@ final class Watchdog: @unchecked Sendable {
             signalChecked = (now, inspector.blocks(signal) ? "thread blocks \(SignalName.name(of: signal))" : nil)
         }
         return signalChecked.problem
+    }
+
+    /// Why running threads get no stack while the program owns the sampling signal; said once on
+    /// the logger too. The signal is not sent: SIG_DFL would kill the program, SIG_IGN drop it, and
+    /// a handler of the program's would run its code.
+    private func signalTaken(_ disposition: Int32) -> String {
+        let name = signal.map(SignalName.name(of:)) ?? "the sampling signal"
+        let how =
+            switch disposition {
+            case Int32(STALLMON_DISPOSITION_DEFAULT.rawValue): "reset it to SIG_DFL"
+            case Int32(STALLMON_DISPOSITION_IGNORED.rawValue): "ignores it"
+            default: "installed its own handler"
+            }
+        let reason = "the program took over \(name) (\(how)); it is not sent, so only blocked threads are sampled"
+        if !signalTakenLogged {
+            signalTakenLogged = true
+            logger.warning(
+                "the program took over the sampling signal after the monitor started; stalls on the CPU get no stack",
+                metadata: ["stallmon.signal": "\(name)", "stallmon.disposition": "\(how)"]
+            )
+        }
+        return reason
+    }
+
+    /// The handler found it had ended a system call of the program with EINTR: the thread entered
+    /// the call within microseconds of the last look, or blocked threads are interrupted by choice.
+    private func noteInterruptedSyscall() {
+        guard !interruptionLogged else { return }
+        interruptionLogged = true
+        logger.warning(
+            "a sample interrupted a system call of the monitored thread, which returned EINTR",
+            metadata: ["stallmon.interrupt_blocked_threads": "\(configuration.interruptBlockedThreads)"]
+        )
     }
 
     /// Whether a debugger or tracer is attached (`TracerPid`, read at most once a second).
@@ -701,6 +769,8 @@ struct KernelWait: Hashable {
 /// reporter merges further, by symbolicated frames.
 struct StackAggregator {
     private var entries: [[UInt]: (stack: [UInt], count: Int, order: Int)] = [:]
+    /// Samples per stack and per way it was taken.
+    private var sourceCounts: [[UInt]: [StallReport.StackSource: Int]] = [:]
     private let capacity: Int
     private(set) var overflow = 0
 
@@ -708,7 +778,7 @@ struct StackAggregator {
         self.capacity = capacity
     }
 
-    mutating func add(_ stack: [UInt]) {
+    mutating func add(_ stack: [UInt], source: StallReport.StackSource = .signal) {
         let key = Array(stack.dropFirst())
         if let existing = entries[key] {
             entries[key] = (existing.stack, existing.count + 1, existing.order)
@@ -716,11 +786,21 @@ struct StackAggregator {
             entries[key] = (stack, 1, entries.count)
         } else {
             overflow += 1
+            return
         }
+        sourceCounts[key, default: [:]][source, default: 0] += 1
     }
 
     /// Every stack with its count, in the order first seen.
     var all: [(stack: [UInt], count: Int)] {
         entries.values.sorted { $0.order < $1.order }.map { ($0.stack, $0.count) }
+    }
+
+    /// How each stack of ``all`` was taken, in the same order: the way most of its samples were.
+    var sources: [StallReport.StackSource] {
+        entries.sorted { $0.value.order < $1.value.order }.map { key, _ in
+            sourceCounts[key]?.max { $0.value < $1.value || ($0.value == $1.value && $0.key.rank > $1.key.rank) }?
+                .key ?? .signal
+        }
     }
 }

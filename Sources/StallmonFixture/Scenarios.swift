@@ -235,6 +235,45 @@ enum Scenarios {
                 exit(0)
             }
 
+        case "blocked-usleep", "blocked-poll", "blocked-epoll":
+            // A main-queue block blocks in one system call that a signal handler would end with
+            // EINTR; the call prints what it returned.
+            try monitor.start()
+            DispatchQueue.main.asyncAfter(deadline: .now() + 0.3) {
+                Fixture.truth(name) {
+                    switch name {
+                    case "blocked-usleep": SyscallStalls.sleepWithUsleep(milliseconds: stallMilliseconds)
+                    case "blocked-poll": SyscallStalls.pollEmptyPipe(milliseconds: stallMilliseconds)
+                    default: SyscallStalls.waitInEpoll(milliseconds: stallMilliseconds)
+                    }
+                }
+            }
+            finish(after: 1.5)
+
+        case "short-sleeps":
+            // A main-queue block sleeps in steps of --stall-ms microseconds for two seconds: the
+            // thread enters a system call every few microseconds, and a sample seldom finds it
+            // outside one for long.
+            try monitor.start()
+            DispatchQueue.main.asyncAfter(deadline: .now() + 0.3) {
+                Fixture.truth(name) {
+                    SyscallStalls.sleepInShortSteps(seconds: 2, microseconds: options.stallMilliseconds)
+                }
+            }
+            finish(after: 2.8)
+
+        case "signal-default", "signal-ignore", "signal-handler":
+            // After start(), the program takes the sampling signal for itself (resets it, ignores
+            // it, or handles it); then its loop stalls on the CPU, and later blocked in poll.
+            try monitor.start()
+            SignalTakeover.take(String(name.dropFirst("signal-".count)))
+            Fixture.after(0.3) { Fixture.truth("\(name)-cpu") { Stalls.burnCPU(milliseconds: stallMilliseconds) } }
+            Fixture.after(1.3) {
+                Fixture.truth("\(name)-blocked") { SyscallStalls.pollEmptyPipe(milliseconds: stallMilliseconds) }
+            }
+            Fixture.after(2.4) { Fixture.print(["type": "handler", "calls": Int(SignalTakeover.handled)]) }
+            finish(after: 2.5)
+
         default:
             FileHandle.standardError.write(Data("unknown scenario: \(name)\n".utf8))
             exit(64)

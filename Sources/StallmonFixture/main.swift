@@ -4,6 +4,7 @@
 //
 //   StallmonFixture SCENARIO [--threshold-ms N] [--sample-interval-ms N] [--journal]
 //                            [--identifier NAME] [--seconds N] [--deny-membarrier before|after]
+//                            [--interrupt-blocked]
 
 import CoreFoundation
 import Dispatch
@@ -29,6 +30,7 @@ struct Options {
     var journalSocket = "/run/systemd/journal/socket"
     var journalFallback = false
     var periodMilliseconds = 250
+    var interruptBlocked = false
 
     init(_ arguments: [String]) {
         var iterator = arguments.makeIterator()
@@ -46,6 +48,7 @@ struct Options {
             case "--journal-socket": journalSocket = iterator.next() ?? journalSocket
             case "--journal-fallback": journalFallback = true
             case "--period-ms": periodMilliseconds = Int(iterator.next() ?? "") ?? periodMilliseconds
+            case "--interrupt-blocked": interruptBlocked = true
             default: scenario = argument
             }
         }
@@ -140,6 +143,7 @@ if options.scenario == "service" {
     configuration.sampleInterval = .milliseconds(options.sampleInterval)
     configuration.syslogIdentifier = options.identifier
 }
+configuration.interruptBlockedThreads = configuration.interruptBlockedThreads || options.interruptBlocked
 configuration.startupGracePeriod = .milliseconds(options.scenario == "grace" ? 1000 : options.graceMilliseconds)
 if options.scenario != "service" {
     configuration.rateLimit.burst = 1000  // tests count every report; the service keeps its environment's limit

@@ -28,6 +28,39 @@ enum JournalSource {
         return reader
     }
 
+    /// The readers `report` reads: one per `--directory`, else every journal (`--merge`), else
+    /// the local journal (or a namespace's), as ``open(namespace:command:)``.
+    /// - Throws: ``ExitStatus/unavailable`` after saying why on standard error.
+    static func open(namespace: String?, directories: [String], merge: Bool, command: String) throws
+        -> [JournalReader]
+    {
+        if directories.isEmpty, !merge { return [try open(namespace: namespace, command: command)] }
+        do {
+            if merge { return [try JournalReader(merge: true)] }
+            var readers: [JournalReader] = []
+            for directory in directories {
+                // sd_journal_open_directory opens a missing or empty directory without a word.
+                var isDirectory: ObjCBool = false
+                guard FileManager.default.fileExists(atPath: directory, isDirectory: &isDirectory),
+                    isDirectory.boolValue
+                else {
+                    complain(command, "cannot read the journal: \(DisplayText.escaped(directory)) is not a directory")
+                    throw ExitStatus.unavailable
+                }
+                guard access(directory, R_OK | X_OK) == 0 else {
+                    complain(
+                        command, "cannot read the journal: permission denied for \(DisplayText.escaped(directory))")
+                    throw ExitStatus.unavailable
+                }
+                readers.append(try JournalReader(directory: directory))
+            }
+            return readers
+        } catch let error as SystemdError {
+            complain(command, "cannot read the journal: \(error)")
+            throw ExitStatus.unavailable
+        }
+    }
+
     static func complain(_ command: String, _ message: String) {
         FileHandle.standardError.write(Data("stallmon \(command): \(message)\n".utf8))
     }

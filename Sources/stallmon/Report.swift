@@ -9,7 +9,7 @@ struct Report: ParsableCommand {
         abstract: "Summarize the journal's stall reports by unit and fingerprint.",
         discussion: """
             Reads the ended (and watchdog) stall entries through the journal schema and prints one \
-            row per unit and fingerprint: count, median and longest duration, callout and the \
+            row per unit and fingerprint: count, hosts, median and longest duration, callout and the \
             frame of the longest stall. Entries that do not match the schema are named on standard \
             error and make the exit status 65; a journal this user may not read exits 69. Control \
             characters from the journal are shown escaped (\\x1b) and long cells are cut (…).
@@ -22,13 +22,47 @@ struct Report: ParsableCommand {
     @Option(help: "Read this journal namespace (LogNamespace=) instead of the default one.")
     var namespace: String?
 
+    @Option(help: "Only this host: its name (_HOSTNAME) or its machine id (_MACHINE_ID).")
+    var host: String?
+
+    @Option(
+        name: [.customShort("D"), .long],
+        help: """
+            Read the journal files in this directory (and its machine-id subdirectories) instead of \
+            the local journal, e.g. /var/log/journal/remote where systemd-journal-remote writes; \
+            may be given more than once.
+            """)
+    var directory: [String] = []
+
+    @Flag(name: [.customShort("m"), .long], help: "Read every journal this machine has, the remote ones included.")
+    var merge = false
+
     @Option(help: "Only entries since this time: 30s, 15m, 2h, 7d, today, yesterday, or YYYY-MM-DD[ HH:MM[:SS]].")
     var since: String?
 
     @Flag(help: "Print JSON instead of a table.")
     var json = false
 
+    @Option(
+        help: ArgumentHelp(
+            "Write an SVG flame graph of the stalls' sampled stacks, weighted by stall time, to this file.",
+            valueName: "file"))
+    var flamegraph: String?
+
+    @Flag(help: "Print the stalls' sampled stacks as folded text (outer;...;inner microseconds).")
+    var folded = false
+
     func validate() throws {
+        if !directory.isEmpty, merge || namespace != nil {
+            throw ValidationError("--directory reads only the given directories: it excludes --merge and --namespace.")
+        }
+        if merge, namespace != nil {
+            throw ValidationError("--merge reads every journal: it excludes --namespace.")
+        }
+        if let host, host.isEmpty || host.contains("=") {
+            throw ValidationError("--host '\(host)' is not a host name or machine id.")
+        }
+        if json, folded { throw ValidationError("--json and --folded print different things: choose one.") }
         if let since, TimeSpec.parse(since, now: Date()) == nil {
             throw ValidationError(
                 "--since '\(since)' is not a time: use 30s, 15m, 2h, 7d, today, yesterday or YYYY-MM-DD[ HH:MM[:SS]].")
@@ -36,29 +70,34 @@ struct Report: ParsableCommand {
     }
 
     func run() throws {
-        let reader = try JournalSource.open(namespace: namespace, command: "report")
+        let readers = try JournalSource.open(
+            namespace: namespace, directories: directory, merge: merge, command: "report")
         var stalls: [StallObservation] = []
+        var records: [StallRecord] = []
         var malformed: [String] = []
         do {
-            for messageID in [MessageID.stallEnded, MessageID.watchdogStall] {
-                try reader.addMatch("MESSAGE_ID", messageID)
-                if let unit { try reader.addMatch("_SYSTEMD_UNIT", unit) }
-                if messageID == MessageID.stallEnded { try reader.addDisjunction() }
-            }
-            if let since, let date = TimeSpec.parse(since, now: Date()) {
-                try reader.seek(realtimeMicroseconds: UInt64(max(0, date.timeIntervalSince1970) * 1_000_000))
-            } else {
-                try reader.seekHead()
-            }
-            while let entry = try reader.next() {
-                do {
-                    let record = try StallRecord(journalFields: entry.fields)
-                    stalls.append(
-                        StallObservation(
-                            record: record, unit: StallObservation.unit(of: entry.fields),
-                            realtimeMicroseconds: entry.realtimeMicroseconds))
-                } catch {
-                    malformed.append("entry \(entry.cursor): \(error)")
+            for reader in readers {
+                for messageID in [MessageID.stallEnded, MessageID.watchdogStall] {
+                    try reader.addMatch("MESSAGE_ID", messageID)
+                    if let unit { try reader.addMatch("_SYSTEMD_UNIT", unit) }
+                    if let host {
+                        try reader.addMatch(JournalEntry.isMachineID(host) ? "_MACHINE_ID" : "_HOSTNAME", host)
+                    }
+                    if messageID == MessageID.stallEnded { try reader.addDisjunction() }
+                }
+                if let since, let date = TimeSpec.parse(since, now: Date()) {
+                    try reader.seek(realtimeMicroseconds: UInt64(max(0, date.timeIntervalSince1970) * 1_000_000))
+                } else {
+                    try reader.seekHead()
+                }
+                while let entry = try reader.next() {
+                    do {
+                        let record = try StallRecord(journalFields: entry.fields)
+                        if flamegraph != nil || folded { records.append(record) }
+                        stalls.append(StallObservation(record: record, entry: entry))
+                    } catch {
+                        malformed.append("entry \(entry.cursor): \(error)")
+                    }
                 }
             }
         } catch {
@@ -66,7 +105,9 @@ struct Report: ParsableCommand {
             throw ExitStatus.unavailable
         }
         let groups = StallGroup.group(stalls)
-        if json {
+        if flamegraph != nil || folded {
+            try drawStacks(records)
+        } else if json {
             let encoder = JSONEncoder()
             encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
             print(JSONText.escapingControls(String(decoding: try encoder.encode(groups), as: UTF8.self)))
@@ -84,14 +125,15 @@ struct Report: ParsableCommand {
 
     /// The widest each column of the table gets, in characters; longer cells end in `…`. The JSON
     /// output carries the whole values, which the schema bounds (``FieldLimits``).
-    static let columnLimits = [64, 16, 12, 12, 24, 16, 160]
+    static let columnLimits = [64, 16, 12, 8, 12, 24, 16, 160]
 
     static func table(_ groups: [StallGroup]) -> String {
         guard !groups.isEmpty else { return "no stalls" }
-        let header = ["UNIT", "FINGERPRINT", "COUNT", "P50", "MAX", "CALLOUT", "HEAVIEST FRAME"]
+        let header = ["UNIT", "FINGERPRINT", "COUNT", "HOSTS", "P50", "MAX", "CALLOUT", "HEAVIEST FRAME"]
         let rows = groups.map { group in
             [
-                group.unit, group.fingerprint, String(group.count), milliseconds(group.p50Microseconds),
+                group.unit, group.fingerprint, String(group.count), String(group.hosts),
+                milliseconds(group.p50Microseconds),
                 milliseconds(group.maxMicroseconds)
                     + (group.watchdogKills > 0 ? " (\(group.watchdogKills) killed)" : ""),
                 group.callout, group.heaviestFrame,
@@ -100,7 +142,7 @@ struct Report: ParsableCommand {
         let widths = header.indices.map { column in
             ([header] + rows).map { DisplayText.width($0[column]) }.max() ?? 0
         }
-        let numeric: Set<Int> = [2, 3, 4]
+        let numeric: Set<Int> = [2, 3, 4, 5]
         func line(_ cells: [String]) -> String {
             cells.enumerated().map { column, cell in
                 if column == cells.count - 1 { return cell }

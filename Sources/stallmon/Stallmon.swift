@@ -7,7 +7,7 @@ struct Stallmon: ParsableCommand {
         abstract: "Main run loop stall monitor for Swift services on Linux.",
         discussion: """
             Exit codes: 0 success, 64 usage error, 65 malformed journal data, 69 journal unavailable, \
-            70 internal error, 78 invalid configuration.
+            70 internal error, 73 output file not writable, 78 invalid configuration.
             """,
         subcommands: [Demo.self, Report.self, Follow.self]
     )

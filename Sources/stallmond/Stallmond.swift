@@ -18,7 +18,9 @@ struct Stallmond: ParsableCommand {
         abstract: "Collect the host's stall reports from the journal into metrics and digests.",
         discussion: """
             Configuration: --config, else $STALLMOND_CONFIG, else /etc/stallmon/stallmond.json (the \
-            defaults when that file does not exist); STALLMOND_<KEY> variables override it. SIGHUP \
+            defaults when that file does not exist); STALLMOND_<KEY> variables override it. \
+            journal_directories reads journal directories instead of the local journal: \
+            /var/log/journal/remote on a fleet's central host (systemd-journal-remote). SIGHUP \
             reloads it; a broken file is reported and the previous configuration kept. Exit codes: 0 \
             success, 64 usage error, 69 journal or state unavailable, 78 invalid configuration.
             """

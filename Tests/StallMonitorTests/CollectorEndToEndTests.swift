@@ -186,7 +186,8 @@ extension Serial {
                     OVERVIEW: Main run loop stall monitor for Swift services on Linux.
 
                     Exit codes: 0 success, 64 usage error, 65 malformed journal data, 69 journal
-                    unavailable, 70 internal error, 78 invalid configuration.
+                    unavailable, 70 internal error, 73 output file not writable, 78 invalid
+                    configuration.
 
                     USAGE: stallmon <subcommand>
 

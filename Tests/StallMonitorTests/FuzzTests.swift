@@ -282,6 +282,7 @@ extension Serial {
             tokens + [
                 "report", "follow", "demo", "--since", "--unit", "--json", "--lines", "--stall-ms", "--config",
                 "--check-config", "--help", "-h", "--version", "--", "-", "--since=", "--lines=", "30s", "15m", "2h",
+                "--folded", "--flamegraph", "--flamegraph=",
                 "7d",
                 "today", "yesterday", "2026-11-22", "2026-11-22 23:59:60", "99999999999999999999d", "-1", "1e10",
                 "--generate-completion-script", "bash", "--experimental-dump-help",

@@ -114,7 +114,40 @@ typedef enum {
     STALLMON_SAMPLE_SEND_FAILED = 2,    ///< The signal could not be queued (`error` holds errno).
     STALLMON_SAMPLE_NO_SLOT = 3,        ///< No free sampler slot.
     STALLMON_SAMPLE_UNWIND_FAILED = 4,  ///< The handler ran but libunwind could not start.
+    /// The program owns the signal now (`disposition` says how); no signal was sent.
+    STALLMON_SAMPLE_SIGNAL_TAKEN = 5,
+    /// The thread blocks in a system call and its stack could not be unwound from the kernel's
+    /// view (`error` holds the libunwind code, or EAGAIN when the thread kept waking up).
+    STALLMON_SAMPLE_BLOCKED_UNWIND_FAILED = 6,
+    /// The thread runs, but kept blocking in short system calls: a signal would likely land in
+    /// the next one, so none was sent.
+    STALLMON_SAMPLE_SYSCALL_BUSY = 7,
 } stallmon_sample_status;
+
+/// Where a sample's stack came from.
+typedef enum {
+    STALLMON_STACK_NONE = 0,
+    STALLMON_STACK_SIGNAL = 1,  ///< The thread unwound itself in the sampling signal's handler.
+    STALLMON_STACK_KERNEL = 2,  ///< Unwound in place from the sp and pc /proc shows while it blocks.
+} stallmon_stack_source;
+
+/// What the process does with the sampling signal right now.
+typedef enum {
+    STALLMON_DISPOSITION_OURS = 0,     ///< stallmon's handler.
+    STALLMON_DISPOSITION_DEFAULT = 1,  ///< SIG_DFL: a real-time signal would kill the process.
+    STALLMON_DISPOSITION_IGNORED = 2,  ///< SIG_IGN: the signal would be discarded.
+    STALLMON_DISPOSITION_FOREIGN = 3,  ///< Another handler: it would run the program's code.
+} stallmon_disposition;
+
+/// Flags of stallmon_sample_stack.
+enum {
+    /// Never signal a thread that sits in a system call (a handler would end nanosleep, poll,
+    /// epoll_wait, … with EINTR): unwind it in place from the kernel's view instead.
+    STALLMON_SAMPLE_SPARE_SYSCALLS = 1,
+    /// Never signal at all (the thread blocks the signal, or there is none): only a thread blocked
+    /// in a system call is sampled, from the kernel's view.
+    STALLMON_SAMPLE_NO_SIGNAL = 2,
+};
 
 typedef struct {
     int status;                 ///< stallmon_sample_status
@@ -124,6 +157,12 @@ typedef struct {
     uint64_t requested_ns;      ///< CLOCK_MONOTONIC when the signal was sent
     uint64_t handler_enter_ns;  ///< when the handler started on the sampled thread
     uint64_t handler_exit_ns;   ///< when it finished
+    int source;                 ///< stallmon_stack_source of `frames`
+    int disposition;            ///< stallmon_disposition of the signal when the sample was asked for
+    long syscall;               ///< the system call the thread blocked in (STACK_KERNEL), else -1
+    int interrupted_syscall;    ///< 1 when the handler found it had ended a system call with EINTR
+    int recovered_frame_pointers;  ///< frame pointers a kernel-view unwind had to recover
+    int reused;                 ///< 1 when a kernel-view stack was reused: the thread had not run since
     uintptr_t frames[STALLMON_MAX_FRAMES];  ///< frames[0] is the interrupted pc, the rest return addresses
 } stallmon_sample;
 
@@ -139,9 +178,37 @@ void stallmon_sampler_slot_release(int slot);
 
 /// Asks thread `tid` of this process for its own backtrace: queues `signo` to it carrying the
 /// slot, and waits up to `timeout_ns` for the handler to unwind into the slot. Never hangs: a
-/// thread that has the signal blocked or never runs gives STALLMON_SAMPLE_TIMEOUT.
+/// thread that has the signal blocked or never runs gives STALLMON_SAMPLE_TIMEOUT. Sends nothing
+/// when the signal is no longer stallmon's (STALLMON_SAMPLE_SIGNAL_TAKEN). The same as
+/// stallmon_sample_stack without flags: a thread in a system call is signalled too.
 void stallmon_sample_thread(int slot, pid_t tid, int signo, int max_frames, uint64_t timeout_ns,
                             stallmon_sample *out);
+
+/// Samples thread `tid`'s stack. A thread blocked in a system call is unwound in place from the
+/// kernel's view when `flags` has STALLMON_SAMPLE_SPARE_SYSCALLS or the signal is no longer
+/// stallmon's; otherwise the thread is signalled as stallmon_sample_thread does.
+///
+/// With STALLMON_SAMPLE_SPARE_SYSCALLS, a running thread that blocked since the previous look (or
+/// within a 200 µs watch) is not signalled either (STALLMON_SAMPLE_SYSCALL_BUSY). The last check
+/// and the signal are a few microseconds apart: a thread that had not blocked for a whole sample
+/// interval and enters a system call within them still gets the signal there
+/// (`interrupted_syscall` then says so when the call ended with EINTR).
+void stallmon_sample_stack(int slot, pid_t tid, int signo, int max_frames, uint64_t timeout_ns, int flags,
+                           stallmon_sample *out);
+
+/// Notes, on the watchdog, that thread `tid` runs as a window of its loop starts: a sample at the
+/// threshold that finds it has not blocked since may signal it without first watching it for
+/// 200 µs (see stallmon_sample_stack).
+void stallmon_sampler_note_running(int slot, pid_t tid);
+
+/// What the process does with `signo` now: a stallmon_disposition, or -1 when it cannot be read.
+int stallmon_signal_disposition(int signo);
+
+/// Unwinds a thread of this process that is blocked in the kernel, from the user stack pointer and
+/// program counter /proc shows for it (remote_unwind.c). Returns 0 with at least one frame, or a
+/// negative libunwind code. `recovered` counts frame pointers it had to recover.
+int stallmon_unwind_blocked(uintptr_t sp, uintptr_t pc, int max_frames, uintptr_t *frames, int *frame_count,
+                            int *truncated, int *recovered);
 
 // MARK: - Telling a stall from a stopped process
 

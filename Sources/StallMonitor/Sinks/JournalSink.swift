@@ -155,6 +155,8 @@ extension StallRecord {
             syslogIdentifier: syslogIdentifier
         )
         watchdogMicroseconds = UInt64(clamping: report.watchdogInterval?.microseconds ?? 0)
+        sampledStacks = SampledStacks(report.sampledStacks, backtrace: Self.clampBacktrace(backtrace))
+        stackSource = report.stackSource?.rawValue ?? ""
     }
 }
 
