@@ -7,6 +7,8 @@ let package = Package(
         .library(name: "StallMonitor", targets: ["StallMonitor"]),
         .library(name: "StallJournal", targets: ["StallJournal"]),
         .library(name: "StallMonitorNIO", targets: ["StallMonitorNIO"]),
+        // For services built on swift-service-lifecycle: the monitor as a `Service` of a `ServiceGroup`.
+        .library(name: "StallMonitorServiceLifecycle", targets: ["StallMonitorServiceLifecycle"]),
         .executable(name: "stallmon", targets: ["stallmon"]),
         .executable(name: "stallmond", targets: ["stallmond"]),
         .executable(name: "stallmon-bench", targets: ["stallmon-bench"]),
@@ -15,6 +17,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
         .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
         .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),
+        .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
     ],
     targets: [
         // libsystemd: journald (sd_journal_sendv) and service notification (sd_notify).
@@ -58,6 +61,15 @@ let package = Package(
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        // StallMonitorService: starts the monitor, stops it on graceful shutdown; only services that
+        // use swift-service-lifecycle build it.
+        .target(
+            name: "StallMonitorServiceLifecycle",
+            dependencies: [
+                "StallMonitor",
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ]
         ),
         // The collector's logic: journal following, aggregation, state, metrics, digest.
@@ -116,11 +128,22 @@ let package = Package(
             name: "StallmonAsyncFixture",
             dependencies: ["StallMonitor", "StallJournal", "CStallCapture"]
         ),
+        // An async @main whose monitor runs as a service of a ServiceGroup, next to a service that
+        // stalls the main actor; SIGTERM shuts the group down gracefully.
+        .executableTarget(
+            name: "StallmonServiceFixture",
+            dependencies: [
+                "StallMonitor", "StallJournal", "StallMonitorServiceLifecycle",
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "UnixSignals", package: "swift-service-lifecycle"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
         .testTarget(
             name: "StallMonitorTests",
             dependencies: [
                 "StallMonitor", "StallJournal", "StallCollector", "StallmonFixture", "StallmonAsyncFixture",
-                "StallmonNIOServer", "stallmon", "stallmond",
+                "StallmonNIOServer", "StallmonServiceFixture", "stallmon", "stallmond",
             ]
         ),
     ]

@@ -11,6 +11,15 @@
 // thread, as Darwin does; CFRunLoop drains the main queue on Linux too, so main-actor work runs on
 // the main thread, inside run-loop callouts the monitor observes.
 //
+// The run loop costs a main-actor hop about half as much again as the runtime's dispatch_main()
+// drain: CFRunLoop's pass around each main-queue callout (modes, observers, timers, sources). The
+// light drain does what the run loop does for the main queue and nothing else: it waits on
+// libdispatch's main-queue port, the eventfd libdispatch writes when it enqueues on the main queue,
+// and calls _dispatch_main_queue_callback_4CF to drain it, both exported by libdispatch for
+// CoreFoundation. Main-actor work runs on the main thread as under the run loop; timers and sources
+// on RunLoop.main do not fire, as under dispatch_main(). It publishes each drain into the monitor's
+// loop directly, without CF observer dispatches.
+//
 // Installing it is the service's explicit choice (StallMonitor.start(.asyncMain)); linking the
 // library changes nothing.
 
@@ -18,8 +27,16 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <poll.h>
 #include <stdatomic.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <unistd.h>
+
+// libdispatch's entry points for CoreFoundation (not in its public headers). Weak: a libdispatch
+// without them leaves the light drain to fall back on the runtime's drain.
+extern int _dispatch_get_main_queue_port_4CF(void) __attribute__((weak));
+extern void _dispatch_main_queue_callback_4CF(void *message) __attribute__((weak));
 
 // The runtime calls the hook with the Swift calling convention: the original drain and an override
 // the hook may ignore (the runtime passes NULL).
@@ -41,8 +58,34 @@ int stallmon_async_main_run_loop_install(stallmon_main_loop_fn run) {
     if (hook == NULL) return -ENOENT;
     void *ours = (void *)drain_on_main_run_loop;
     stallmon_main_loop_fn expected_loop = NULL;
-    atomic_compare_exchange_strong(&main_loop, &expected_loop, run);
+    if (!atomic_compare_exchange_strong(&main_loop, &expected_loop, run) && expected_loop != run) return -EALREADY;
     void *expected = NULL;
     if (__atomic_compare_exchange_n(hook, &expected, ours, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) return 0;
     return expected == ours ? 0 : -EBUSY;
+}
+
+static _Atomic(stallmon_loop *) drain_loop;
+
+void stallmon_async_main_drain_attach(stallmon_loop *loop) {
+    atomic_store_explicit(&drain_loop, loop, memory_order_release);
+}
+
+void stallmon_async_main_light_drain(void) {
+    if (_dispatch_get_main_queue_port_4CF == NULL || _dispatch_main_queue_callback_4CF == NULL) return;
+    int port = _dispatch_get_main_queue_port_4CF();
+    if (port < 0) return;
+    struct pollfd wait = {.fd = port, .events = POLLIN};
+    for (;;) {
+        // The loop is read afresh at each transition and kept through no callout: a main-queue
+        // block may stop the monitor and release it.
+        stallmon_loop *loop = atomic_load_explicit(&drain_loop, memory_order_acquire);
+        if (loop != NULL) stallmon_loop_drain_window_end(loop);
+        if (poll(&wait, 1, -1) < 0) continue;  // EINTR: a signal handler ran; wait again
+        uint64_t pokes;
+        // libdispatch's eventfd is non-blocking; poll said it has a count, and this thread alone reads it.
+        (void)!read(port, &pokes, sizeof pokes);
+        loop = atomic_load_explicit(&drain_loop, memory_order_acquire);
+        if (loop != NULL) stallmon_loop_drain_window_start(loop);
+        _dispatch_main_queue_callback_4CF(NULL);
+    }
 }

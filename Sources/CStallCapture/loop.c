@@ -236,6 +236,16 @@ void stallmon_observer_window_end(void *observer, uintptr_t activity, void *info
     }
 }
 
+// A drain that runs the loop itself (the light drain of an async main) is one run, never nested
+// in its own callouts: one level, whose windows all come after waiting.
+void stallmon_loop_drain_window_start(stallmon_loop *loop) {
+    loop->depth = 1;
+    loop->level_window[level_index(1)] = STALLMON_WINDOW_AFTER_WAITING;
+    publish(loop, STALLMON_LOOP_ACTIVE, STALLMON_WINDOW_AFTER_WAITING);
+}
+
+void stallmon_loop_drain_window_end(stallmon_loop *loop) { publish(loop, STALLMON_LOOP_ASLEEP, STALLMON_WINDOW_NONE); }
+
 static void decode(uint64_t sequence, uint64_t timestamp, uint64_t info, stallmon_event *out) {
     out->sequence = sequence;
     out->timestamp_ns = timestamp;

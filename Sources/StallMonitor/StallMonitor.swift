@@ -42,17 +42,24 @@ public final class StallMonitor: Sendable {
         case currentThread
         /// The main actor and main queue of an async `@main`. On Linux the runtime parks the main
         /// thread of an async main in `dispatch_main()` and lets worker threads drain the main
-        /// queue; no run loop turns, and nothing can be watched. With this target the main thread
-        /// runs the main run loop instead once `main()` first suspends, as on Darwin: `@MainActor`
-        /// jobs and `DispatchQueue.main` blocks then run on the main thread, inside run-loop
-        /// callouts the monitor observes (and timers on `RunLoop.main` fire).
+        /// queue; nothing can be watched there. With this target the main thread drains the main
+        /// queue itself once `main()` first suspends: `@MainActor` jobs and `DispatchQueue.main`
+        /// blocks then run on the main thread, and the monitor sees each drain. It is the light
+        /// drain: the main thread waits on libdispatch's main-queue port and drains the queue, with
+        /// no run loop around it, so timers and sources on `RunLoop.main` do not fire, as under
+        /// `dispatch_main()`. Use ``asyncMainRunLoop`` where they should.
         ///
         /// The corresponding runtime hook is `swift_task_asyncMainDrainQueue_hook`.
         /// - Important: Call ``start(_:)`` in `main()` before its first suspension (its first
         ///   `await` that waits): the runtime reads the hook then. Elsewhere than on the main thread
-        ///   it throws. The change outlives ``stop()``: the main thread runs the run loop until the
-        ///   process exits.
+        ///   it throws. The change outlives ``stop()``: the main thread drains the main queue until
+        ///   the process exits. The first start in a process chooses the drain; a later start for
+        ///   the other async-main target throws.
         case asyncMain
+        /// As ``asyncMain``, but the main thread runs the main run loop (`CFRunLoopRun()`), as on
+        /// Darwin: timers and sources on `RunLoop.main` fire too, and a main-actor hop costs more
+        /// (the run loop's pass around each main-queue callout).
+        case asyncMainRunLoop
     }
 
     /// Counts since the monitor was created.
@@ -208,6 +215,8 @@ public final class StallMonitor: Sendable {
         let slot: Int32
         let loop: LoopPointer
         let logger: Logger
+        /// The light drain of ``Target/asyncMain`` feeds the loop state, not run-loop observers.
+        let lightDrain: Bool
 
         init(target kind: Target, monitor: StallMonitor) throws(StallMonitorError) {
             let configuration = monitor.configuration
@@ -220,7 +229,7 @@ public final class StallMonitor: Sendable {
                 threadID = getpid()
                 runLoop = CFRunLoopGetMain()
                 loopName = "main"
-            case .asyncMain:
+            case .asyncMain, .asyncMainRunLoop:
                 guard stallmon_gettid() == getpid() else { throw StallMonitorError.asyncMainOffMainThread() }
                 threadID = getpid()
                 runLoop = CFRunLoopGetMain()
@@ -236,14 +245,23 @@ public final class StallMonitor: Sendable {
             let signal = try Self.samplingSignal(configuration, threadID: threadID, logger: monitor.logger)
             slot = stallmon_sampler_slot_claim()
             guard slot >= 0 else { throw StallMonitorError.tooManyMonitors() }
-            if case .asyncMain = kind {
-                let rc = stallmon_async_main_run_loop_install { CFRunLoopRun() }
+            lightDrain = kind == .asyncMain
+            if kind == .asyncMain || kind == .asyncMainRunLoop {
+                let rc =
+                    lightDrain
+                    ? stallmon_async_main_run_loop_install(stallmon_async_main_light_drain)
+                    : stallmon_async_main_run_loop_install { CFRunLoopRun() }
                 guard rc == 0 else {
                     stallmon_sampler_slot_release(slot)
-                    throw StallMonitorError.asyncMainHookUnavailable(
-                        reason: rc == -EBUSY
-                            ? "another library has set swift_task_asyncMainDrainQueue_hook"
-                            : "this Swift runtime has no swift_task_asyncMainDrainQueue_hook")
+                    let reason =
+                        switch -rc {
+                        case EBUSY: "another library has set swift_task_asyncMainDrainQueue_hook"
+                        case EALREADY:
+                            "an earlier start chose the other drain of the main queue (.asyncMain is the light "
+                                + "drain, .asyncMainRunLoop the run loop); a process has one"
+                        default: "this Swift runtime has no swift_task_asyncMainDrainQueue_hook"
+                        }
+                    throw StallMonitorError.asyncMainHookUnavailable(reason: reason)
                 }
             }
             _ = stallmon_continue_watch_install()
@@ -275,9 +293,16 @@ public final class StallMonitor: Sendable {
                 deliverNow: { reporter.submitNow($0) },
                 notice: { Self.log($0, target: kind, loopName: loopName, logger: logger) }
             )
-            Self.probeCalloutSites(of: runLoop, threadID: threadID)
-            observers = Self.addObservers(to: runLoop, loop: pointer, additionalModes: configuration.additionalModes)
-            watchdog.setObserver(observers[0])
+            if lightDrain {
+                // The drain publishes its windows itself; no run loop turns to observe.
+                observers = []
+                stallmon_async_main_drain_attach(pointer)
+            } else {
+                Self.probeCalloutSites(of: runLoop, threadID: threadID)
+                observers = Self.addObservers(
+                    to: runLoop, loop: pointer, additionalModes: configuration.additionalModes)
+                watchdog.setObserver(observers[0])
+            }
             reporter.prepare(watchdog) { Self.warnOfMissingSymbols(logger) }
             watchdog.start()
             reporter.emit(.started(description))
@@ -309,12 +334,12 @@ public final class StallMonitor: Sendable {
                 case .currentThread:
                     remedy =
                         "run the thread's run loop (RunLoop.current.run()) on the thread that called start(.currentThread)"
-                case .asyncMain:
-                    // Once main() suspends, the main run loop turns at once: it is never empty, as
-                    // it stands for the main queue.
+                case .asyncMain, .asyncMainRunLoop:
+                    // Once main() suspends, the drain turns at once: the main queue is never empty
+                    // then (the runtime enqueues main()'s continuation or wakes the drain).
                     remedy =
-                        "main() has not suspended yet (the main thread runs the run loop from its first await on); "
-                        + "a synchronous main must run RunLoop.main.run() instead"
+                        "main() has not suspended yet (the main thread drains the main queue from its first await "
+                        + "on); a synchronous main must run RunLoop.main.run() instead"
                 }
                 let message =
                     "stallmon cannot see the \(loopName) loop: it has not turned once in \(waited / 1_000_000) ms "
@@ -348,6 +373,12 @@ public final class StallMonitor: Sendable {
                 stallmon_loop_release(UnsafeRawPointer(loop.pointer))
                 return
             }
+            if lightDrain {
+                // The drain reads the loop afresh at each transition and keeps it through no
+                // callout: a main-queue block runs between two of them.
+                DispatchQueue.main.async { stallmon_loop_release(UnsafeRawPointer(loop.pointer)) }
+                return
+            }
             CFRunLoopPerformBlock(target.runLoop, kCFRunLoopCommonModes) {
                 stallmon_loop_release(UnsafeRawPointer(loop.pointer))
             }
@@ -359,6 +390,7 @@ public final class StallMonitor: Sendable {
         }
 
         func stop() {
+            if lightDrain { stallmon_async_main_drain_attach(nil) }
             for observer in observers {
                 CFRunLoopObserverInvalidate(observer)
             }
@@ -572,7 +604,8 @@ public struct StallMonitorError: Error, Sendable, CustomStringConvertible {
         case .asyncMainOffMainThread:
             "start(.asyncMain) must run on the main thread, in main() before its first await (the main thread "
                 + "has left for dispatch_main() once main() suspends)"
-        case .asyncMainHookUnavailable(let reason): "cannot run the main run loop in an async main: \(reason)"
+        case .asyncMainHookUnavailable(let reason):
+            "cannot drain the main queue on the main thread of an async main: \(reason)"
         }
     }
 }

@@ -60,8 +60,10 @@ public struct StallReport: Sendable, Hashable {
             }
         }
 
-        /// The CoreFoundation functions that call each kind out (their frames sit right above the callout).
+        /// The CoreFoundation functions that call each kind out (their frames sit right above the
+        /// callout), and the light drain of an async main, which calls the main queue's drain.
         static let functionNames: [String: Callout] = [
+            "stallmon_async_main_light_drain": .mainQueue,
             "__CFRUNLOOP_IS_CALLING_OUT_TO_A_TIMER_CALLBACK_FUNCTION__": .timer,
             "__CFRUNLOOP_IS_CALLING_OUT_TO_A_SOURCE0_PERFORM_FUNCTION__": .source0,
             "__CFRUNLOOP_IS_CALLING_OUT_TO_A_SOURCE1_PERFORM_FUNCTION__": .source1,

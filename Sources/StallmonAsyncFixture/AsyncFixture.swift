@@ -10,10 +10,15 @@
 //   stalls     start(.asyncMain); main-actor stalls on the CPU, in a system call and on a lock, then
 //              a DispatchQueue.main block on the CPU
 //   idle       start(.asyncMain); nothing happens for --seconds
+//   timers     start(.asyncMain); counts the firings of a 100 ms timer on RunLoop.main for 1 s
 //   watchdog   start(.asyncMain); READY=1, then a 3 s main-actor stall in a system call
+//   (--drain run-loop has those scenarios start(.asyncMainRunLoop) instead)
+//   other-drain  start(.asyncMain), stop(), then start(.asyncMainRunLoop): a second drain, which throws
 //   late       calls start(.asyncMain) after main()'s first await: too late, it throws
-//   hops       measures main-actor hops from the global pool (--hops N, --drain dispatch|run-loop|monitored):
-//              the runtime's dispatch_main drain, the main run loop without a monitor, and start(.asyncMain)
+//   hops       measures main-actor hops from the global pool (--hops N, --drain D): D is dispatch (the
+//              runtime's dispatch_main drain), run-loop or light (the main run loop or the light drain
+//              without a monitor), monitored (start(.asyncMain), the light drain) or monitored-run-loop
+//              (start(.asyncMainRunLoop))
 
 import CStallCapture
 import CoreFoundation
@@ -43,6 +48,19 @@ enum AsyncFixture {
             try await Hops.measure(options, monitor: monitor)
             return
         }
+        if options.scenario == "other-drain" {
+            // A process has one drain of the main queue: the first start chose the light drain.
+            try monitor.start(.asyncMain)
+            monitor.stop()
+            do {
+                try monitor.start(.asyncMainRunLoop)
+            } catch {
+                Fixture.print(["type": "error", "description": "\(error)", "main_thread": Thread.isMainThread])
+            }
+            try await Task.sleep(for: .milliseconds(10))
+            Fixture.print(["type": "drained", "main_thread": Thread.isMainThread])
+            return
+        }
         if options.scenario == "late" {
             try await Task.sleep(for: .milliseconds(10))
             do {
@@ -54,7 +72,9 @@ enum AsyncFixture {
         }
 
         // The adoption under test: one line before main()'s first await.
-        try monitor.start(options.scenario == "unwatched" ? .mainThread : .asyncMain)
+        try monitor.start(
+            options.scenario == "unwatched" ? .mainThread : options.drain == "run-loop" ? .asyncMainRunLoop : .asyncMain
+        )
 
         let started = Fixture.now()
         let switches = WatchdogSwitches(monitor: monitor, started: started)
@@ -87,6 +107,13 @@ enum AsyncFixture {
             }
         case "idle":
             break
+        case "timers":
+            // A timer on RunLoop.main: it fires under the run loop only.
+            let fired = TimerCount()
+            let timer = Timer(timeInterval: 0.1, repeats: true) { _ in fired.increment() }
+            RunLoop.main.add(timer, forMode: .common)
+            try await Task.sleep(for: .milliseconds(1000))
+            Fixture.print(["type": "timers", "fired": fired.value, "drain": options.drain])
         case "watchdog":
             monitor.notifyReady()
             try await Task.sleep(for: .milliseconds(1200))
@@ -135,6 +162,15 @@ struct Options {
     }
 }
 
+/// Counts timer firings (on the main thread).
+final class TimerCount: @unchecked Sendable {
+    private let lock = NSLock()
+    private var count = 0
+
+    func increment() { lock.withLock { count += 1 } }
+    var value: Int { lock.withLock { count } }
+}
+
 /// Main-actor hops from the global pool: each `MainActor.run` enqueues a job on the main executor
 /// and resumes on the pool when it is done.
 enum Hops {
@@ -144,6 +180,8 @@ enum Hops {
         switch options.drain {
         case "dispatch": break
         case "run-loop": _ = stallmon_async_main_run_loop_install { CFRunLoopRun() }
+        case "light": _ = stallmon_async_main_run_loop_install(stallmon_async_main_light_drain)
+        case "monitored-run-loop": try monitor.start(.asyncMainRunLoop)
         default: try monitor.start(.asyncMain)
         }
         try await Task.sleep(for: .milliseconds(200))

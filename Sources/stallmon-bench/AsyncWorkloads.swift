@@ -7,12 +7,12 @@ import Foundation
 
 /// Workloads of an async service: main-actor hops and tiny tasks on the cooperative pool, under the
 /// main-thread drain each variant gives an async `@main` on Linux. The child's main is synchronous,
-/// but the main actor's executor is the main queue either way, so the drains are the runtime's own:
+/// but the main actor's executor is the main queue either way, so the drains are the real ones:
 /// - unmonitored: `dispatchMain()`, which is what the runtime ends an async main in (worker threads
 ///   drain the main queue);
-/// - noop-observer: the main run loop with no-op observers, the floor of `start(.asyncMain)` (which
-///   has the main thread run the main run loop);
-/// - stallmon: a monitor on the main run loop, as `start(.asyncMain)` leaves it.
+/// - noop-observer: the light drain of `start(.asyncMain)` without a monitor, its floor (the main
+///   thread polls the main-queue port and drains the queue);
+/// - stallmon: the light drain with the monitor fed by it, as `start(.asyncMain)` leaves it.
 ///
 /// Each finishes the child with `rate` (operations per second of the fastest of `segments`
 /// segments, as ``ThroughputWorkloads``), `overall_rate`, `seconds`, `cpu_rate` (operations per
@@ -21,7 +21,7 @@ enum AsyncWorkloads {
     static let variants: [Variant] = [.unmonitored, .noopObserver, .stallmon]
 
     static func start(_ request: ChildRequest) throws {
-        let installed = try InstalledVariant(request.variant)
+        let installed = try InstalledVariant(request.variant, asyncMain: true)
         let warmup = max(1, request.int("warmup", default: 1000))
         let measured = request.int("operations", default: 50_000)
         let segments = max(1, request.int("segments", default: 5))
@@ -57,10 +57,10 @@ enum AsyncWorkloads {
     }
 
     private static func run(_ workload: Workload, _ count: Int) async {
-        if workload == .mainActorHops {
-            await hops(count)
-        } else {
-            await poolTasks(count)
+        switch workload {
+        case .mainActorHops: await hops(count)
+        case .poolWork: await poolWork(count)
+        default: await poolTasks(count)
         }
     }
 
@@ -81,6 +81,30 @@ enum AsyncWorkloads {
                 var sum = 0
                 for await value in group { sum &+= value }
                 if sum == -1 { print("") }
+            }
+            left -= batch
+        }
+    }
+
+    /// FNV steps a `poolWork` task takes: a dependent multiply and xor each, about 50 µs in all.
+    static let workSteps: UInt64 = 40_000
+
+    /// `count` tasks of about 50 µs of work each on the cooperative pool, 100 at a time.
+    private static func poolWork(_ count: Int) async {
+        var left = count
+        while left > 0 {
+            let batch = min(100, left)
+            await withTaskGroup(of: UInt64.self) { group in
+                for index in 0..<batch {
+                    group.addTask {
+                        var hash = 0xcbf2_9ce4_8422_2325 ^ UInt64(index)
+                        for step in 0..<workSteps { hash = (hash ^ step) &* 0x100_0000_01b3 }
+                        return hash
+                    }
+                }
+                var sum: UInt64 = 0
+                for await value in group { sum &+= value }
+                if sum == 42 { print("") }
             }
             left -= batch
         }

@@ -43,7 +43,7 @@ struct Bench {
                     "[\(round)/\(options.rounds)] idle \(variant.rawValue): \(Report.format(result["wakeups_per_s"] ?? .nan)) wakeups/s"
                 )
             }
-            for workload in [Workload.mainActorHops, .poolTasks] {
+            for workload in [Workload.mainActorHops, .poolTasks, .poolWork] {
                 for variant in AsyncWorkloads.variants {
                     let result = try child(variant, workload, plan.parameters(workload))
                     results[workload, variant] = result
@@ -160,6 +160,8 @@ struct Plan: Sendable {
                     ["operations": count(50_000, minimum: 1_000), "warmup": count(2_000, minimum: 100)]
                 case .poolTasks:
                     ["operations": count(500_000, minimum: 10_000), "warmup": count(20_000, minimum: 1_000)]
+                case .poolWork:
+                    ["operations": count(20_000, minimum: 500), "warmup": count(500, minimum: 100)]
                 default: [:]
                 }
             }()

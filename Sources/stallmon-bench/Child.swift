@@ -1,3 +1,4 @@
+import CStallCapture
 import CoreFoundation
 import Foundation
 
@@ -27,6 +28,8 @@ enum Workload: String, CaseIterable, Sendable {
     case mainActorHops = "main-actor-hops"
     /// Tiny tasks on the cooperative pool (``AsyncWorkloads``).
     case poolTasks = "pool-tasks"
+    /// Tasks of about 50 µs of hashing each on the cooperative pool (``AsyncWorkloads``).
+    case poolWork = "pool-work"
     /// One stall after the monitor settled: the resident memory its report costs.
     case firstStall = "first-stall"
 }
@@ -85,9 +88,12 @@ enum Child {
                 try StallWorkloads.startLongStall(request)
             case .samplePause:
                 SamplePause.run(request)
-            case .mainActorHops, .poolTasks:
+            case .mainActorHops, .poolTasks, .poolWork:
                 try AsyncWorkloads.start(request)
-                if request.variant == .unmonitored { dispatchMain() }  // an async main's drain
+                // The runtime's drain of an async main, or the one start(.asyncMain) installs.
+                if request.variant == .unmonitored { dispatchMain() }
+                stallmon_async_main_light_drain()
+                fail("the light drain returned: libdispatch has no main-queue port")
             case .firstStall:
                 try StallWorkloads.startFirstStall(request)
             }

@@ -82,9 +82,10 @@ enum Figures {
         add("work_throughput_ratio", .atLeast(0.98)) { $0.ratio(.work, .stallmon, over: .unmonitored) }
         add("timer_throughput_ratio", .atLeast(0.95)) { $0.ratio(.timer, .stallmon, over: .unmonitored) }
         add("io_throughput_ratio", .atLeast(0.95)) { $0.ratio(.io, .stallmon, over: .unmonitored) }
-        add("main_actor_hop_ratio") { $0.ratio(.mainActorHops, .stallmon, over: .unmonitored) }
+        add("main_actor_hop_ratio", .atLeast(0.97)) { $0.ratio(.mainActorHops, .stallmon, over: .unmonitored) }
         add("main_actor_over_floor_ratio") { $0.ratio(.mainActorHops, .stallmon, over: .noopObserver) }
         add("pool_tasks_ratio") { $0.ratio(.poolTasks, .stallmon, over: .unmonitored) }
+        add("pool_work_ratio", .atLeast(0.98)) { $0.ratio(.poolWork, .stallmon, over: .unmonitored) }
         add("idle_watchdog_wakeups_per_s", .atMost(0)) { $0[.idle, .stallmon]?["wakeups_per_s"] }
         add("busy_watchdog_wakeups_per_s", .atMost(10)) { $0[.busy, .stallmon]?["wakeups_per_s"] }
         add("detection_latency_p50_ms") { $0[.stalls, .stallmon]?["latency_p50_ms"] }
@@ -114,6 +115,13 @@ enum Figures {
                 guard let value = instructions.perPass[variant] else { continue }
                 let name = String(variant.rawValue.map { $0 == "-" ? "_" : $0 })
                 var figure = Figure("callgrind_busy_instructions_per_pass_\(name)")
+                figure.values = [value]
+                figures.append(figure)
+            }
+            for variant in InstructionCounts.hopVariants {
+                guard let value = instructions.perHop[variant] else { continue }
+                let name = String(variant.rawValue.map { $0 == "-" ? "_" : $0 })
+                var figure = Figure("callgrind_main_actor_hop_instructions_\(name)")
                 figure.values = [value]
                 figures.append(figure)
             }

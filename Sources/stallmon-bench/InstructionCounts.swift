@@ -4,10 +4,17 @@ import Foundation
 /// valgrind's callgrind: what the variant costs the loop it watches. Each variant runs twice with
 /// different pass counts; the difference cancels start-up and leaves the cost of the passes alone,
 /// which wall time on a noisy machine cannot resolve at the level of one observer callout.
+///
+/// Main-actor round trips are counted the same way for the whole process (a hop runs on the pool and
+/// on the main thread): the light drain alone (noop-observer) and monitored (stallmon). valgrind
+/// cannot run the unmonitored `dispatch_main()` child (it crashes in libdispatch's worker setup).
 struct InstructionCounts: Sendable {
     static let passes = (short: 10_000, long: 30_000)
+    static let hops = (short: 4_000, long: 24_000)
+    static let hopVariants: [Variant] = [.noopObserver, .stallmon]
 
     var perPass: [Variant: Double] = [:]
+    var perHop: [Variant: Double] = [:]
 
     static func valgrindPath() -> String? {
         let path = ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin"
@@ -56,6 +63,36 @@ struct InstructionCounts: Sendable {
                 counts.perPass[variant] = (long - short) / Double(Self.passes.long - Self.passes.short)
                 progress(
                     "callgrind busy \(variant.rawValue): \(Report.grouped(counts.perPass[variant]!)) instructions/pass")
+            }
+        }
+        for variant in Self.hopVariants {
+            var totals: [Int: Double] = [:]
+            for hops in [Self.hops.short, Self.hops.long] {
+                let output = directory.appendingPathComponent(
+                    "stallmon-bench-\(getpid())-\(variant.rawValue)-hops-\(hops).callgrind")
+                let log = directory.appendingPathComponent("stallmon-bench-\(getpid()).valgrind.log")
+                defer {
+                    try? FileManager.default.removeItem(at: output)
+                    try? FileManager.default.removeItem(at: log)
+                }
+                let request = ChildRequest(
+                    variant, .mainActorHops,
+                    ["operations": "\(hops)", "warmup": "1", "segments": "1", "settle": "0.2", "timeout": "900"]
+                )
+                _ = try runner.run(
+                    request,
+                    under: [
+                        valgrind, "--tool=callgrind", "--callgrind-out-file=\(output.path)", "--log-file=\(log.path)",
+                    ],
+                    executable: executable
+                )
+                totals[hops] = try total(in: output)
+            }
+            if let long = totals[Self.hops.long], let short = totals[Self.hops.short] {
+                counts.perHop[variant] = (long - short) / Double(Self.hops.long - Self.hops.short)
+                progress(
+                    "callgrind main-actor hop \(variant.rawValue): \(Report.grouped(counts.perHop[variant]!)) "
+                        + "instructions/round trip (whole process)")
             }
         }
         return counts

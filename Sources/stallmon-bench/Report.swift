@@ -92,13 +92,16 @@ enum Report {
                 + "stallmon ÷ unmonitored \(cpuRatio(.busy, .stallmon, .unmonitored)); "
                 + "work \(cpuRatio(.work, .stallmon, .unmonitored)); timer \(cpuRatio(.timer, .stallmon, .unmonitored))"
         )
-        for (workload, unit) in [(Workload.mainActorHops, "main-actor round trips"), (.poolTasks, "pool tasks")] {
+        for (workload, unit) in [
+            (Workload.mainActorHops, "main-actor round trips"), (.poolTasks, "pool tasks"),
+            (.poolWork, "pool tasks of ~50 µs"),
+        ] {
             let cells = AsyncWorkloads.variants.map { variant in
                 "\(variant.rawValue) \(Statistics.median(rounds.compactMap { $0.rate(workload, variant) }).map(grouped) ?? "n/a")"
             }
             lines.append(
-                "async main, \(unit)/s (median; unmonitored = dispatch_main(), the others run the main run loop as "
-                    + "start(.asyncMain) does): \(cells.joined(separator: ", ")); by process CPU time stallmon ÷ "
+                "async main, \(unit)/s (median; unmonitored = dispatch_main(), the others drain the main queue "
+                    + "on the main thread as start(.asyncMain) does, noop-observer without a monitor): \(cells.joined(separator: ", ")); by process CPU time stallmon ÷ "
                     + "unmonitored \(cpuRatio(workload, .stallmon, .unmonitored))"
             )
         }

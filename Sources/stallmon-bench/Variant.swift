@@ -30,10 +30,12 @@ final class InstalledVariant: Sendable {
     private let monitor: StallMonitor?
     private let blog: BlogMonitor?
 
-    /// Installs `variant`; call before the main run loop runs.
+    /// Installs `variant`; call before the main run loop runs. For an async main's drain
+    /// (`asyncMain`), the main thread runs the light drain that `start(.asyncMain)` installs: the
+    /// no-op observer variant is that drain alone, the floor, and stallmon starts for `.asyncMain`.
     init(
         _ variant: Variant, configuration: StallMonitor.Configuration = StallMonitor.Configuration(),
-        sinks: [any ReportSink] = [DroppingSink()]
+        sinks: [any ReportSink] = [DroppingSink()], asyncMain: Bool = false
     ) throws {
         self.variant = variant
         Self.startSleepingThread()
@@ -44,10 +46,10 @@ final class InstalledVariant: Sendable {
         case .noopObserver:
             monitor = nil
             blog = nil
-            NoopObservers.add(to: CFRunLoopGetMain())
+            if !asyncMain { NoopObservers.add(to: CFRunLoopGetMain()) }
         case .stallmon:
             let monitor = try StallMonitor(configuration: configuration, sinks: sinks)
-            try monitor.start()
+            try monitor.start(asyncMain ? .asyncMain : .mainThread)
             self.monitor = monitor
             blog = nil
         case .blog:

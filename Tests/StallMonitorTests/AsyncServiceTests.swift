@@ -150,7 +150,8 @@ extension Serial {
             try #require(ended.count == 4)
             #expect(ended.map { $0["STALL_CALLOUT"] } == ["main-actor", "main-actor", "main-actor", "main-queue"])
             #expect(ended.allSatisfy { $0["STALL_THREAD_TID"] == $0["_PID"] && $0["STALL_LOOP"] == "main" })
-            #expect(ended.allSatisfy { $0["STALL_RUNLOOP_MODE"] == "kCFRunLoopDefaultMode" })
+            // The light drain runs no run-loop mode.
+            #expect(ended.allSatisfy { $0["STALL_RUNLOOP_MODE"] == "none" })
             #expect(
                 ended[0]["MESSAGE"]?.hasPrefix("main run loop stalled") == true
                     && ended[0]["MESSAGE"]?.contains("in main-actor job at AsyncWork.recompute(milliseconds:)") == true,
@@ -163,6 +164,31 @@ extension Serial {
             }
             let record = try StallRecord(journalFields: ended[0])
             #expect(record.callout == "main-actor")
+        }
+
+        @Test func stallsOfAnAsyncMainThatRunsTheMainRunLoopAreReportedLikeTheLightDrains() throws {
+            let run = try Self.run("stalls", arguments: ["--seconds", "5.2", "--drain", "run-loop"])
+            #expect(run.exitStatus == 0, "\(run.standardError)")
+            try #require(run.ended.count == 4, "ended: \(run.ended.count)\n\(run.standardError)")
+            #expect(run.ended.map { $0.string("STALL_CALLOUT") } == Self.stalls.map(\.callout))
+            #expect(run.ended.allSatisfy { $0.string("STALL_RUNLOOP_MODE") == "kCFRunLoopDefaultMode" })
+            #expect(run.ended.allSatisfy { $0.frames.contains { $0["function"] as? String == "CFRunLoopRun" } })
+            for (expected, ended) in zip(Self.stalls, run.ended) {
+                let truth = try #require(run.truth(expected.truth))
+                let duration = ended.milliseconds("STALL_DURATION_USEC")
+                #expect(abs(duration - truth) <= 15, "\(expected.truth): reported \(duration) ms, true \(truth) ms")
+                #expect(ended.string("STALL_FRAME").hasPrefix(expected.function))
+            }
+        }
+
+        @Test func runLoopTimersFireUnderTheRunLoopDrainOnlyAsUnderDispatchMain() throws {
+            let light = try Self.run("timers", arguments: ["--seconds", "1.2"])
+            let runLoop = try Self.run("timers", arguments: ["--seconds", "1.2", "--drain", "run-loop"])
+            #expect(light.exitStatus == 0 && runLoop.exitStatus == 0, "\(light.standardError)\(runLoop.standardError)")
+            let lightFired = try #require(light.lines.first { $0.string("type") == "timers" }).number("fired")
+            let runLoopFired = try #require(runLoop.lines.first { $0.string("type") == "timers" }).number("fired")
+            #expect(lightFired == 0)
+            #expect(runLoopFired >= 5, "\(runLoopFired) firings in 1 s")
         }
 
         @Test func idleAsyncMainIsNeverReportedAndCostsTheWatchdogNoWakeups() throws {
@@ -207,6 +233,16 @@ extension Serial {
                 error.string("description").contains(
                     "start(.asyncMain) must run on the main thread, in main() before its first await"))
             #expect(run.lines.allSatisfy { $0.string("type") != "started" })
+        }
+
+        @Test func anAsyncMainHasOneDrainAndStartingForTheOtherThrowsSayingWhy() throws {
+            let run = try Self.run("other-drain")
+            #expect(run.exitStatus == 0, "\(run.standardError)")
+            let error = try #require(run.lines.first { $0.string("type") == "error" })
+            #expect(error.string("description").contains("an earlier start chose the other drain of the main queue"))
+            // The light drain chosen first still runs main-actor work on the main thread.
+            #expect(run.lines.first { $0.string("type") == "drained" }?["main_thread"] as? Bool == true)
+            #expect(run.lines.filter { $0.string("type") == "started" }.count == 1)
         }
 
         @Test func startingForAnAsyncMainOffTheMainThreadThrows() throws {

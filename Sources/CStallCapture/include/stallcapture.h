@@ -257,7 +257,27 @@ typedef void (*stallmon_main_loop_fn)(void);
 /// only when called on the main thread before the async main first suspends (the runtime reads the
 /// hook then). Returns 0 (also when it is installed already), -ENOENT when the Swift runtime has
 /// no such hook, -EBUSY when someone else's hook is set.
+/// -EALREADY when an earlier call installed a different `run` (the first choice stays).
 int stallmon_async_main_run_loop_install(stallmon_main_loop_fn run);
+
+/// The light drain of the main queue: the main thread waits on libdispatch's main-queue port (an
+/// eventfd) with poll(2) and drains the main queue with `_dispatch_main_queue_callback_4CF`, the two
+/// entry points libdispatch exports for CoreFoundation, with no run loop around them. Each drain is a
+/// window of the loop attached with ``stallmon_async_main_drain_attach``. Never returns (pass it to
+/// ``stallmon_async_main_run_loop_install``); if the port cannot be had, it returns and the runtime's
+/// own drain takes over.
+void stallmon_async_main_light_drain(void);
+
+/// Has the light drain publish its windows into `loop` (NULL: into none). The drain reads the
+/// pointer before each transition and keeps it through no callout: a loop detached here may be
+/// released in a main-queue block, or on the main thread between drains.
+void stallmon_async_main_drain_attach(stallmon_loop *loop);
+
+/// Window transitions of a loop that a drain runs by itself, without CFRunLoop observers: the start
+/// of an after-waiting window (before its callouts), and going back to waiting for events.
+/// Call them on the thread that runs the loop.
+void stallmon_loop_drain_window_start(stallmon_loop *loop);
+void stallmon_loop_drain_window_end(stallmon_loop *loop);
 
 #ifdef __cplusplus
 }

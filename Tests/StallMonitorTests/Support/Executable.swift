@@ -14,6 +14,8 @@ struct Executable {
     static let fixture = Executable(name: "StallmonFixture")
     /// The async `@main` service the tests stall (Sources/StallmonAsyncFixture).
     static let asyncFixture = Executable(name: "StallmonAsyncFixture")
+    /// The async service whose monitor is a swift-service-lifecycle `Service` (Sources/StallmonServiceFixture).
+    static let serviceFixture = Executable(name: "StallmonServiceFixture")
 
     var url: URL {
         URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent(name)
