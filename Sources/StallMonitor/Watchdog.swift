@@ -678,7 +678,7 @@ final class Watchdog: @unchecked Sendable {
 
     /// The system call and wait channel seen in most samples (a thread that loops over short
     /// sleeps is "in poll" even if the last sample caught it between two).
-    private static func dominantWait(_ waits: [KernelWait: Int], fallback: KernelThreadView) -> KernelThreadView {
+    static func dominantWait(_ waits: [KernelWait: Int], fallback: KernelThreadView) -> KernelThreadView {
         guard
             let wait = waits.filter({ $0.value > 0 }).max(by: { lhs, rhs in
                 lhs.value != rhs.value ? lhs.value < rhs.value : (lhs.key.syscall == nil && rhs.key.syscall != nil)
@@ -691,7 +691,7 @@ final class Watchdog: @unchecked Sendable {
     }
 
     /// The state seen in most samples; ties go to the more telling one (R before D before S).
-    private static func dominantState(_ states: [Character: Int]) -> Character {
+    static func dominantState(_ states: [Character: Int]) -> Character {
         let preference: [Character] = ["R", "D", "S", "T", "t", "Z"]
         func rank(_ state: Character) -> Int { preference.firstIndex(of: state) ?? preference.count }
         return states.filter { $0.value > 0 }.max { lhs, rhs in

@@ -453,8 +453,8 @@ package final class EventLoopWatchdog: @unchecked Sendable {
             event: event, stallID: stall.stallID, startNanoseconds: stall.start, duration: duration, paused: 0,
             activity: .eventLoopCycle, runLoopMode: "none", cpu: cpu, samples: stall.samples,
             unansweredSamples: stall.unanswered, stacks: stacks, stackSources: sources,
-            threadState: Self.dominantState(stall.states),
-            kernelView: Self.dominantWait(stall.waits, fallback: stall.latestView),
+            threadState: Watchdog.dominantState(stall.states),
+            kernelView: Watchdog.dominantWait(stall.waits, fallback: stall.latestView),
             noStackReason: stall.firstStack.isEmpty ? stall.noStackReason : nil,
             capturedNanoseconds: stallmon_now_ns()
         )
@@ -517,26 +517,6 @@ package final class EventLoopWatchdog: @unchecked Sendable {
             stall.noStackReason = "sampling failed (status \(sample.status), error \(sample.error))"
         }
         return nil
-    }
-
-    private static func dominantWait(_ waits: [KernelWait: Int], fallback: KernelThreadView) -> KernelThreadView {
-        guard
-            let wait = waits.max(by: { lhs, rhs in
-                lhs.value != rhs.value ? lhs.value < rhs.value : (lhs.key.syscall == nil && rhs.key.syscall != nil)
-            })?.key
-        else { return fallback }
-        var view = fallback
-        view.syscall = wait.syscall
-        view.waitChannel = wait.waitChannel
-        return view
-    }
-
-    private static func dominantState(_ states: [Character: Int]) -> Character {
-        let preference: [Character] = ["R", "D", "S", "T", "t", "Z"]
-        func rank(_ state: Character) -> Int { preference.firstIndex(of: state) ?? preference.count }
-        return states.max { lhs, rhs in
-            lhs.value != rhs.value ? lhs.value < rhs.value : rank(lhs.key) > rank(rhs.key)
-        }?.key ?? "?"
     }
 }
 

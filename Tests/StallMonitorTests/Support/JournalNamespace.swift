@@ -137,34 +137,9 @@ final class JournalNamespace: @unchecked Sendable {
         return false
     }
 
-    /// `journalctl --namespace NAME -o json` for the matches, polled until `count` entries appear
-    /// or `timeout` passes.
+    /// `journalctl --namespace NAME -o json --all` for the matches, polled until `count` entries
+    /// appear or `timeout` passes.
     func entries(_ matches: [String], atLeast count: Int = 1, timeout: Double = 10) throws -> [[String: String]] {
-        let deadline = Date(timeIntervalSinceNow: timeout)
-        var entries: [[String: String]] = []
-        repeat {
-            entries = try read(matches)
-            if entries.count >= count { return entries }
-            usleep(100_000)
-        } while Date() < deadline
-        return entries
-    }
-
-    private func read(_ matches: [String]) throws -> [[String: String]] {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/journalctl")
-        process.arguments = ["--namespace", name, "-o", "json", "--no-pager", "--all"] + matches
-        let output = Pipe()
-        process.standardOutput = output
-        process.standardError = FileHandle.nullDevice
-        try process.run()
-        let data = output.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
-        return String(decoding: data, as: UTF8.self).split(separator: "\n").compactMap { line in
-            guard let object = (try? JSONSerialization.jsonObject(with: Data(line.utf8))) as? [String: Any] else {
-                return nil
-            }
-            return object.compactMapValues { $0 as? String }
-        }
+        try Journald.entries(matches, atLeast: count, timeout: timeout, options: ["--namespace", name, "--all"])
     }
 }

@@ -46,23 +46,25 @@ enum Journald {
         }
     }
 
-    /// `journalctl -o json` for the matches, polled until `count` entries appear or `timeout` passes.
-    static func entries(_ matches: [String], atLeast count: Int = 1, timeout: Double = 10) throws -> [[String: String]]
-    {
+    /// `journalctl -o json OPTIONS MATCHES`, polled until `count` entries appear or `timeout` passes.
+    static func entries(
+        _ matches: [String], atLeast count: Int = 1, timeout: Double = 10, options: [String] = []
+    ) throws -> [[String: String]] {
         let deadline = Date(timeIntervalSinceNow: timeout)
         var entries: [[String: String]] = []
         repeat {
-            entries = try read(matches)
+            entries = try read(matches, options: options)
             if entries.count >= count { return entries }
             usleep(100_000)
         } while Date() < deadline
         return entries
     }
 
-    static func read(_ matches: [String]) throws -> [[String: String]] {
+    /// `journalctl -o json OPTIONS MATCHES`, once.
+    static func read(_ matches: [String], options: [String] = []) throws -> [[String: String]] {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: "/usr/bin/journalctl")
-        process.arguments = ["-o", "json", "--no-pager"] + matches
+        process.arguments = ["-o", "json", "--no-pager"] + options + matches
         let output = Pipe()
         process.standardOutput = output
         process.standardError = FileHandle.nullDevice
