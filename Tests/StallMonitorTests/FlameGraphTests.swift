@@ -190,7 +190,7 @@ extension Serial {
         static func checkInChromium(svg path: String, directory: String) throws {
             guard let chromium = ExternalTool.find("chromium") ?? ExternalTool.find("chromium-browser") else {
                 #expect(
-                    ProcessInfo.processInfo.environment["STALLMON_REQUIRE_TOOLS"] != "1",
+                    ProcessInfo.processInfo.environment["REQUIRE_TEST_TOOLS"] != "1",
                     "chromium is missing (apt-get install chromium)")
                 return
             }

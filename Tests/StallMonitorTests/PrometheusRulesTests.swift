@@ -210,11 +210,11 @@ struct PrometheusRulesTests {
 
     /// promtool: the rules are valid and pass their unit tests, the scrape example is a valid
     /// configuration, and every dashboard expression parses (checked as a recording rule each, the
-    /// Grafana variables replaced by values). Required where `STALLMON_REQUIRE_TOOLS=1` (CI).
+    /// Grafana variables replaced by values). Required where `REQUIRE_TEST_TOOLS=1` (CI).
     @Test func promtoolChecksAndTestsTheRules() throws {
         guard let promtool = ExternalTool.find("promtool") else {
             #expect(
-                ProcessInfo.processInfo.environment["STALLMON_REQUIRE_TOOLS"] != "1",
+                ProcessInfo.processInfo.environment["REQUIRE_TEST_TOOLS"] != "1",
                 "promtool is missing (apt-get install prometheus)")
             return
         }
