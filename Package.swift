@@ -106,10 +106,15 @@ let package = Package(
             name: "stallmon-bench",
             dependencies: ["StallMonitor", "CStallCapture"]
         ),
+        // What the fixture services share: clocks, JSON lines on standard output, the reporting sink.
+        .target(
+            name: "StallmonFixtureKit",
+            dependencies: ["StallMonitor", "StallJournal"]
+        ),
         // A small service with a real main run loop that stalls on request; the tests drive it as a child process.
         .executableTarget(
             name: "StallmonFixture",
-            dependencies: ["StallMonitor", "StallJournal"]
+            dependencies: ["StallMonitor", "StallJournal", "StallmonFixtureKit"]
         ),
         // An HTTP server on SwiftNIO whose handlers stall on request; `stallmon demo --nio` and the
         // tests run it as a child process.
@@ -126,14 +131,14 @@ let package = Package(
         // The same for an async @main service, whose main actor has no run loop unless the monitor runs one.
         .executableTarget(
             name: "StallmonAsyncFixture",
-            dependencies: ["StallMonitor", "StallJournal", "CStallCapture"]
+            dependencies: ["StallMonitor", "StallJournal", "CStallCapture", "StallmonFixtureKit"]
         ),
         // An async @main whose monitor runs as a service of a ServiceGroup, next to a service that
         // stalls the main actor; SIGTERM shuts the group down gracefully.
         .executableTarget(
             name: "StallmonServiceFixture",
             dependencies: [
-                "StallMonitor", "StallJournal", "StallMonitorServiceLifecycle",
+                "StallMonitor", "StallJournal", "StallMonitorServiceLifecycle", "StallmonFixtureKit",
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "UnixSignals", package: "swift-service-lifecycle"),
                 .product(name: "Logging", package: "swift-log"),

@@ -26,6 +26,7 @@ import Dispatch
 import Foundation
 import StallJournal
 import StallMonitor
+import StallmonFixtureKit
 
 #if canImport(Glibc)
     import Glibc
@@ -252,48 +253,6 @@ enum AsyncWork {
 }
 
 /// The clock, the output, and the true extent of each stall, for the tests to compare with.
-enum Fixture {
-    static func now() -> UInt64 {
-        var time = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &time)
-        return UInt64(time.tv_sec) * 1_000_000_000 + UInt64(time.tv_nsec)
-    }
-
-    static func milliseconds() -> Double { Double(now()) / 1e6 }
-
-    static func processCPU() -> UInt64 {
-        var time = timespec()
-        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &time)
-        return UInt64(time.tv_sec) * 1_000_000_000 + UInt64(time.tv_nsec)
-    }
-
-    static func print(_ object: [String: Any]) {
-        guard let data = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys]) else { return }
-        FileHandle.standardOutput.write(data + Data("\n".utf8))
-    }
-
-    /// Records the true extent of a stall and the thread it ran on.
-    /// Records the true extent of a stall, the CPU time its thread used meanwhile (on a busy
-    /// machine a CPU-bound stall gets less CPU than its duration), and the thread it ran on.
-    static func truth(_ name: String, _ body: () -> Void) {
-        let startCPU = threadCPU()
-        let start = now()
-        body()
-        let end = now()
-        let cpu = threadCPU() - startCPU
-        print([
-            "type": "truth", "name": name, "start_ns": start, "end_ns": end, "duration_ns": end - start,
-            "cpu_ns": cpu, "main_thread": Thread.isMainThread,
-        ])
-    }
-
-    static func threadCPU() -> UInt64 {
-        var time = timespec()
-        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &time)
-        return UInt64(time.tv_sec) * 1_000_000_000 + UInt64(time.tv_nsec)
-    }
-}
-
 /// Context switches of the watchdog thread (each wakeup is one), printed every half second.
 final class WatchdogSwitches: @unchecked Sendable {
     private let monitor: StallMonitor
@@ -325,33 +284,5 @@ final class WatchdogSwitches: @unchecked Sendable {
             total += Int(line.split(separator: ":").last?.trimmingCharacters(in: .whitespaces) ?? "") ?? 0
         }
         Fixture.print(["type": "switches", "elapsed_ns": Fixture.now() - started, "count": total])
-    }
-}
-
-/// Prints every event as one JSON line: the journal fields plus the symbolicated frames.
-struct JSONLinesSink: ReportSink {
-    let identifier: String
-
-    func emit(_ event: StallMonitorEvent) {
-        var object: [String: Any] = [:]
-        for field in JournalSink.fields(for: event, syslogIdentifier: identifier) {
-            object[field.name] = field.value
-        }
-        switch event {
-        case .started: object["type"] = "started"
-        case .stopped: object["type"] = "stopped"
-        case .suppressed: object["type"] = "suppressed"
-        case .stallDetected(let report), .stallEnded(let report), .watchdogStall(let report):
-            object["type"] = report.event.rawValue
-            object["start_ns"] = report.startNanoseconds
-            object["reported_ns"] = Fixture.now()
-            object["frames"] = report.stack.map { frame in
-                [
-                    "function": frame.function ?? "", "symbol": frame.symbol ?? "", "file": frame.file ?? "",
-                    "line": frame.line,
-                ] as [String: Any]
-            }
-        }
-        Fixture.print(object)
     }
 }

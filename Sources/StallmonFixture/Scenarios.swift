@@ -2,6 +2,7 @@
 import Dispatch
 import Foundation
 import StallMonitor
+import StallmonFixtureKit
 
 #if canImport(Glibc)
     import Glibc

@@ -1,4 +1,5 @@
 import Foundation
+import StallmonFixtureKit
 
 #if canImport(Glibc)
     import Glibc

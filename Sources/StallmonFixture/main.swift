@@ -11,6 +11,7 @@ import Dispatch
 import Foundation
 import StallJournal
 import StallMonitor
+import StallmonFixtureKit
 
 #if canImport(Glibc)
     import Glibc
@@ -57,76 +58,7 @@ struct Options {
 
 let options = Options(Array(CommandLine.arguments.dropFirst()))
 
-/// Prints every event as one JSON line: the journal fields plus the symbolicated frames.
-struct JSONLinesSink: ReportSink {
-    let identifier: String
-
-    func emit(_ event: StallMonitorEvent) {
-        var object: [String: Any] = [:]
-        for field in JournalSink.fields(for: event, syslogIdentifier: identifier) {
-            object[field.name] = field.value
-        }
-        switch event {
-        case .started: object["type"] = "started"
-        case .stopped(_, let statistics):
-            object["type"] = "stopped"
-            object["stalls"] = statistics.stalls
-            object["suppressed"] = statistics.suppressedReports
-            object["dropped"] = statistics.droppedReports
-            object["lost"] = statistics.lostReports
-        case .suppressed: object["type"] = "suppressed"
-        case .stallDetected(let report), .stallEnded(let report), .watchdogStall(let report):
-            object["type"] = report.event.rawValue
-            object["duration_ns"] =
-                report.duration.nanoseconds
-            object["paused_ns"] =
-                report.pausedTime.nanoseconds
-            object["start_ns"] = report.startNanoseconds
-            object["reported_ns"] = Fixture.now()
-            object["frames"] = report.stack.map { frame in
-                [
-                    "function": frame.function ?? "", "symbol": frame.symbol ?? "", "file": frame.file ?? "",
-                    "line": frame.line, "image": frame.image ?? "",
-                ] as [String: Any]
-            }
-            object["culprit"] = report.culprit?.summary ?? ""
-        }
-        Fixture.print(object)
-    }
-}
-
-enum Fixture {
-    static func now() -> UInt64 {
-        var time = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &time)
-        return UInt64(time.tv_sec) * 1_000_000_000 + UInt64(time.tv_nsec)
-    }
-
-    static func print(_ object: [String: Any]) {
-        guard let data = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys]) else { return }
-        FileHandle.standardOutput.write(data + Data("\n".utf8))
-    }
-
-    /// Records the true extent of a stall: the tests compare it with the reported duration.
-    static func truth(_ name: String, _ body: () -> Void) {
-        let start = now()
-        let cpuStart = threadCPU()
-        body()
-        let cpuEnd = threadCPU()
-        let end = now()
-        print([
-            "type": "truth", "name": name, "start_ns": start, "end_ns": end, "duration_ns": end - start,
-            "cpu_ns": cpuEnd - cpuStart,
-        ])
-    }
-
-    /// CLOCK_THREAD_CPUTIME_ID of the calling thread.
-    static func threadCPU() -> UInt64 {
-        var time = timespec()
-        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &time)
-        return UInt64(time.tv_sec) * 1_000_000_000 + UInt64(time.tv_nsec)
-    }
-
+extension Fixture {
     static func after(_ seconds: Double, _ body: @escaping @Sendable () -> Void) {
         let timer = Timer(fire: Date(timeIntervalSinceNow: seconds), interval: 0, repeats: false) { _ in body() }
         RunLoop.main.add(timer, forMode: .common)

@@ -17,6 +17,7 @@ import ServiceLifecycle
 import StallJournal
 import StallMonitor
 import StallMonitorServiceLifecycle
+import StallmonFixtureKit
 import UnixSignals
 
 #if canImport(Glibc)
@@ -63,9 +64,9 @@ enum ServiceFixture {
             try await group.run()
         } catch {
             // A worker that returns ends the group with an error (ServiceGroupError), after cancelling the others.
-            Output.print(["type": "group-error", "description": "\(error)"])
+            Fixture.print(["type": "group-error", "description": "\(error)"])
         }
-        Output.print([
+        Fixture.print([
             "type": "exited", "running": monitor.monitor.isRunning, "stalls": monitor.monitor.statistics.stalls,
         ])
     }
@@ -79,16 +80,16 @@ struct Worker: Service {
         // Past the reporter's symbol loading, which competes for the CPU at first.
         try await Task.sleep(for: .milliseconds(800))
         await MainActor.run {
-            Output.truth("main-actor-cpu") { Work.render(milliseconds: 600) }
+            Fixture.truth("main-actor-cpu") { Work.render(milliseconds: 600) }
         }
         try await Task.sleep(for: .milliseconds(200))
-        Output.print(["type": "ready"])
+        Fixture.print(["type": "ready"])
         if returns {
-            Output.print(["type": "worker-returned"])
+            Fixture.print(["type": "worker-returned"])
             return
         }
         try await gracefulShutdown()
-        Output.print(["type": "worker-shutdown", "ns": Output.now()])
+        Fixture.print(["type": "worker-shutdown", "ns": Fixture.now()])
     }
 }
 
@@ -96,63 +97,11 @@ enum Work {
     /// Main-actor work busy on the CPU (FNV hashing).
     @MainActor @inline(never)
     static func render(milliseconds: Int) {
-        let end = Output.now() + UInt64(milliseconds) * 1_000_000
+        let end = Fixture.now() + UInt64(milliseconds) * 1_000_000
         var hash: UInt64 = 0xcbf2_9ce4_8422_2325
-        while Output.now() < end {
+        while Fixture.now() < end {
             for byte in 0..<UInt64(4096) { hash = (hash ^ byte) &* 0x100_0000_01b3 }
         }
         if hash == 42 { Swift.print("") }
-    }
-}
-
-enum Output {
-    static func now() -> UInt64 {
-        var time = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &time)
-        return UInt64(time.tv_sec) * 1_000_000_000 + UInt64(time.tv_nsec)
-    }
-
-    static func threadCPU() -> UInt64 {
-        var time = timespec()
-        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &time)
-        return UInt64(time.tv_sec) * 1_000_000_000 + UInt64(time.tv_nsec)
-    }
-
-    static func print(_ object: [String: Any]) {
-        guard let data = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys]) else { return }
-        FileHandle.standardOutput.write(data + Data("\n".utf8))
-    }
-
-    /// Records the true extent of a stall, its thread's CPU time, and whether it ran on the main thread.
-    static func truth(_ name: String, _ body: () -> Void) {
-        let startCPU = threadCPU()
-        let start = now()
-        body()
-        let end = now()
-        print([
-            "type": "truth", "name": name, "start_ns": start, "end_ns": end, "duration_ns": end - start,
-            "cpu_ns": threadCPU() - startCPU, "main_thread": Thread.isMainThread,
-        ])
-    }
-}
-
-/// Prints every event as one JSON line: the journal fields, the event, the thread that emitted it.
-struct JSONLinesSink: ReportSink {
-    let identifier: String
-
-    func emit(_ event: StallMonitorEvent) {
-        var object: [String: Any] = ["ns": Output.now()]
-        for field in JournalSink.fields(for: event, syslogIdentifier: identifier) {
-            object[field.name] = field.value
-        }
-        switch event {
-        case .started: object["type"] = "started"
-        case .stopped: object["type"] = "stopped"
-        case .suppressed: object["type"] = "suppressed"
-        case .stallDetected(let report), .stallEnded(let report), .watchdogStall(let report):
-            object["type"] = report.event.rawValue
-            object["functions"] = report.stack.map { $0.function ?? "" }
-        }
-        Output.print(object)
     }
 }
