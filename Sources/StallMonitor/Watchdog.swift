@@ -161,19 +161,31 @@ final class Watchdog: @unchecked Sendable {
 
     /// Starts the thread and returns once it runs, so that ``threadID`` is known.
     func start() {
-        let running = DispatchSemaphore(value: 0)
-        let thread = Thread { [self] in
+        Self.startThread(named: Self.threadName) { [self] in
             watchdogThreadID.store(stallmon_gettid(), ordering: .releasing)
-            // Thread.name set before the start does not reach the kernel on Linux.
-            stallmon_set_thread_name(Self.threadName)
-            running.signal()
-            stallmon_set_timer_slack(1)
+        } body: { [self] in
             runQueue.open()
             run()
             runQueue.close()
             finished.signal()
         }
-        thread.name = Self.threadName
+    }
+
+    /// Starts a watchdog thread (of either kind of loop) and returns once it runs: `started` has
+    /// run on it, and the kernel knows its name.
+    static func startThread(
+        named name: String, started: @escaping @Sendable () -> Void, body: @escaping @Sendable () -> Void
+    ) {
+        let running = DispatchSemaphore(value: 0)
+        let thread = Thread {
+            started()
+            // Thread.name set before the start does not reach the kernel on Linux.
+            stallmon_set_thread_name(name)
+            running.signal()
+            stallmon_set_timer_slack(1)
+            body()
+        }
+        thread.name = name
         thread.stackSize = 512 * 1024
         thread.start()
         running.wait()

@@ -119,18 +119,14 @@ package final class EventLoopWatchdog: @unchecked Sendable {
     package var threadID: pid_t { watchdogThreadID.load(ordering: .acquiring) }
 
     func start() {
-        let thread = Thread { [self] in
+        Watchdog.startThread(named: Self.threadName) { [self] in
             watchdogThreadID.store(stallmon_gettid(), ordering: .releasing)
-            stallmon_set_thread_name(Self.threadName)
-            stallmon_set_timer_slack(1)
+        } body: { [self] in
             runQueue.open()
             run()
             runQueue.close()
             finished.signal()
         }
-        thread.name = Self.threadName
-        thread.stackSize = 512 * 1024
-        thread.start()
     }
 
     /// Stops the thread and waits for it; stalls in progress get their ended reports.
