@@ -330,32 +330,34 @@ static uintptr_t resolve_stale_pair(unwind_state *state, uintptr_t sp, uintptr_t
     return candidate;
 }
 
-/// The frame pointer of the frame at `sp` whose function spans [`start`, `end`), or 0.
-static uintptr_t recover_frame_pointer(unwind_state *state, uintptr_t sp, uintptr_t start, uintptr_t end) {
+/// The frame pointer of the frame at `sp` whose function spans [`start`, `end`), or 0: the first
+/// plausible one after passing over `skip` others (when the first led the unwind astray).
+static uintptr_t recover_frame_pointer(unwind_state *state, uintptr_t sp, uintptr_t start, uintptr_t end, int skip) {
     uintptr_t size;
     // The prologue's frame size holds unless the function moved rsp since (a dynamic allocation,
     // as Swift makes for values of generic size): then the pair there is checked like any other.
     if (start != 0 && prologue_frame_size(state, start, &size) == 0 && plausible_frame(state, sp, sp + size)) {
         uintptr_t bp = resolve_stale_pair(state, sp, sp + size, start, end);
-        if (bp != 0) return bp;
+        if (bp != 0 && skip-- == 0) return bp;
     }
     for (uintptr_t candidate = (sp + 7) & ~(uintptr_t)7; candidate < sp + 4096; candidate += 8) {
         if (!plausible_frame(state, sp, candidate)) continue;
         uintptr_t bp = resolve_stale_pair(state, sp, candidate, start, end);
-        if (bp != 0) return bp;
+        if (bp != 0 && skip-- == 0) return bp;
     }
     return 0;
 }
 
 // MARK: - Unwinding
 
-int stallmon_unwind_blocked(uintptr_t sp, uintptr_t pc, int max_frames, uintptr_t *frames, int *frame_count,
-                            int *truncated, int *recovered) {
+/// One unwind from sp and pc; the first frame pointer recovered is the `skip`-th plausible one.
+/// `*clean` tells whether it reached the outermost frame (or `max_frames`) rather than an error.
+static int unwind_once(uintptr_t sp, uintptr_t pc, int skip, int max_frames, uintptr_t *frames, int *frame_count,
+                       int *truncated, int *recovered, int *clean) {
     *frame_count = 0;
     *truncated = 0;
     *recovered = 0;
-    pthread_once(&address_space_once, create_address_space);
-    if (address_space == NULL) return -UNW_ENOMEM;
+    *clean = 0;
 
     // 4 KiB of memory cache, on the caller's stack (the watchdog's has 512 KiB).
     unwind_state storage;
@@ -396,7 +398,10 @@ int stallmon_unwind_blocked(uintptr_t sp, uintptr_t pc, int max_frames, uintptr_
             rc = unw_step(&cursor);
             if (rc <= 0) break;
         }
-        if (rc >= 0 || count == max_frames) break;
+        if (rc >= 0 || count == max_frames) {
+            *clean = 1;
+            break;
+        }
         // The step out of the innermost frame seen failed. When that frame takes its CFA from a
         // frame pointer nobody knows yet, recover it and go on from there.
         unw_word_t frame_sp = 0, frame_ip = 0;
@@ -408,7 +413,7 @@ int stallmon_unwind_blocked(uintptr_t sp, uintptr_t pc, int max_frames, uintptr_
             break;
         }
         uintptr_t bp = recover_frame_pointer(state, (uintptr_t)frame_sp, (uintptr_t)info.start_ip,
-                                             (uintptr_t)info.end_ip);
+                                             (uintptr_t)info.end_ip, *recovered == 0 ? skip : 0);
         if (bp == 0 || (state->have_bp && bp == state->bp && state->sp == frame_sp)) {
             result = rc;
             break;
@@ -424,6 +429,34 @@ int stallmon_unwind_blocked(uintptr_t sp, uintptr_t pc, int max_frames, uintptr_
     state->memory = -1;
     *frame_count = count;
     return count > 0 ? 0 : (result < 0 ? result : -UNW_ENOINFO);
+}
+
+enum { MAX_ATTEMPTS = 4, MAX_BLOCKED_FRAMES = 256 };
+
+// A recovered frame pointer can be a stale saved-rbp/return-address pair that passes every check
+// and leads the unwind into an error a frame or two later, which leaves a short stack that names
+// no callout. Such an unwind is tried again from the next plausible frame pointer; the first that
+// reaches the outermost frame wins, and when none does, the first attempt stands, as before.
+int stallmon_unwind_blocked(uintptr_t sp, uintptr_t pc, int max_frames, uintptr_t *frames, int *frame_count,
+                            int *truncated, int *recovered) {
+    pthread_once(&address_space_once, create_address_space);
+    if (address_space == NULL) return -UNW_ENOMEM;
+    if (max_frames > MAX_BLOCKED_FRAMES) max_frames = MAX_BLOCKED_FRAMES;
+    int clean = 0;
+    int result = unwind_once(sp, pc, 0, max_frames, frames, frame_count, truncated, recovered, &clean);
+    for (int attempt = 1; attempt < MAX_ATTEMPTS && result == 0 && !clean && *recovered > 0; attempt++) {
+        uintptr_t retry[MAX_BLOCKED_FRAMES];
+        int count = 0, retry_truncated = 0, retry_recovered = 0;
+        int rc = unwind_once(sp, pc, attempt, max_frames, retry, &count, &retry_truncated, &retry_recovered, &clean);
+        if (rc != 0 || retry_recovered == 0) break;  // no further candidate
+        if (clean) {
+            memcpy(frames, retry, (size_t)count * sizeof *retry);
+            *frame_count = count;
+            *truncated = retry_truncated;
+            *recovered = retry_recovered;
+        }
+    }
+    return result;
 }
 
 #else
