@@ -258,6 +258,11 @@ public final class Collector: @unchecked Sendable {
         let failures = saving.takeFailures()
         if failures.state { unsaved = true }
         if failures.metrics { metricsStale = true }
+        // The trailing-window gauges fall as stalls age out of their windows, new stalls or not.
+        if let expiry = saving.windowExpiry, Self.realtimeMicroseconds() >= expiry {
+            saving.windowExpiry = nil
+            metricsStale = true
+        }
         if final {
             saveQueue.sync {}
             if unsaved { save(now: now, wait: true) }
@@ -300,6 +305,7 @@ public final class Collector: @unchecked Sendable {
         )
         saveQueue.async {
             let text = PrometheusTextfile.render(snapshot.state, windows: windows, now: now, aggregator: snapshot)
+            saving.windowExpiry = snapshot.nextWindowExpiry(windows: windows, now: now)
             do {
                 try PrometheusTextfile.write(text, to: path)
             } catch {
@@ -473,6 +479,7 @@ private final class SaveProgress: Sendable {
         var lastStart: UInt64 = 0
         var stateFailed = false
         var metricsFailed = false
+        var windowExpiry: UInt64?
     }
     private let progress = Mutex(Progress())
 
@@ -494,6 +501,12 @@ private final class SaveProgress: Sendable {
     }
 
     func metricsFailed() { progress.withLock { $0.metricsFailed = true } }
+
+    /// When the latest metrics' trailing-window gauges go stale (realtime microseconds).
+    var windowExpiry: UInt64? {
+        get { progress.withLock { $0.windowExpiry } }
+        set { progress.withLock { $0.windowExpiry = newValue } }
+    }
 
     /// What failed since the last call.
     func takeFailures() -> (state: Bool, metrics: Bool) {

@@ -505,6 +505,22 @@ public struct StallAggregator: Sendable {
         return counts
     }
 
+    /// When a count of ``stallsPerUnit(windows:now:)`` next changes with time alone: the moment
+    /// the earliest stall counted in one of `windows` at `now` leaves it (`nil` when none is
+    /// counted). A gauge rendered at `now` is stale from then on, even if no stall comes.
+    public func nextWindowExpiry(windows: [Duration], now: UInt64) -> UInt64? {
+        let lengths = windows.map { UInt64($0.microseconds) }
+        var earliest: UInt64?
+        for stall in state.recent[recentStart...] {
+            for length in lengths where stall.time >= (now > length ? now - length : 0) {
+                // Counted while it is at most `length` old.
+                let leaves = stall.time + length + 1
+                if leaves < earliest ?? .max { earliest = leaves }
+            }
+        }
+        return earliest
+    }
+
     private static func start(of window: Duration, now: UInt64) -> UInt64 {
         let length = UInt64(window.microseconds)
         return now > length ? now - length : 0

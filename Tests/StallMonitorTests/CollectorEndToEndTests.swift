@@ -97,6 +97,24 @@ extension Serial {
             #expect(daemon.terminate().status == 0)
         }
 
+        @Test func windowGaugeFallsBackToZeroWhenItsStallsAgeOutWithNoNewEntry() throws {
+            try #require(Journald.ensureRunning())
+            let scratch = try Scratch(extra: #", "windows_s": [10]"#)
+            defer { scratch.remove() }
+            let identifier = Self.identifier()
+            let series = #"stallmon_window_stalls{unit="(\#(identifier))",window="10s"}"#
+            let daemon = try Executable.stallmond.start(["--config", scratch.configuration])
+            defer { if daemon.process.isRunning { _ = daemon.terminate() } }
+            _ = try FixtureRun.run("timer-cpu", arguments: ["--journal", "--identifier", identifier])
+            #expect(scratch.waitForMetric(series, toBe: 1))
+            // Nothing else reaches the journal for this unit: the gauge still falls once the
+            // stall is older than the window.
+            #expect(
+                scratch.waitForMetric(series, toBe: 0, timeout: 20),
+                "metrics: \(String(describing: try? String(contentsOfFile: scratch.metrics, encoding: .utf8)))")
+            #expect(daemon.terminate().status == 0)
+        }
+
         @Test func checkConfigExitsWith78AndNamesTheProblem() throws {
             let scratch = try Scratch(extra: #", "max_fingerprints_per_unit": 0"#)
             defer { scratch.remove() }

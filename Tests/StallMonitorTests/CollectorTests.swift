@@ -91,6 +91,24 @@ struct CollectorTests {
         #expect(text.contains(#"stallmon_window_stalls{unit="bar.service",window="5m"} 1"#))
     }
 
+    @Test func windowGaugesKnowWhenTheirOldestStallLeaves() {
+        var aggregator = StallAggregator(configuration: CollectorConfiguration())
+        let windows: [Duration] = [.seconds(60), .seconds(600)]
+        #expect(aggregator.nextWindowExpiry(windows: windows, now: 1_000_000_000) == nil)
+        aggregator.ingest(Self.entry(time: 1_000_000_000, cursor: "1"))
+        aggregator.ingest(Self.entry(time: 1_030_000_000, cursor: "2"))
+        // Both stalls count in both windows: the first leaves the 60 s window first.
+        #expect(aggregator.nextWindowExpiry(windows: windows, now: 1_040_000_000) == 1_060_000_001)
+        // Once it has left, the second is next, then the 600 s window's first.
+        #expect(aggregator.nextWindowExpiry(windows: windows, now: 1_060_000_001) == 1_090_000_001)
+        #expect(aggregator.nextWindowExpiry(windows: windows, now: 1_090_000_001) == 1_600_000_001)
+        let later = PrometheusTextfile.render(
+            aggregator.state, windows: windows, now: 1_090_000_001, aggregator: aggregator)
+        #expect(later.contains(#"stallmon_window_stalls{unit="foo.service",window="1m"} 0"#))
+        #expect(later.contains(#"stallmon_window_stalls{unit="foo.service",window="10m"} 2"#))
+        #expect(aggregator.nextWindowExpiry(windows: windows, now: 1_630_000_001) == nil)
+    }
+
     @Test func fingerprintCardinalityIsBoundedAndCountersNeverShrink() {
         var configuration = CollectorConfiguration()
         configuration.maximumFingerprintsPerUnit = 2
