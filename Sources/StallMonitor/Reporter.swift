@@ -28,12 +28,18 @@ final class Reporter: @unchecked Sendable {
         case suppressed(fingerprint: String)
     }
 
-    init(configuration: StallMonitor.Configuration, loopName: String, threadID: Int, sinks: [any ReportSink]) {
+    /// - Parameter seenTurning: Whether the loop is known to run already (an event loop of a
+    ///   running group); otherwise the status says it was not seen running until the watchdog
+    ///   sees its first transition.
+    init(
+        configuration: StallMonitor.Configuration, loopName: String, threadID: Int, sinks: [any ReportSink],
+        seenTurning: Bool = false
+    ) {
         self.configuration = configuration
         self.loopName = loopName
         self.threadID = threadID
         self.sinks = sinks
-        self.status = StatusBoard(loopName: loopName)
+        self.status = StatusBoard(loopName: loopName, seenTurning: seenTurning)
         self.limiter = RateLimiter(
             burst: configuration.rateLimit.burst, interval: UInt64(configuration.rateLimit.interval.nanoseconds)
         )
@@ -101,7 +107,10 @@ final class Reporter: @unchecked Sendable {
 
     private func process(_ stall: CapturedStall) {
         status.record(stall)
-        if configuration.notifyStatus { ServiceNotifier.notify("STATUS=\(status.line())") }
+        if configuration.notifyStatus {
+            status.noteSent()
+            ServiceNotifier.notify("STATUS=\(status.line())")
+        }
         let report = SharedSymbolicator.shared.withSymbolicator { makeReport(stall, symbolicator: $0) }
         switch stall.event {
         case .detected:
@@ -232,9 +241,27 @@ final class StatusBoard: @unchecked Sendable {
     private let loopName: String
     private var recentStalls: [(end: UInt64, duration: UInt64)] = []
     private var stallInProgress: UInt64?
+    /// Until the loop is seen to turn, it is not called healthy.
+    private var seenTurning: Bool
+    /// Whether a status went to the service manager (then the first turn sends a fresh one).
+    private var sent = false
 
-    init(loopName: String) {
+    init(loopName: String, seenTurning: Bool) {
         self.loopName = loopName
+        self.seenTurning = seenTurning
+    }
+
+    /// Records the loop's first transition; returns whether a status already went out, which
+    /// said the loop was not seen running and is out of date now.
+    func noteFirstTurn() -> Bool {
+        lock.withLock {
+            seenTurning = true
+            return sent
+        }
+    }
+
+    func noteSent() {
+        lock.withLock { sent = true }
     }
 
     func record(_ stall: CapturedStall) {
@@ -252,13 +279,15 @@ final class StatusBoard: @unchecked Sendable {
         }
     }
 
-    /// `main loop healthy; 3 stalls in 1h, worst 540 ms`, or `main loop stalled for 1200 ms`
-    /// (counting the last 1000 stalls at most).
+    /// `main loop healthy; 3 stalls in 1h, worst 540 ms`, `main loop stalled for 1200 ms`
+    /// (counting the last 1000 stalls at most), or `main loop not seen running yet` before its
+    /// first transition.
     func line() -> String {
         lock.withLock {
             let now = stallmon_now_ns()
             recentStalls.removeAll { now - $0.end > 3_600_000_000_000 }
             let loop = loopName == "main" ? "main loop" : "loop of \(loopName)"
+            guard seenTurning else { return "\(loop) not seen running yet" }
             if let start = stallInProgress {
                 return "\(loop) stalled for \((now - start) / 1_000_000) ms"
             }

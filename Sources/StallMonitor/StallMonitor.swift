@@ -167,7 +167,7 @@ public final class StallMonitor: Sendable {
     /// The corresponding C function is `sd_notify`.
     @discardableResult
     public func notifyReady() -> Bool {
-        ServiceNotifier.notify("READY=1\nSTATUS=\(status)")
+        notifyStatus(prefix: "READY=1\n")
     }
 
     /// Sends `KEY=value` assignments (newline-separated) to the service manager, e.g. `RELOADING=1`.
@@ -180,7 +180,14 @@ public final class StallMonitor: Sendable {
     /// Sends the monitor's ``status`` as `STATUS=`, shown by `systemctl status`.
     @discardableResult
     public func notifyStatus() -> Bool {
-        ServiceNotifier.notify("STATUS=\(status)")
+        notifyStatus(prefix: "")
+    }
+
+    private func notifyStatus(prefix: String) -> Bool {
+        let board = state.withLock { $0?.reporter.status }
+        guard let board else { return ServiceNotifier.notify("\(prefix)STATUS=stall monitor not running") }
+        board.noteSent()
+        return ServiceNotifier.notify("\(prefix)STATUS=\(board.line())")
     }
 
     public var statistics: Statistics {
@@ -291,7 +298,14 @@ public final class StallMonitor: Sendable {
                 configuration: configuration, target: target, loop: pointer, semaphore: semaphore, signal: signal,
                 slot: slot, logger: monitor.logger, deliver: { reporter.submit($0) },
                 deliverNow: { reporter.submitNow($0) },
-                notice: { Self.log($0, target: kind, loopName: loopName, logger: logger) }
+                notice: { notice in
+                    if case .notTurning = notice {
+                    } else if reporter.status.noteFirstTurn() {
+                        // A status that went out before the first turn said the loop was not seen running.
+                        ServiceNotifier.notify("STATUS=\(reporter.status.line())")
+                    }
+                    Self.log(notice, target: kind, loopName: loopName, logger: logger)
+                }
             )
             if lightDrain {
                 // The drain publishes its windows itself; no run loop turns to observe.
@@ -349,6 +363,8 @@ public final class StallMonitor: Sendable {
                     "\(message)",
                     metadata: ["stallmon.loop": "\(loopName)", "stallmon.waited_ms": "\(waited / 1_000_000)"]
                 )
+            case .turned:
+                break
             case .turnedLate(let waited):
                 logger.info(
                     "stallmon sees the \(loopName) loop turn, \(waited / 1_000_000) ms after the monitor started",

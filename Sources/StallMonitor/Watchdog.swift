@@ -104,6 +104,8 @@ final class Watchdog: @unchecked Sendable {
     enum LoopNotice: Sendable {
         /// The loop has not turned once in `waited` nanoseconds since the monitor started.
         case notTurning(waited: UInt64)
+        /// The loop turned for the first time, in time.
+        case turned
         /// The loop turned for the first time `waited` nanoseconds after the start, after a warning.
         case turnedLate(waited: UInt64)
     }
@@ -211,7 +213,7 @@ final class Watchdog: @unchecked Sendable {
                 continue
             }
             if firstTurn != .seen {
-                if firstTurn == .warned { notice(.turnedLate(waited: stallmon_now_ns() - startedAt)) }
+                notice(firstTurn == .warned ? .turnedLate(waited: stallmon_now_ns() - startedAt) : .turned)
                 firstTurn = .seen
             }
             pingServiceWatchdog(event)

@@ -21,7 +21,13 @@ extension Serial {
             )
             #expect(run.exitStatus == 0, "\(run.standardError)")
             let messages = socket.messages()
-            #expect(messages.contains { $0.text.hasPrefix("READY=1\nSTATUS=main loop healthy") })
+            // READY=1 goes out before the loop runs: not called healthy until its first turn, which
+            // sends a fresh status.
+            let ready = try #require(messages.firstIndex { $0.text.hasPrefix("READY=1\n") })
+            #expect(messages[ready].text == "READY=1\nSTATUS=main loop not seen running yet")
+            #expect(
+                messages[ready...].contains { $0.text.hasPrefix("STATUS=main loop healthy") },
+                "\(messages.map(\.text).filter { $0 != "WATCHDOG=1" })")
 
             let truth = try #require(run.truths.first)
             let stallStart = UInt64((truth["start_ns"] as? NSNumber)?.uint64Value ?? 0)

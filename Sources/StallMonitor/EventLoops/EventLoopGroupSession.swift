@@ -35,7 +35,9 @@ package final class EventLoopGroupSession: @unchecked Sendable {
         guard slot >= 0 else { throw StallMonitorError.tooManyMonitors() }
         _ = stallmon_continue_watch_install()
         reporters = loops.map { loop, _ in
-            Reporter(configuration: configuration, loopName: loop.name, threadID: Int(loop.threadID), sinks: sinks)
+            Reporter(
+                configuration: configuration, loopName: loop.name, threadID: Int(loop.threadID), sinks: sinks,
+                seenTurning: true)
         }
         descriptions = loops.map { loop, _ in
             MonitorDescription(
