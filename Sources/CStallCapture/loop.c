@@ -7,7 +7,9 @@
 // the watchdog nothing.
 
 #include "stallcapture.h"
+#include "latency.h"
 
+#include <errno.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -46,6 +48,9 @@ struct stallmon_loop {
     uint32_t phase;
     uint32_t depth;
     uint32_t level_window[MAX_LEVELS];
+    // The window-duration histogram (NULL when off) and the start of the current window, for it.
+    stallmon_latency *latency;
+    uint64_t window_start_ns;
     // Shared with the watchdog; written rarely, so the observer's reads stay cache hits.
     _Atomic int parked __attribute__((aligned(64)));
     int asymmetric;  // parking uses membarrier, so the observer needs no fence (set at creation)
@@ -114,6 +119,8 @@ stallmon_loop *stallmon_loop_create(stallmon_wake_fn wake, void *wake_context, s
     loop->phase = STALLMON_LOOP_UNKNOWN;
     loop->depth = 0;
     for (int i = 0; i < MAX_LEVELS; i++) loop->level_window[i] = STALLMON_WINDOW_NONE;
+    loop->latency = NULL;
+    loop->window_start_ns = 0;
     atomic_init(&loop->parked, 0);
     loop->asymmetric = membarrier_registered();
     atomic_init(&loop->watch_sequence, 0);
@@ -136,8 +143,17 @@ void stallmon_loop_release(const void *pointer) {
     stallmon_loop *loop = (stallmon_loop *)pointer;
     if (atomic_fetch_sub_explicit(&loop->references, 1, memory_order_acq_rel) != 1) return;
     if (loop->release != NULL) loop->release(loop->wake_context);
+    stallmon_latency_free(loop->latency);
     free(loop);
 }
+
+int stallmon_loop_enable_latency(stallmon_loop *loop) {
+    if (loop->latency != NULL) return 0;
+    loop->latency = stallmon_latency_create();
+    return loop->latency != NULL ? 0 : -ENOMEM;
+}
+
+const stallmon_latency *stallmon_loop_latency(const stallmon_loop *loop) { return loop->latency; }
 
 void stallmon_loop_watch(stallmon_loop *loop, uint64_t sequence) {
     atomic_store_explicit(&loop->watch_sequence, sequence, memory_order_seq_cst);
@@ -153,15 +169,24 @@ int stallmon_loop_watched_end(const stallmon_loop *loop, uint64_t sequence, uint
 static inline void publish(stallmon_loop *loop, uint32_t phase, uint32_t window) {
     uint64_t sequence = atomic_load_explicit(&loop->sequence, memory_order_relaxed) + 1;
     int watched = atomic_load_explicit(&loop->watch_sequence, memory_order_relaxed) == sequence - 1;
+    stallmon_latency *latency = loop->latency;
     // Only the start of a window, and the end of a window the watchdog is sampling, need the time:
     // idle transitions skip the clock (timestamp 0), which is most of a sleeping loop's callouts.
-    uint64_t now = phase == STALLMON_LOOP_ACTIVE || watched ? clock_ns(CLOCK_MONOTONIC) : 0;
+    // A latency histogram needs the end of every window.
+    int timed = phase == STALLMON_LOOP_ACTIVE || watched || (latency != NULL && loop->window_start_ns != 0);
+    uint64_t now = timed ? clock_ns(CLOCK_MONOTONIC) : 0;
     if (__builtin_expect(watched, 0)) {
         // The watchdog is sampling a stall of the window that this transition ends.
         atomic_store_explicit(&loop->watch_end_ns, now, memory_order_relaxed);
         atomic_store_explicit(&loop->watch_end_sequence, sequence - 1, memory_order_release);
     }
     uint64_t allowed = atomic_load_explicit(&loop->allowed, memory_order_relaxed);
+    if (latency != NULL) {
+        // The window that this transition ends, unless an allowingStall scope overlapped it (its
+        // time never counts, as for stalls). window_start_ns is 0 outside a window.
+        if (loop->window_start_ns != 0 && allowed == 0) stallmon_latency_add(latency, now - loop->window_start_ns);
+        loop->window_start_ns = phase == STALLMON_LOOP_ACTIVE ? now : 0;
+    }
     ring_entry *entry = &loop->ring[sequence % RING_SIZE];
     // Orders the entry's stores after the publication of every earlier sequence, so that a reader
     // that validates an entry against `sequence` never accepts a half-overwritten one (a compiler

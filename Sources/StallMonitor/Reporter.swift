@@ -15,6 +15,8 @@ final class Reporter: @unchecked Sendable {
     /// Deliveries a sink failed (it threw).
     let lostReports = AtomicCounter()
     let suppressedReports = AtomicCounter()
+    /// The same counts, and every stall, in the application's metrics backend.
+    private let metrics: StallMetrics?
 
     // Confined to `queue`.
     private var limiter: RateLimiter
@@ -28,8 +30,12 @@ final class Reporter: @unchecked Sendable {
         case suppressed(fingerprint: String)
     }
 
-    init(configuration: StallMonitor.Configuration, loopName: String, threadID: Int, sinks: [any ReportSink]) {
+    init(
+        configuration: StallMonitor.Configuration, loopName: String, threadID: Int, sinks: [any ReportSink],
+        metrics: StallMetrics? = nil
+    ) {
         self.configuration = configuration
+        self.metrics = metrics
         self.loopName = loopName
         self.threadID = threadID
         self.sinks = sinks
@@ -57,6 +63,7 @@ final class Reporter: @unchecked Sendable {
         guard pending.add(1) <= configuration.reportQueueCapacity || stall.event == .ended else {
             pending.add(-1)
             droppedReports.add(1)
+            metrics?.recordDropped()
             return
         }
         queue.async {
@@ -95,6 +102,7 @@ final class Reporter: @unchecked Sendable {
                 try sink.emit(event)
             } catch {
                 lostReports.add(1)
+                metrics?.recordLost()
             }
         }
     }
@@ -103,6 +111,8 @@ final class Reporter: @unchecked Sendable {
         status.record(stall)
         if configuration.notifyStatus { ServiceNotifier.notify("STATUS=\(status.line())") }
         let report = SharedSymbolicator.shared.withSymbolicator { makeReport(stall, symbolicator: $0) }
+        // Every stall ends once (an ended report is never dropped), whether it is reported or suppressed.
+        if stall.event == .ended { metrics?.recordStall(callout: report.callout, duration: report.duration) }
         switch stall.event {
         case .detected:
             if limiter.admit(report.fingerprint, frame: report.culprit?.summary ?? "?", now: stallmon_now_ns()) {
@@ -111,6 +121,7 @@ final class Reporter: @unchecked Sendable {
             } else {
                 decisions[stall.stallID] = .suppressed(fingerprint: report.fingerprint)
                 suppressedReports.add(1)
+                metrics?.recordSuppressed()
                 scheduleFlush()
             }
         case .watchdog:
@@ -128,6 +139,7 @@ final class Reporter: @unchecked Sendable {
                     send(.stallEnded(report))
                 } else {
                     suppressedReports.add(1)
+                    metrics?.recordSuppressed()
                     limiter.recordSuppressed(report.fingerprint, duration: stall.duration)
                     scheduleFlush()
                 }

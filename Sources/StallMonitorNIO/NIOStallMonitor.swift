@@ -156,7 +156,7 @@ public final class NIOStallMonitor: Sendable {
 /// Counts ticks into the state its loop thread was bound to.
 struct TickCounter: NIOEventLoopMetricsDelegate {
     func processedTick(info: NIOEventLoopTickInfo) {
-        stallmon_tick(info.endTime.uptimeNanoseconds)
+        stallmon_tick(info.startTime.uptimeNanoseconds, info.endTime.uptimeNanoseconds)
     }
 }
 
