@@ -63,6 +63,7 @@ let package = Package(
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "CoreMetrics", package: "swift-metrics"),
             ]
         ),
         // StallMonitorService: starts the monitor, stops it on graceful shutdown; only services that
@@ -151,7 +152,10 @@ let package = Package(
             dependencies: [
                 "StallMonitor", "StallJournal", "StallCollector", "StallmonFixture", "StallmonAsyncFixture",
                 "StallmonNIOServer", "StallmonServiceFixture", "stallmon", "stallmond",
+                "StallMonitorNIO",
                 .product(name: "MetricsTestKit", package: "swift-metrics"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOCore", package: "swift-nio"),
             ]
         ),
     ]
