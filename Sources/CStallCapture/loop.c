@@ -169,22 +169,25 @@ int stallmon_loop_watched_end(const stallmon_loop *loop, uint64_t sequence, uint
 static inline void publish(stallmon_loop *loop, uint32_t phase, uint32_t window) {
     uint64_t sequence = atomic_load_explicit(&loop->sequence, memory_order_relaxed) + 1;
     int watched = atomic_load_explicit(&loop->watch_sequence, memory_order_relaxed) == sequence - 1;
-    stallmon_latency *latency = loop->latency;
     // Only the start of a window, and the end of a window the watchdog is sampling, need the time:
     // idle transitions skip the clock (timestamp 0), which is most of a sleeping loop's callouts.
-    // A latency histogram needs the end of every window.
-    int timed = phase == STALLMON_LOOP_ACTIVE || watched || (latency != NULL && loop->window_start_ns != 0);
-    uint64_t now = timed ? clock_ns(CLOCK_MONOTONIC) : 0;
+    uint64_t now = phase == STALLMON_LOOP_ACTIVE || watched ? clock_ns(CLOCK_MONOTONIC) : 0;
     if (__builtin_expect(watched, 0)) {
         // The watchdog is sampling a stall of the window that this transition ends.
         atomic_store_explicit(&loop->watch_end_ns, now, memory_order_relaxed);
         atomic_store_explicit(&loop->watch_end_sequence, sequence - 1, memory_order_release);
     }
     uint64_t allowed = atomic_load_explicit(&loop->allowed, memory_order_relaxed);
-    if (latency != NULL) {
+    stallmon_latency *latency = loop->latency;
+    if (__builtin_expect(latency != NULL, 0)) {
         // The window that this transition ends, unless an allowingStall scope overlapped it (its
-        // time never counts, as for stalls). window_start_ns is 0 outside a window.
-        if (loop->window_start_ns != 0 && allowed == 0) stallmon_latency_add(latency, now - loop->window_start_ns);
+        // time never counts, as for stalls). window_start_ns is 0 outside a window. The end of a
+        // window needs the time even where the ring's entry goes without it.
+        uint64_t start = loop->window_start_ns;
+        if (start != 0) {
+            uint64_t end = now != 0 ? now : clock_ns(CLOCK_MONOTONIC);
+            if (allowed == 0) stallmon_latency_add(latency, end - start);
+        }
         loop->window_start_ns = phase == STALLMON_LOOP_ACTIVE ? now : 0;
     }
     ring_entry *entry = &loop->ring[sequence % RING_SIZE];

@@ -124,8 +124,9 @@ extension Serial {
             let metrics = TestMetrics()
             let sink = CollectingSink()
             let loop = try MonitoredLoopThread(configuration: configuration, sinks: [sink], factory: metrics)
-            // The same stall twice, in two windows: the second is over the rate limit.
-            for _ in 0..<2 { loop.performAndWait { Self.spin(milliseconds: 150) } }
+            // The same stall twice, in two windows: the second is over the rate limit. Blocked in
+            // usleep, every sample shows the same stack, so both have the same fingerprint.
+            for _ in 0..<2 { loop.performAndWait { usleep(150_000) } }
             let counted = Self.waitUntil { metrics.counterTotal(label: "stallmon_stalls_total") >= 2 }
             loop.stop()
 
