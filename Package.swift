@@ -18,6 +18,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
         .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
+        .package(url: "https://github.com/apple/swift-metrics.git", from: "2.13.0"),
     ],
     targets: [
         // libsystemd: journald (sd_journal_sendv) and service notification (sd_notify).
@@ -49,6 +50,7 @@ let package = Package(
                 "CSystemd",
                 "StallJournal",
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "CoreMetrics", package: "swift-metrics"),
             ]
         ),
         // SwiftNIO event loops: a metrics delegate that counts ticks, and one watchdog per group.
@@ -61,6 +63,7 @@ let package = Package(
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "CoreMetrics", package: "swift-metrics"),
             ]
         ),
         // StallMonitorService: starts the monitor, stops it on graceful shutdown; only services that
@@ -149,6 +152,10 @@ let package = Package(
             dependencies: [
                 "StallMonitor", "StallJournal", "StallCollector", "StallmonFixture", "StallmonAsyncFixture",
                 "StallmonNIOServer", "StallmonServiceFixture", "stallmon", "stallmond",
+                "StallMonitorNIO",
+                .product(name: "MetricsTestKit", package: "swift-metrics"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOCore", package: "swift-nio"),
             ]
         ),
     ]

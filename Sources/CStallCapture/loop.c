@@ -7,7 +7,9 @@
 // the watchdog nothing.
 
 #include "stallcapture.h"
+#include "latency.h"
 
+#include <errno.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -46,6 +48,9 @@ struct stallmon_loop {
     uint32_t phase;
     uint32_t depth;
     uint32_t level_window[MAX_LEVELS];
+    // The window-duration histogram (NULL when off) and the start of the current window, for it.
+    stallmon_latency *latency;
+    uint64_t window_start_ns;
     // Shared with the watchdog; written rarely, so the observer's reads stay cache hits.
     _Atomic int parked __attribute__((aligned(64)));
     int asymmetric;  // parking uses membarrier, so the observer needs no fence (set at creation)
@@ -114,6 +119,8 @@ stallmon_loop *stallmon_loop_create(stallmon_wake_fn wake, void *wake_context, s
     loop->phase = STALLMON_LOOP_UNKNOWN;
     loop->depth = 0;
     for (int i = 0; i < MAX_LEVELS; i++) loop->level_window[i] = STALLMON_WINDOW_NONE;
+    loop->latency = NULL;
+    loop->window_start_ns = 0;
     atomic_init(&loop->parked, 0);
     loop->asymmetric = membarrier_registered();
     atomic_init(&loop->watch_sequence, 0);
@@ -136,8 +143,17 @@ void stallmon_loop_release(const void *pointer) {
     stallmon_loop *loop = (stallmon_loop *)pointer;
     if (atomic_fetch_sub_explicit(&loop->references, 1, memory_order_acq_rel) != 1) return;
     if (loop->release != NULL) loop->release(loop->wake_context);
+    stallmon_latency_free(loop->latency);
     free(loop);
 }
+
+int stallmon_loop_enable_latency(stallmon_loop *loop) {
+    if (loop->latency != NULL) return 0;
+    loop->latency = stallmon_latency_create();
+    return loop->latency != NULL ? 0 : -ENOMEM;
+}
+
+const stallmon_latency *stallmon_loop_latency(const stallmon_loop *loop) { return loop->latency; }
 
 void stallmon_loop_watch(stallmon_loop *loop, uint64_t sequence) {
     atomic_store_explicit(&loop->watch_sequence, sequence, memory_order_seq_cst);
@@ -150,7 +166,24 @@ int stallmon_loop_watched_end(const stallmon_loop *loop, uint64_t sequence, uint
     return 1;
 }
 
-static inline void publish(stallmon_loop *loop, uint32_t phase, uint32_t window) {
+// The loop-latency histogram's part of a transition (off by default; publish() branches to it as
+// unlikely): counts the window that ends at this transition (unless an allowingStall scope
+// overlapped it: its time never counts, as for stalls) and notes the start of the next.
+// window_start_ns is 0 outside a window. The end needs the time even where the ring's entry goes
+// without it.
+__attribute__((always_inline)) static inline void record_window(stallmon_loop *loop, uint32_t phase, uint64_t now,
+                                                                uint64_t allowed) {
+    uint64_t start = loop->window_start_ns;
+    if (start != 0) {
+        uint64_t end = now != 0 ? now : clock_ns(CLOCK_MONOTONIC);
+        if (allowed == 0) stallmon_latency_add(loop->latency, end - start);
+    }
+    loop->window_start_ns = phase == STALLMON_LOOP_ACTIVE ? now : 0;
+}
+
+// Inlined into each callout: clang stops inlining it once it holds the histogram's branch, and the
+// calls cost a busy pass about 150 instructions (callgrind).
+__attribute__((always_inline)) static inline void publish(stallmon_loop *loop, uint32_t phase, uint32_t window) {
     uint64_t sequence = atomic_load_explicit(&loop->sequence, memory_order_relaxed) + 1;
     int watched = atomic_load_explicit(&loop->watch_sequence, memory_order_relaxed) == sequence - 1;
     // Only the start of a window, and the end of a window the watchdog is sampling, need the time:
@@ -162,6 +195,7 @@ static inline void publish(stallmon_loop *loop, uint32_t phase, uint32_t window)
         atomic_store_explicit(&loop->watch_end_sequence, sequence - 1, memory_order_release);
     }
     uint64_t allowed = atomic_load_explicit(&loop->allowed, memory_order_relaxed);
+    if (__builtin_expect(loop->latency != NULL, 0)) record_window(loop, phase, now, allowed);
     ring_entry *entry = &loop->ring[sequence % RING_SIZE];
     // Orders the entry's stores after the publication of every earlier sequence, so that a reader
     // that validates an entry against `sequence` never accepts a half-overwritten one (a compiler

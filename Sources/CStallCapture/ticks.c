@@ -8,6 +8,7 @@
 
 #define _GNU_SOURCE
 #include "stallcapture_ticks.h"
+#include "latency.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -25,6 +26,8 @@
 struct stallmon_ticks {
     _Atomic uint64_t sequence;
     _Atomic uint64_t end_ns;
+    // Tick durations (NULL when off); set before the loop thread is bound.
+    stallmon_latency *latency;
     // Written by the watchdog, rarely: on its own cache line so that the loop's stores above do
     // not bounce it.
     _Atomic uint64_t watch_sequence __attribute__((aligned(64)));
@@ -40,13 +43,25 @@ stallmon_ticks *stallmon_ticks_create(void) {
     return ticks;
 }
 
-void stallmon_ticks_free(stallmon_ticks *ticks) { free(ticks); }
+void stallmon_ticks_free(stallmon_ticks *ticks) {
+    if (ticks != NULL) stallmon_latency_free(ticks->latency);
+    free(ticks);
+}
+
+int stallmon_ticks_enable_latency(stallmon_ticks *ticks) {
+    if (ticks->latency != NULL) return 0;
+    ticks->latency = stallmon_latency_create();
+    return ticks->latency != NULL ? 0 : -ENOMEM;
+}
+
+const stallmon_latency *stallmon_ticks_latency(const stallmon_ticks *ticks) { return ticks->latency; }
 
 void stallmon_ticks_bind(stallmon_ticks *ticks) { bound = ticks; }
 
-void stallmon_tick(uint64_t end_ns) {
+void stallmon_tick(uint64_t start_ns, uint64_t end_ns) {
     stallmon_ticks *ticks = bound;
     if (ticks == NULL) return;
+    if (ticks->latency != NULL && end_ns >= start_ns) stallmon_latency_add(ticks->latency, end_ns - start_ns);
     uint64_t next = atomic_load_explicit(&ticks->sequence, memory_order_relaxed) + 1;
     if (atomic_load_explicit(&ticks->watch_sequence, memory_order_relaxed) == next - 1) {
         // The watchdog waits for the end of this very tick: record it before publishing it.

@@ -47,6 +47,11 @@ extension StallMonitor {
         /// Whether each stall updates the service's `STATUS=` (shown by `systemctl status`), e.g.
         /// `main loop healthy; 3 stalls in 1h, worst 540 ms`. Needs `$NOTIFY_SOCKET`.
         public var notifyStatus: Bool = false
+        /// Whether the loop's thread counts the duration of every window (or tick) into a latency
+        /// histogram: ``StallMonitor/loopLatency`` and the `stallmon_loop_window_seconds` metrics.
+        /// Off by default: it reads the clock at the end of every window, which the stall detection
+        /// alone skips.
+        public var loopLatency: Bool = false
 
         public init() {}
 
@@ -171,6 +176,7 @@ enum ConfigurationKey: String, CaseIterable {
     case syslogIdentifier = "syslog_identifier"
     case additionalModes = "additional_modes"
     case notifyStatus = "notify_status"
+    case loopLatency = "loop_latency"
 
     /// The environment variable that overrides the key, e.g. `STALLMON_THRESHOLD_MS`.
     var environmentVariable: String { "STALLMON_" + rawValue.uppercased() }

@@ -99,6 +99,7 @@ extension StallMonitor.Configuration {
         case .reportWhileDebuggerAttached:
             reportWhileDebuggerAttached = try value.flag(key: key.rawValue, source: source)
         case .notifyStatus: notifyStatus = try value.flag(key: key.rawValue, source: source)
+        case .loopLatency: loopLatency = try value.flag(key: key.rawValue, source: source)
         case .interruptBlockedThreads:
             interruptBlockedThreads = try value.flag(key: key.rawValue, source: source)
         case .signal:
@@ -194,6 +195,7 @@ extension StallMonitor.Configuration {
         case .rateLimitInterval: return "\(Double(rateLimit.interval.nanoseconds) / 1e9)"
         case .reportWhileDebuggerAttached: return "\(reportWhileDebuggerAttached)"
         case .notifyStatus: return "\(notifyStatus)"
+        case .loopLatency: return "\(loopLatency)"
         case .signal: return signal.map(SignalName.name(of:)) ?? "auto"
         case .interruptBlockedThreads: return "\(interruptBlockedThreads)"
         case .syslogIdentifier: return syslogIdentifier ?? ProgramName.current

@@ -15,6 +15,8 @@ final class Reporter: @unchecked Sendable {
     /// Deliveries a sink failed (it threw).
     let lostReports = AtomicCounter()
     let suppressedReports = AtomicCounter()
+    /// The same counts, and every stall, in the application's metrics backend.
+    private let metrics: StallMetrics?
 
     // Confined to `queue`.
     private var limiter: RateLimiter
@@ -33,9 +35,10 @@ final class Reporter: @unchecked Sendable {
     ///   sees its first transition.
     init(
         configuration: StallMonitor.Configuration, loopName: String, threadID: Int, sinks: [any ReportSink],
-        seenTurning: Bool = false
+        seenTurning: Bool = false, metrics: StallMetrics? = nil
     ) {
         self.configuration = configuration
+        self.metrics = metrics
         self.loopName = loopName
         self.threadID = threadID
         self.sinks = sinks
@@ -63,6 +66,7 @@ final class Reporter: @unchecked Sendable {
         guard pending.add(1) <= configuration.reportQueueCapacity || stall.event == .ended else {
             pending.add(-1)
             droppedReports.add(1)
+            metrics?.recordDropped()
             return
         }
         queue.async {
@@ -101,6 +105,7 @@ final class Reporter: @unchecked Sendable {
                 try sink.emit(event)
             } catch {
                 lostReports.add(1)
+                metrics?.recordLost()
             }
         }
     }
@@ -112,6 +117,8 @@ final class Reporter: @unchecked Sendable {
             ServiceNotifier.notify("STATUS=\(status.line())")
         }
         let report = SharedSymbolicator.shared.withSymbolicator { makeReport(stall, symbolicator: $0) }
+        // Every stall ends once (an ended report is never dropped), whether it is reported or suppressed.
+        if stall.event == .ended { metrics?.recordStall(callout: report.callout, duration: report.duration) }
         switch stall.event {
         case .detected:
             if limiter.admit(report.fingerprint, frame: report.culprit?.summary ?? "?", now: stallmon_now_ns()) {
@@ -120,6 +127,7 @@ final class Reporter: @unchecked Sendable {
             } else {
                 decisions[stall.stallID] = .suppressed(fingerprint: report.fingerprint)
                 suppressedReports.add(1)
+                metrics?.recordSuppressed()
                 scheduleFlush()
             }
         case .watchdog:
@@ -137,6 +145,7 @@ final class Reporter: @unchecked Sendable {
                     send(.stallEnded(report))
                 } else {
                     suppressedReports.add(1)
+                    metrics?.recordSuppressed()
                     limiter.recordSuppressed(report.fingerprint, duration: stall.duration)
                     scheduleFlush()
                 }

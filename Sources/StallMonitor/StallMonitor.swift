@@ -1,5 +1,6 @@
 import CStallCapture
 import CoreFoundation
+import CoreMetrics
 import Dispatch
 import Foundation
 import Logging
@@ -30,6 +31,7 @@ public final class StallMonitor: Sendable {
     public let configuration: Configuration
     private let logger: Logger
     private let sinks: [any ReportSink]
+    private let metricsFactory: (any MetricsFactory)?
     private let state = StateBox()
 
     /// Which thread's run loop to monitor.
@@ -84,10 +86,13 @@ public final class StallMonitor: Sendable {
     ///   - logger: Receives the monitor's own diagnostics (not the stall reports; add a ``LoggerSink`` for those).
     ///   - sinks: Where reports go. `nil` means ``defaultSinks(_:)``: the journal while journald
     ///     takes entries, standard error while it does not.
+    ///   - metricsFactory: Where the stall and loop-latency metrics go. `nil` means the backend the
+    ///     application bootstrapped (`MetricsSystem.factory`, read at each ``start(_:)``); the monitor
+    ///     never bootstraps one.
     /// - Throws: ``ConfigurationError`` for an invalid configuration.
     public init(
         configuration: Configuration? = nil, logger: Logger = Logger(label: "stallmon"),
-        sinks: [any ReportSink]? = nil
+        sinks: [any ReportSink]? = nil, metricsFactory: (any MetricsFactory)? = nil
     ) throws(ConfigurationError) {
         let resolved: Configuration
         if let configuration {
@@ -99,6 +104,7 @@ public final class StallMonitor: Sendable {
         self.configuration = resolved
         self.logger = logger
         self.sinks = sinks ?? Self.defaultSinks(resolved)
+        self.metricsFactory = metricsFactory
     }
 
     /// The journal, falling back to standard error for each entry that journald does not take
@@ -196,6 +202,12 @@ public final class StallMonitor: Sendable {
         }
     }
 
+    /// How long the loop's windows have lasted since ``start(_:)``; `nil` when the monitor does not
+    /// run or ``Configuration/loopLatency`` is off. Reads the loop's histogram without a lock.
+    public var loopLatency: LoopLatency? {
+        state.withLock { $0?.latency?.snapshot() }
+    }
+
     /// Kernel id of the watchdog thread, for measurements (0 when not running).
     public var watchdogThreadID: Int32 {
         state.withLock { $0?.watchdog.threadID ?? 0 }
@@ -222,6 +234,7 @@ public final class StallMonitor: Sendable {
         let slot: Int32
         let loop: LoopPointer
         let logger: Logger
+        let latency: LoopLatencyExporter?
         /// The light drain of ``Target/asyncMain`` feeds the loop state, not run-loop observers.
         let lightDrain: Bool
 
@@ -287,11 +300,21 @@ public final class StallMonitor: Sendable {
                 throw StallMonitorError.outOfMemory()
             }
             loop = LoopPointer(pointer: pointer)
+            let metricsFactory = monitor.metricsFactory ?? MetricsSystem.factory
+            // Before the observers or the drain can publish: the loop's thread reads it unsynchronized.
+            if configuration.loopLatency, stallmon_loop_enable_latency(pointer) == 0,
+                let histogram = stallmon_loop_latency(pointer)
+            {
+                latency = LoopLatencyExporter(loop: loopName, histogram: histogram, factory: metricsFactory)
+            } else {
+                latency = nil
+            }
 
             description = MonitorDescription(
                 loop: loopName, threadID: Int(threadID), configuration: configuration, signal: signal)
             reporter = Reporter(
-                configuration: configuration, loopName: loopName, threadID: Int(threadID), sinks: monitor.sinks)
+                configuration: configuration, loopName: loopName, threadID: Int(threadID), sinks: monitor.sinks,
+                metrics: StallMetrics(loop: loopName, factory: metricsFactory))
             let reporter = self.reporter
             let logger = self.logger
             watchdog = Watchdog(
@@ -305,7 +328,8 @@ public final class StallMonitor: Sendable {
                         ServiceNotifier.notify("STATUS=\(reporter.status.line())")
                     }
                     Self.log(notice, target: kind, loopName: loopName, logger: logger)
-                }
+                },
+                latency: latency
             )
             if lightDrain {
                 // The drain publishes its windows itself; no run loop turns to observe.
@@ -411,6 +435,7 @@ public final class StallMonitor: Sendable {
                 CFRunLoopObserverInvalidate(observer)
             }
             watchdog.stop()
+            latency?.export()
             let statistics = self.statistics
             reporter.emit(.stopped(description, statistics))
             if !reporter.drain(timeout: StallMonitor.stopTimeout) {

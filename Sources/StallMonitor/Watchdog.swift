@@ -99,6 +99,8 @@ final class Watchdog: @unchecked Sendable {
     /// Whether the loop has turned since the start, and whether the monitor warned that it did not.
     private var firstTurn = FirstTurn.awaited
     private let notice: @Sendable (LoopNotice) -> Void
+    /// Hands the loop's latency histogram to the metrics backend while the watchdog is awake anyway.
+    private let latency: LoopLatencyExporter?
 
     /// What the monitor tells its logger about the loop itself (not about a stall).
     enum LoopNotice: Sendable {
@@ -119,8 +121,10 @@ final class Watchdog: @unchecked Sendable {
     init(
         configuration: StallMonitor.Configuration, target: Target, loop: OpaquePointer, semaphore: DispatchSemaphore,
         signal: Int32?, slot: Int32, logger: Logger, deliver: @escaping @Sendable (CapturedStall) -> Void,
-        deliverNow: @escaping @Sendable (CapturedStall) -> Void, notice: @escaping @Sendable (LoopNotice) -> Void
+        deliverNow: @escaping @Sendable (CapturedStall) -> Void, notice: @escaping @Sendable (LoopNotice) -> Void,
+        latency: LoopLatencyExporter? = nil
     ) {
+        self.latency = latency
         self.configuration = configuration
         self.target = target
         self.loop = loop
@@ -217,6 +221,7 @@ final class Watchdog: @unchecked Sendable {
                 firstTurn = .seen
             }
             pingServiceWatchdog(event)
+            latency?.exportIfDue()
             switch event.phase {
             case UInt32(STALLMON_LOOP_ACTIVE.rawValue):
                 watchWindow(event)

@@ -1,4 +1,5 @@
 import CStallCapture
+import CoreMetrics
 import Dispatch
 import Logging
 import NIOCore
@@ -26,6 +27,7 @@ public final class NIOStallMonitor: Sendable {
     public let configuration: StallMonitor.Configuration
     private let logger: Logger
     private let sinks: [any ReportSink]
+    private let metricsFactory: (any MetricsFactory)?
     private let state = Mutex<EventLoopGroupSession?>(nil)
 
     /// Creates a monitor; nothing is watched until ``start(_:)``.
@@ -34,10 +36,13 @@ public final class NIOStallMonitor: Sendable {
     ///     `StallMonitor` does (`$STALLMON_CONFIG`, `STALLMON_<KEY>`).
     ///   - logger: Receives the monitor's own diagnostics.
     ///   - sinks: Where reports go; `nil` means the journal when journald runs, standard error otherwise.
+    ///   - metricsFactory: Where the stall and tick-latency metrics go. `nil` means the backend the
+    ///     application bootstrapped (`MetricsSystem.factory`, read at each ``start(_:)``); the
+    ///     monitor never bootstraps one.
     /// - Throws: `ConfigurationError` for an invalid configuration.
     public init(
         configuration: StallMonitor.Configuration? = nil, logger: Logger = Logger(label: "stallmon"),
-        sinks: [any ReportSink]? = nil
+        sinks: [any ReportSink]? = nil, metricsFactory: (any MetricsFactory)? = nil
     ) throws(ConfigurationError) {
         let resolved: StallMonitor.Configuration
         if let configuration {
@@ -49,6 +54,7 @@ public final class NIOStallMonitor: Sendable {
         self.configuration = resolved
         self.logger = logger
         self.sinks = sinks ?? StallMonitor.defaultSinks(resolved)
+        self.metricsFactory = metricsFactory
     }
 
     /// Pass this to `MultiThreadedEventLoopGroup(numberOfThreads:metricsDelegate:)`. On the loop
@@ -80,6 +86,10 @@ public final class NIOStallMonitor: Sendable {
             var loops: [(EventLoopWatchdog.Loop, EventLoopWatchdog.TickState)] = []
             for loop in group.makeIterator() {
                 guard let ticks = EventLoopWatchdog.makeTickState() else { throw NIOStallMonitorError.outOfMemory() }
+                // Before the loop thread is bound: it reads the histogram unsynchronized.
+                if configuration.loopLatency, !EventLoopGroupSession.enableLatency(ticks) {
+                    throw NIOStallMonitorError.outOfMemory()
+                }
                 let registered = loop.submit { () -> EventLoopWatchdog.Loop in
                     stallmon_ticks_bind(ticks.pointer)
                     if let signal { EventLoopGroupSession.unblockOnCurrentThread(signal) }
@@ -102,7 +112,8 @@ public final class NIOStallMonitor: Sendable {
                 }
             }
             session = try EventLoopGroupSession(
-                configuration: configuration, sinks: sinks, logger: logger, loops: loops, signal: signal)
+                configuration: configuration, sinks: sinks, logger: logger, loops: loops, signal: signal,
+                metricsFactory: metricsFactory)
         }
     }
 
@@ -136,6 +147,13 @@ public final class NIOStallMonitor: Sendable {
         state.withLock { $0?.statistics } ?? .zero
     }
 
+    /// How long each loop's ticks have lasted since ``start(_:)`` (from the end of its wait for
+    /// events to the end of the tick), one per loop; empty when not running or
+    /// `StallMonitor.Configuration.loopLatency` is off. Reads the histograms without a lock.
+    public var loopLatency: [LoopLatency] {
+        state.withLock { $0?.loopLatency } ?? []
+    }
+
     /// One health line per loop, e.g. `loop of NIO-ELT-0-#0 healthy; no stalls in 1h`.
     public var status: String {
         state.withLock { $0?.status } ?? "stall monitor not running"
@@ -156,7 +174,7 @@ public final class NIOStallMonitor: Sendable {
 /// Counts ticks into the state its loop thread was bound to.
 struct TickCounter: NIOEventLoopMetricsDelegate {
     func processedTick(info: NIOEventLoopTickInfo) {
-        stallmon_tick(info.endTime.uptimeNanoseconds)
+        stallmon_tick(info.startTime.uptimeNanoseconds, info.endTime.uptimeNanoseconds)
     }
 }
 

@@ -21,7 +21,8 @@ enum AsyncWorkloads {
     static let variants: [Variant] = [.unmonitored, .noopObserver, .stallmon]
 
     static func start(_ request: ChildRequest) throws {
-        let installed = try InstalledVariant(request.variant, asyncMain: true)
+        let installed = try InstalledVariant(
+            request.variant, configuration: request.monitorConfiguration, asyncMain: true)
         let warmup = max(1, request.int("warmup", default: 1000))
         let measured = request.int("operations", default: 50_000)
         let segments = max(1, request.int("segments", default: 5))

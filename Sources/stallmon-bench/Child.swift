@@ -1,6 +1,7 @@
 import CStallCapture
 import CoreFoundation
 import Foundation
+import StallMonitor
 
 #if canImport(Glibc)
     import Glibc
@@ -64,6 +65,13 @@ struct ChildRequest: Sendable {
     var arguments: [String] {
         ["--child", variant.rawValue, workload.rawValue]
             + parameters.sorted { $0.key < $1.key }.flatMap { ["--\($0.key)", $0.value] }
+    }
+
+    /// The default configuration, with the loop-latency histogram when `--loop_latency 1` asks for it.
+    var monitorConfiguration: StallMonitor.Configuration {
+        var configuration = StallMonitor.Configuration()
+        configuration.loopLatency = parameters["loop_latency"] == "1"
+        return configuration
     }
 
     func int(_ name: String, default value: Int) -> Int { parameters[name].flatMap { Int($0) } ?? value }

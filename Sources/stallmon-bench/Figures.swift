@@ -125,6 +125,23 @@ enum Figures {
                 figure.values = [value]
                 figures.append(figure)
             }
+            // The loop-latency histogram (`loop_latency`, off by default), and its share over the floor.
+            var overFloor: Double?
+            if let with = instructions.perPassWithLoopLatency, let without = instructions.perPass[.stallmon],
+                let floor = instructions.perPass[.noopObserver]
+            {
+                overFloor = (with - without) / floor * 100
+            }
+            for (key, value) in [
+                ("callgrind_busy_instructions_per_pass_stallmon_loop_latency", instructions.perPassWithLoopLatency),
+                ("callgrind_main_actor_hop_instructions_stallmon_loop_latency", instructions.perHopWithLoopLatency),
+                ("callgrind_loop_latency_over_floor_pct", overFloor),
+            ] {
+                guard let value else { continue }
+                var figure = Figure(key)
+                figure.values = [value]
+                figures.append(figure)
+            }
         }
         return figures
     }

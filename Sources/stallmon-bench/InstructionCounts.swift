@@ -15,6 +15,10 @@ struct InstructionCounts: Sendable {
 
     var perPass: [Variant: Double] = [:]
     var perHop: [Variant: Double] = [:]
+    /// stallmon with the loop-latency histogram (`loop_latency`): per busy pass, and per round trip
+    /// to the main actor under the light drain.
+    var perPassWithLoopLatency: Double?
+    var perHopWithLoopLatency: Double?
 
     static func valgrindPath() -> String? {
         let path = ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin"
@@ -33,11 +37,12 @@ struct InstructionCounts: Sendable {
         let stripped = directory.appendingPathComponent("stallmon-bench-\(getpid())-nodebug")
         defer { try? FileManager.default.removeItem(at: stripped) }
         let executable = try strip(ChildRunner.executablePath, to: stripped.path)
-        for variant in Variant.allCases {
+        let passRuns = Variant.allCases.map { ($0, false) } + [(Variant.stallmon, true)]
+        for (variant, loopLatency) in passRuns {
             var totals: [Int: Double] = [:]
             for passes in [Self.passes.short, Self.passes.long] {
                 let output = directory.appendingPathComponent(
-                    "stallmon-bench-\(getpid())-\(variant.rawValue)-\(passes).callgrind")
+                    "stallmon-bench-\(getpid())-\(variant.rawValue)-\(loopLatency)-\(passes).callgrind")
                 let log = directory.appendingPathComponent("stallmon-bench-\(getpid()).valgrind.log")
                 defer {
                     for suffix in ["", "-01", "-02", "-03", "-04", "-05", "-06", "-07", "-08"] {
@@ -45,9 +50,11 @@ struct InstructionCounts: Sendable {
                     }
                     try? FileManager.default.removeItem(at: log)
                 }
-                let request = ChildRequest(
-                    variant, .busy, parameters.merging(["passes": "\(passes)", "warmup": "1", "timeout": "900"]) { $1 }
-                )
+                var childParameters = parameters.merging(["passes": "\(passes)", "warmup": "1", "timeout": "900"]) {
+                    $1
+                }
+                if loopLatency { childParameters["loop_latency"] = "1" }
+                let request = ChildRequest(variant, .busy, childParameters)
                 _ = try runner.run(
                     request,
                     under: [
@@ -60,25 +67,33 @@ struct InstructionCounts: Sendable {
                 totals[passes] = try total(in: URL(fileURLWithPath: output.path + "-01"))
             }
             if let long = totals[Self.passes.long], let short = totals[Self.passes.short] {
-                counts.perPass[variant] = (long - short) / Double(Self.passes.long - Self.passes.short)
+                let perPass = (long - short) / Double(Self.passes.long - Self.passes.short)
+                if loopLatency {
+                    counts.perPassWithLoopLatency = perPass
+                } else {
+                    counts.perPass[variant] = perPass
+                }
                 progress(
-                    "callgrind busy \(variant.rawValue): \(Report.grouped(counts.perPass[variant]!)) instructions/pass")
+                    "callgrind busy \(variant.rawValue)\(loopLatency ? " with loop_latency" : ""): "
+                        + "\(Report.grouped(perPass)) instructions/pass")
             }
         }
-        for variant in Self.hopVariants {
+        let hopRuns = Self.hopVariants.map { ($0, false) } + [(Variant.stallmon, true)]
+        for (variant, loopLatency) in hopRuns {
             var totals: [Int: Double] = [:]
             for hops in [Self.hops.short, Self.hops.long] {
                 let output = directory.appendingPathComponent(
-                    "stallmon-bench-\(getpid())-\(variant.rawValue)-hops-\(hops).callgrind")
+                    "stallmon-bench-\(getpid())-\(variant.rawValue)-\(loopLatency)-hops-\(hops).callgrind")
                 let log = directory.appendingPathComponent("stallmon-bench-\(getpid()).valgrind.log")
                 defer {
                     try? FileManager.default.removeItem(at: output)
                     try? FileManager.default.removeItem(at: log)
                 }
-                let request = ChildRequest(
-                    variant, .mainActorHops,
-                    ["operations": "\(hops)", "warmup": "1", "segments": "1", "settle": "0.2", "timeout": "900"]
-                )
+                var childParameters = [
+                    "operations": "\(hops)", "warmup": "1", "segments": "1", "settle": "0.2", "timeout": "900",
+                ]
+                if loopLatency { childParameters["loop_latency"] = "1" }
+                let request = ChildRequest(variant, .mainActorHops, childParameters)
                 _ = try runner.run(
                     request,
                     under: [
@@ -89,10 +104,15 @@ struct InstructionCounts: Sendable {
                 totals[hops] = try total(in: output)
             }
             if let long = totals[Self.hops.long], let short = totals[Self.hops.short] {
-                counts.perHop[variant] = (long - short) / Double(Self.hops.long - Self.hops.short)
+                let perHop = (long - short) / Double(Self.hops.long - Self.hops.short)
+                if loopLatency {
+                    counts.perHopWithLoopLatency = perHop
+                } else {
+                    counts.perHop[variant] = perHop
+                }
                 progress(
-                    "callgrind main-actor hop \(variant.rawValue): \(Report.grouped(counts.perHop[variant]!)) "
-                        + "instructions/round trip (whole process)")
+                    "callgrind main-actor hop \(variant.rawValue)\(loopLatency ? " with loop_latency" : ""): "
+                        + "\(Report.grouped(perHop)) instructions/round trip (whole process)")
             }
         }
         return counts

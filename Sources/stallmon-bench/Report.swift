@@ -147,6 +147,14 @@ enum Report {
                     + "\(InstructionCounts.passes.short) passes): "
                     + cells.joined(separator: ", ")
             )
+            if let with = instructions.perPassWithLoopLatency, let without = instructions.perPass[.stallmon],
+                let floor = instructions.perPass[.noopObserver]
+            {
+                lines.append(
+                    "with loop_latency: stallmon \(grouped(with)) (+\(grouped(with - without)) a pass, "
+                        + "\(format((with - without) / floor * 100)) % of the floor)"
+                )
+            }
         }
         return lines.joined(separator: "\n") + "\n"
     }

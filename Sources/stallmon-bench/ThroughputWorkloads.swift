@@ -19,7 +19,7 @@ import Foundation
 /// - `wakeups_per_s`: context switches per second of the variant's watchdog thread, if it has one.
 enum ThroughputWorkloads {
     static func start(_ request: ChildRequest) throws {
-        let installed = try InstalledVariant(request.variant)
+        let installed = try InstalledVariant(request.variant, configuration: request.monitorConfiguration)
         let counter = PassCounter(
             warmup: max(1, request.int("warmup", default: 1000)), measured: request.int("passes", default: 100_000),
             segments: request.int("segments", default: 5),

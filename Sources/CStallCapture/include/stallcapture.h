@@ -41,6 +41,28 @@ typedef struct {
 
 typedef struct stallmon_loop stallmon_loop;
 
+// MARK: - Loop latency: how long each window (or tick) of a loop lasts
+
+/// Buckets of a latency histogram: below 1,024 ns, then four a power of two (a quarter of the octave
+/// wide) up to 2^36 ns; the last one holds everything from 60.1 s on.
+enum { STALLMON_LATENCY_BUCKETS = 105 };
+
+/// Window durations of one loop, counted by the loop's thread (one writer: a relaxed load and store
+/// per count, no lock, no allocation) and read by anyone without a lock.
+typedef struct stallmon_latency stallmon_latency;
+
+stallmon_latency *stallmon_latency_create(void);
+void stallmon_latency_free(stallmon_latency *latency);
+/// Counts one duration (its single writer only).
+void stallmon_latency_record(stallmon_latency *latency, uint64_t ns);
+/// Copies the counts (STALLMON_LATENCY_BUCKETS of them) and returns the sum of the durations. Each
+/// count is read whole; a window recorded meanwhile may be in some of them and not yet in others.
+uint64_t stallmon_latency_read(const stallmon_latency *latency, uint64_t *counts);
+/// The bucket a duration falls in.
+int stallmon_latency_bucket(uint64_t ns);
+/// A bucket's exclusive upper bound in nanoseconds (UINT64_MAX for the last).
+uint64_t stallmon_latency_bucket_upper_ns(int index);
+
 /// Called (on the monitored thread) when the loop leaves an idle phase while the watchdog is parked.
 typedef void (*stallmon_wake_fn)(void *context);
 /// Called once when the loop state is freed, to release `wake_context`.
@@ -53,6 +75,13 @@ typedef void (*stallmon_release_fn)(void *context);
 stallmon_loop *stallmon_loop_create(stallmon_wake_fn wake, void *wake_context, stallmon_release_fn release);
 const void *stallmon_loop_retain(const void *loop);
 void stallmon_loop_release(const void *loop);
+
+/// Has the loop's thread record the duration of every window into a latency histogram owned by
+/// the loop state (freed with it). Call it before the observers are added or the drain attached:
+/// the loop's thread reads it without synchronization. Returns 0, or -ENOMEM.
+int stallmon_loop_enable_latency(stallmon_loop *loop);
+/// The loop's latency histogram, NULL unless enabled.
+const stallmon_latency *stallmon_loop_latency(const stallmon_loop *loop);
 
 /// Asks the observer to record when the window that began at `sequence` ends (0 stops watching).
 void stallmon_loop_watch(stallmon_loop *loop, uint64_t sequence);

@@ -4,6 +4,8 @@
 // Event loops that tell us when a tick ends (SwiftNIO's metrics delegate), and the kernel's view
 // of a thread's system call, which tells the watchdog when such a loop is idle in epoll_wait.
 
+#include "stallcapture.h"
+
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -23,9 +25,16 @@ void stallmon_ticks_free(stallmon_ticks *ticks);
 /// into it.
 void stallmon_ticks_bind(stallmon_ticks *ticks);
 
-/// Loop thread, at the end of every tick: two relaxed loads, two stores (one release), no system
-/// call, no lock, no allocation. Does nothing on a thread that is not bound.
-void stallmon_tick(uint64_t end_ns);
+/// Has the loop thread count each tick's duration (its end less its start) into a latency
+/// histogram owned by `ticks` (freed with it). Call it before a thread is bound. Returns 0 or -ENOMEM.
+int stallmon_ticks_enable_latency(stallmon_ticks *ticks);
+/// The tick-duration histogram, NULL unless enabled.
+const stallmon_latency *stallmon_ticks_latency(const stallmon_ticks *ticks);
+
+/// Loop thread, at the end of every tick that began at `start_ns`: two relaxed loads, two stores
+/// (one release), no system call, no lock, no allocation; with a latency histogram, two loads and
+/// two stores more. Does nothing on a thread that is not bound.
+void stallmon_tick(uint64_t start_ns, uint64_t end_ns);
 
 /// The number of ticks so far and the end of the latest (0 before the first).
 uint64_t stallmon_ticks_sequence(const stallmon_ticks *ticks);

@@ -1,4 +1,5 @@
 import CStallCapture
+import CoreMetrics
 import Logging
 
 #if canImport(Glibc)
@@ -15,14 +16,19 @@ package final class EventLoopGroupSession: @unchecked Sendable {
     private let descriptions: [MonitorDescription]
     private let slot: Int32
     private let logger: Logger
+    private let latency: [LoopLatencyExporter]
 
     /// Starts watching `loops`, whose threads count their ticks into the paired tick state.
-    /// - Parameter signal: From ``samplingSignal(_:logger:)``, unblocked on the loop threads.
+    /// - Parameters:
+    ///   - signal: From ``samplingSignal(_:logger:)``, unblocked on the loop threads.
+    ///   - metricsFactory: Where the metrics go; `nil` means `MetricsSystem.factory`.
     /// - Throws: ``StallMonitorError`` when no sampler slot is free.
     package init(
         configuration: StallMonitor.Configuration, sinks: [any ReportSink], logger: Logger,
-        loops: [(EventLoopWatchdog.Loop, EventLoopWatchdog.TickState)], signal: Int32?
+        loops: [(EventLoopWatchdog.Loop, EventLoopWatchdog.TickState)], signal: Int32?,
+        metricsFactory: (any MetricsFactory)? = nil
     ) throws(StallMonitorError) {
+        let factory = metricsFactory ?? MetricsSystem.factory
         self.configuration = configuration
         self.logger = logger
         if let signal, loops.contains(where: { ThreadInspector(threadID: $0.0.threadID).blocks(signal) }) {
@@ -37,7 +43,13 @@ package final class EventLoopGroupSession: @unchecked Sendable {
         reporters = loops.map { loop, _ in
             Reporter(
                 configuration: configuration, loopName: loop.name, threadID: Int(loop.threadID), sinks: sinks,
-                seenTurning: true)
+                seenTurning: true, metrics: StallMetrics(loop: loop.name, factory: factory))
+        }
+        // Tick state whose histogram ``enableLatency(_:)`` turned on before its thread was bound.
+        latency = loops.compactMap { loop, ticks in
+            stallmon_ticks_latency(ticks.pointer).map {
+                LoopLatencyExporter(loop: loop.name, histogram: $0, factory: factory)
+            }
         }
         descriptions = loops.map { loop, _ in
             MonitorDescription(
@@ -45,7 +57,8 @@ package final class EventLoopGroupSession: @unchecked Sendable {
         }
         do {
             watchdog = try EventLoopWatchdog(
-                configuration: configuration, loops: loops, reporters: reporters, signal: signal, slot: slot)
+                configuration: configuration, loops: loops, reporters: reporters, signal: signal, slot: slot,
+                latency: latency)
         } catch {
             stallmon_sampler_slot_release(slot)
             throw error
@@ -71,6 +84,7 @@ package final class EventLoopGroupSession: @unchecked Sendable {
     /// report is out.
     package func stop() {
         watchdog.stop()
+        for exporter in latency { exporter.export() }
         let total = statistics
         for (reporter, description) in zip(reporters, descriptions) {
             let statistics = StallMonitor.Statistics(
@@ -95,6 +109,15 @@ package final class EventLoopGroupSession: @unchecked Sendable {
             droppedReports: reporters.reduce(0) { $0 + $1.droppedReports.load() },
             lostReports: reporters.reduce(0) { $0 + $1.lostReports.load() }
         )
+    }
+
+    /// How long each loop's ticks have lasted since the start; empty unless `loop_latency` is on.
+    package var loopLatency: [LoopLatency] { latency.map { $0.snapshot() } }
+
+    /// Has the loop thread bound to `ticks` count its tick durations; call it before binding the
+    /// thread. Returns false when the histogram cannot be allocated.
+    package static func enableLatency(_ ticks: EventLoopWatchdog.TickState) -> Bool {
+        stallmon_ticks_enable_latency(ticks.pointer) == 0
     }
 
     /// Times the watchdog thread woke up, for measurements.

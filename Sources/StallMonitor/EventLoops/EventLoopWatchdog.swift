@@ -64,6 +64,8 @@ package final class EventLoopWatchdog: @unchecked Sendable {
     private let watchdogThreadID = Atomic<Int32>(0)
     private let runQueue = RunQueueClock()
     private var sample = stallmon_sample()
+    /// The loops' tick-duration histograms, handed to the metrics backend while the watchdog is awake anyway.
+    private let latency: [LoopLatencyExporter]
 
     /// The watchdog thread's name, in the kernel (at most 15 bytes).
     package static let threadName = "stallmon-nio"
@@ -72,11 +74,13 @@ package final class EventLoopWatchdog: @unchecked Sendable {
     ///   - loops: The loops to watch, with their tick state (from ``makeTickState()``), bound on
     ///     their threads.
     ///   - reporters: One per loop, in the same order.
+    ///   - latency: The exporters of the loops that count their tick durations.
     init(
         configuration: StallMonitor.Configuration, loops: [(Loop, TickState)], reporters: [Reporter], signal: Int32?,
-        slot: Int32
+        slot: Int32, latency: [LoopLatencyExporter] = []
     ) throws(StallMonitorError) {
         self.configuration = configuration
+        self.latency = latency
         self.loops = loops.map { LoopState(loop: $0.0, ticks: $0.1.pointer) }
         self.reporters = reporters
         self.signal = signal
@@ -236,6 +240,7 @@ package final class EventLoopWatchdog: @unchecked Sendable {
             }
             let now = stallmon_now_ns()
             for index in loops.indices { visit(index, now: now) }
+            for exporter in latency { exporter.exportIfDue(now: now) }
         }
         let end = stallmon_now_ns()
         for index in loops.indices {
