@@ -99,6 +99,8 @@ extension StallMonitor.Configuration {
         case .reportWhileDebuggerAttached:
             reportWhileDebuggerAttached = try value.flag(key: key.rawValue, source: source)
         case .notifyStatus: notifyStatus = try value.flag(key: key.rawValue, source: source)
+        case .cooperativePool: cooperativePool = try value.flag(key: key.rawValue, source: source)
+        case .cooperativePoolThreshold: cooperativePoolThreshold = try milliseconds()
         case .interruptBlockedThreads:
             interruptBlockedThreads = try value.flag(key: key.rawValue, source: source)
         case .signal:
@@ -194,6 +196,8 @@ extension StallMonitor.Configuration {
         case .rateLimitInterval: return "\(Double(rateLimit.interval.nanoseconds) / 1e9)"
         case .reportWhileDebuggerAttached: return "\(reportWhileDebuggerAttached)"
         case .notifyStatus: return "\(notifyStatus)"
+        case .cooperativePool: return "\(cooperativePool)"
+        case .cooperativePoolThreshold: return milliseconds(cooperativePoolThreshold)
         case .signal: return signal.map(SignalName.name(of:)) ?? "auto"
         case .interruptBlockedThreads: return "\(interruptBlockedThreads)"
         case .syslogIdentifier: return syslogIdentifier ?? ProgramName.current
