@@ -62,7 +62,8 @@ extension Serial {
                 let frame = try #require(ended.frames.first { $0["function"] as? String == expected.function })
                 #expect((frame["file"] as? String)?.hasSuffix("AsyncFixture.swift") == true)
                 #expect((frame["line"] as? Int ?? 0) > 0)
-                #expect(ended.string("MESSAGE").hasPrefix("cooperative-pool thread \(Int(thread.number("tid"))) stalled"))
+                #expect(
+                    ended.string("MESSAGE").hasPrefix("cooperative-pool thread \(Int(thread.number("tid"))) stalled"))
                 let cpu = ended.milliseconds("STALL_CPU_USEC")
                 if expected.onCPU {
                     #expect(ended.string("STALL_THREAD_STATE") == "R")
