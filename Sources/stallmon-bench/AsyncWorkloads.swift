@@ -12,13 +12,15 @@ import Foundation
 ///   drain the main queue);
 /// - noop-observer: the light drain of `start(.asyncMain)` without a monitor, its floor (the main
 ///   thread polls the main-queue port and drains the queue);
-/// - stallmon: the light drain with the monitor fed by it, as `start(.asyncMain)` leaves it.
+/// - stallmon: the light drain with the monitor fed by it, as `start(.asyncMain)` leaves it;
+/// - stallmon-pool: the same with `cooperative_pool` on, every pool job timed by its trampoline.
 ///
 /// Each finishes the child with `rate` (operations per second of the fastest of `segments`
 /// segments, as ``ThroughputWorkloads``), `overall_rate`, `seconds`, `cpu_rate` (operations per
-/// second of the whole process's CPU time: the work moves between threads) and `wakeups_per_s`.
+/// second of the whole process's CPU time: the work moves between threads), `wakeups_per_s` and,
+/// with the pool watched, `pool_wakeups_per_s` (its watchdog's).
 enum AsyncWorkloads {
-    static let variants: [Variant] = [.unmonitored, .noopObserver, .stallmon]
+    static let variants: [Variant] = [.unmonitored, .noopObserver, .stallmon, .stallmonPool]
 
     static func start(_ request: ChildRequest) throws {
         let installed = try InstalledVariant(request.variant, asyncMain: true)
@@ -33,6 +35,8 @@ enum AsyncWorkloads {
             let segmentLength = max(1, measured / segments)
             let watchdog = installed.watchdogThreadID
             let startSwitches = Kernel.contextSwitches(ofThread: watchdog)
+            let poolWatchdog = installed.poolWatchdogThreadID
+            let startPoolSwitches = Kernel.contextSwitches(ofThread: poolWatchdog)
             let startCPU = processCPU()
             let start = Kernel.now()
             var best = 0.0
@@ -51,6 +55,9 @@ enum AsyncWorkloads {
             ]
             if let startSwitches, let endSwitches = Kernel.contextSwitches(ofThread: watchdog) {
                 result["wakeups_per_s"] = Double(endSwitches - startSwitches) / seconds
+            }
+            if let startPoolSwitches, let endSwitches = Kernel.contextSwitches(ofThread: poolWatchdog) {
+                result["pool_wakeups_per_s"] = Double(endSwitches - startPoolSwitches) / seconds
             }
             Child.finish(result)
         }

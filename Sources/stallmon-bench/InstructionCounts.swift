@@ -8,13 +8,18 @@ import Foundation
 /// Main-actor round trips are counted the same way for the whole process (a hop runs on the pool and
 /// on the main thread): the light drain alone (noop-observer) and monitored (stallmon). valgrind
 /// cannot run the unmonitored `dispatch_main()` child (it crashes in libdispatch's worker setup).
+/// Tiny pool tasks are counted the same way, with the pool watched (stallmon-pool) and not
+/// (stallmon, the same drain): the difference is what timing one pool job costs.
 struct InstructionCounts: Sendable {
     static let passes = (short: 10_000, long: 30_000)
     static let hops = (short: 4_000, long: 24_000)
     static let hopVariants: [Variant] = [.noopObserver, .stallmon]
+    static let poolTasks = (short: 5_000, long: 25_000)
+    static let poolTaskVariants: [Variant] = [.stallmon, .stallmonPool]
 
     var perPass: [Variant: Double] = [:]
     var perHop: [Variant: Double] = [:]
+    var perPoolTask: [Variant: Double] = [:]
 
     static func valgrindPath() -> String? {
         let path = ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin"
@@ -63,6 +68,36 @@ struct InstructionCounts: Sendable {
                 counts.perPass[variant] = (long - short) / Double(Self.passes.long - Self.passes.short)
                 progress(
                     "callgrind busy \(variant.rawValue): \(Report.grouped(counts.perPass[variant]!)) instructions/pass")
+            }
+        }
+        for variant in Self.poolTaskVariants {
+            var totals: [Int: Double] = [:]
+            for tasks in [Self.poolTasks.short, Self.poolTasks.long] {
+                let output = directory.appendingPathComponent(
+                    "stallmon-bench-\(getpid())-\(variant.rawValue)-pool-\(tasks).callgrind")
+                let log = directory.appendingPathComponent("stallmon-bench-\(getpid()).valgrind.log")
+                defer {
+                    try? FileManager.default.removeItem(at: output)
+                    try? FileManager.default.removeItem(at: log)
+                }
+                let request = ChildRequest(
+                    variant, .poolTasks,
+                    ["operations": "\(tasks)", "warmup": "1", "segments": "1", "settle": "0.2", "timeout": "900"]
+                )
+                _ = try runner.run(
+                    request,
+                    under: [
+                        valgrind, "--tool=callgrind", "--callgrind-out-file=\(output.path)", "--log-file=\(log.path)",
+                    ],
+                    executable: executable
+                )
+                totals[tasks] = try total(in: output)
+            }
+            if let long = totals[Self.poolTasks.long], let short = totals[Self.poolTasks.short] {
+                counts.perPoolTask[variant] = (long - short) / Double(Self.poolTasks.long - Self.poolTasks.short)
+                progress(
+                    "callgrind pool task \(variant.rawValue): \(Report.grouped(counts.perPoolTask[variant]!)) "
+                        + "instructions/task (whole process)")
             }
         }
         for variant in Self.hopVariants {
