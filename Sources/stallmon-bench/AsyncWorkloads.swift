@@ -1,5 +1,6 @@
 import Dispatch
 import Foundation
+import StallMonitor
 
 #if canImport(Glibc)
     import Glibc
@@ -23,7 +24,11 @@ enum AsyncWorkloads {
     static let variants: [Variant] = [.unmonitored, .noopObserver, .stallmon, .stallmonPool]
 
     static func start(_ request: ChildRequest) throws {
-        let installed = try InstalledVariant(request.variant, asyncMain: true)
+        var configuration = StallMonitor.Configuration()
+        if let threshold = request.parameters["pool-threshold-ms"].flatMap({ Int($0) }) {
+            configuration.cooperativePoolThreshold = .milliseconds(threshold)
+        }
+        let installed = try InstalledVariant(request.variant, configuration: configuration, asyncMain: true)
         let warmup = max(1, request.int("warmup", default: 1000))
         let measured = request.int("operations", default: 50_000)
         let segments = max(1, request.int("segments", default: 5))

@@ -157,9 +157,21 @@ enum Figures {
                 figure.values = [value]
                 figures.append(figure)
             }
-            if let with = instructions.perPoolTask[.stallmonPool], let without = instructions.perPoolTask[.stallmon] {
+            for (key, value) in [
+                ("callgrind_pool_trampoline_instructions_per_job", instructions.poolTrampoline),
+                ("callgrind_pool_enqueue_instructions_per_job", instructions.poolEnqueue),
+                ("callgrind_runtime_enqueue_instructions_per_job", instructions.runtimeEnqueue),
+            ] {
+                guard let value else { continue }
+                var figure = Figure(key)
+                figure.values = [value]
+                figures.append(figure)
+            }
+            if let trampoline = instructions.poolTrampoline, let enqueue = instructions.poolEnqueue,
+                let runtime = instructions.runtimeEnqueue
+            {
                 var figure = Figure("callgrind_pool_job_cost_instructions")
-                figure.values = [with - without]
+                figure.values = [trampoline + enqueue - runtime]
                 figures.append(figure)
             }
         }
