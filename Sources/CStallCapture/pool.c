@@ -237,6 +237,29 @@ int stallmon_pool_installed(void) {
     return hook != NULL && __atomic_load_n(hook, __ATOMIC_ACQUIRE) == (void *)enqueue_global;
 }
 
+// An empty job for stallmon_pool_measure_job_ns: a metadata whose invoke function does nothing.
+__attribute__((swiftcall, noinline)) static void empty_invoke(void *job, void *unused, unsigned flags) {
+    (void)job;
+    (void)unused;
+    (void)flags;
+    __asm__ volatile("" ::: "memory");
+}
+static void *empty_metadata[4] = {NULL, NULL, NULL, (void *)empty_invoke};
+static void *empty_job[8] = {(void *)empty_metadata};
+
+double stallmon_pool_measure_job_ns(long jobs, int timed) {
+    pthread_once(&slot_key_once, create_slot_key);
+    uint64_t start = now_ns();
+    for (long index = 0; index < jobs; index++) {
+        if (timed) {
+            stallmon_pool_run_job(empty_job);
+        } else {
+            invoke(empty_job);
+        }
+    }
+    return jobs > 0 ? (double)(now_ns() - start) / (double)jobs : 0;
+}
+
 int stallmon_pool_slot_count(void) { return atomic_load_explicit(&slot_count, memory_order_acquire); }
 
 int stallmon_pool_read(int index, stallmon_pool_job *out) {

@@ -1,3 +1,4 @@
+import CStallCapture
 import Dispatch
 import Foundation
 import StallMonitor
@@ -19,7 +20,10 @@ import StallMonitor
 /// Each finishes the child with `rate` (operations per second of the fastest of `segments`
 /// segments, as ``ThroughputWorkloads``), `overall_rate`, `seconds`, `cpu_rate` (operations per
 /// second of the whole process's CPU time: the work moves between threads), `wakeups_per_s` and,
-/// with the pool watched, `pool_wakeups_per_s` (its watchdog's).
+/// with the pool watched, `pool_wakeups_per_s` (its watchdog's). The pool-tasks child of stallmon-pool
+/// also times empty jobs run in a loop on one thread through the trampoline and without it
+/// (`job_ns_timed`, `job_ns_plain`, the fastest of 5 runs of 1,000,000): what timing a job adds,
+/// below the noise of whole tasks moving between threads.
 enum AsyncWorkloads {
     static let variants: [Variant] = [.unmonitored, .noopObserver, .stallmon, .stallmonPool]
 
@@ -63,6 +67,9 @@ enum AsyncWorkloads {
             }
             if let startPoolSwitches, let endSwitches = Kernel.contextSwitches(ofThread: poolWatchdog) {
                 result["pool_wakeups_per_s"] = Double(endSwitches - startPoolSwitches) / seconds
+            }
+            if installed.variant == .stallmonPool, workload == .poolTasks {
+                result.merge(measureEmptyJobs()) { $1 }
             }
             Child.finish(result)
         }
@@ -120,6 +127,22 @@ enum AsyncWorkloads {
             }
             left -= batch
         }
+    }
+
+    /// Empty jobs through the trampoline and without it, on a thread of their own: inside a pool
+    /// job, the trampoline leaves a job it runs within another untimed.
+    private static func measureEmptyJobs() -> [String: Double] {
+        final class Box: @unchecked Sendable { var result: [String: Double] = [:] }
+        let box = Box()
+        let done = DispatchSemaphore(value: 0)
+        Thread.detachNewThread {
+            let runs = 5, jobs = 1_000_000
+            box.result["job_ns_timed"] = (0..<runs).map { _ in stallmon_pool_measure_job_ns(jobs, 1) }.min()
+            box.result["job_ns_plain"] = (0..<runs).map { _ in stallmon_pool_measure_job_ns(jobs, 0) }.min()
+            done.signal()
+        }
+        done.wait()
+        return box.result
     }
 
     private static func processCPU() -> UInt64 {

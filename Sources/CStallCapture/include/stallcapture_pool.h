@@ -54,6 +54,11 @@ uint64_t stallmon_pool_untimed_threads(void);
 /// The priority of the latest job enqueued untimed for want of its queue (0x100 | priority), or 0.
 unsigned stallmon_pool_latest_unknown_priority(void);
 
+/// For benchmarks: runs `jobs` empty jobs on the calling thread, through the trampoline
+/// (`timed` 1, as the hook enqueues them) or by their invoke call alone (`timed` 0, as the runtime
+/// runs them), and returns the nanoseconds per job.
+double stallmon_pool_measure_job_ns(long jobs, int timed);
+
 // MARK: - The watchdog's wait
 
 /// Announces that the watchdog is about to wait without a timeout; afterwards the watchdog reads
