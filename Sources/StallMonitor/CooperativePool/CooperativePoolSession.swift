@@ -1,6 +1,7 @@
 import CStallCapture
 import Dispatch
 import Logging
+import Synchronization
 
 #if canImport(Glibc)
     import Glibc
@@ -26,6 +27,10 @@ final class CooperativePoolSession: @unchecked Sendable {
     /// default, user-initiated and user-interactive. Others are learned when their first job shows.
     static let probedPriorities: [UInt8] = [9, 17, 21, 25, 33]
 
+    /// Whether a monitor of this process watches the pool: the hook and the threads' slots are the
+    /// process's, so one monitor at a time does.
+    private static let watching = Atomic<Bool>(false)
+
     /// Learns the runtime's queues, sets the hook and starts the watchdog.
     /// - Throws: ``StallMonitorError`` when the hook cannot be set (someone else's is set, or the
     ///   runtime has none) or no sampler slot is free.
@@ -36,9 +41,14 @@ final class CooperativePoolSession: @unchecked Sendable {
         configuration.threshold = monitorConfiguration.cooperativePoolThreshold
         configuration.sampleInterval = min(monitorConfiguration.sampleInterval, configuration.threshold)
         self.logger = logger
+        guard !Self.watching.exchange(true, ordering: .acquiringAndReleasing) else {
+            throw StallMonitorError.cooperativePoolHookUnavailable(
+                reason: "another monitor in this process watches it already")
+        }
         let missing = Self.learnQueues(timeout: .seconds(1))
         let rc = stallmon_pool_install()
         guard rc == 0 else {
+            Self.watching.store(false, ordering: .releasing)
             throw StallMonitorError.cooperativePoolHookUnavailable(
                 reason: rc == -EBUSY
                     ? "another library has set swift_task_enqueueGlobal_hook (a custom global executor, such as "
@@ -56,6 +66,7 @@ final class CooperativePoolSession: @unchecked Sendable {
         slot = stallmon_sampler_slot_claim()
         guard slot >= 0 else {
             stallmon_pool_uninstall()
+            Self.watching.store(false, ordering: .releasing)
             throw StallMonitorError.tooManyMonitors()
         }
         let signal: Int32? = stallmon_sampler_install(SIGPROF) == 0 ? SIGPROF : nil
@@ -91,6 +102,7 @@ final class CooperativePoolSession: @unchecked Sendable {
                 metadata: ["stallmon.timeout": "\(StallMonitor.stopTimeout)"])
         }
         stallmon_sampler_slot_release(slot)
+        Self.watching.store(false, ordering: .releasing)
     }
 
     var statistics: StallMonitor.Statistics {
