@@ -69,7 +69,7 @@ enum AsyncWorkloads {
                 result["pool_wakeups_per_s"] = Double(endSwitches - startPoolSwitches) / seconds
             }
             if installed.variant == .stallmonPool, workload == .poolTasks {
-                result.merge(measureEmptyJobs()) { $1 }
+                result.merge(await measureEmptyJobs()) { $1 }
             }
             Child.finish(result)
         }
@@ -131,18 +131,17 @@ enum AsyncWorkloads {
 
     /// Empty jobs through the trampoline and without it, on a thread of their own: inside a pool
     /// job, the trampoline leaves a job it runs within another untimed.
-    private static func measureEmptyJobs() -> [String: Double] {
-        final class Box: @unchecked Sendable { var result: [String: Double] = [:] }
-        let box = Box()
-        let done = DispatchSemaphore(value: 0)
-        Thread.detachNewThread {
-            let runs = 5, jobs = 1_000_000
-            box.result["job_ns_timed"] = (0..<runs).map { _ in stallmon_pool_measure_job_ns(jobs, 1) }.min()
-            box.result["job_ns_plain"] = (0..<runs).map { _ in stallmon_pool_measure_job_ns(jobs, 0) }.min()
-            done.signal()
+    /// The pool thread awaits them without blocking (a blocked one would be a pool stall).
+    private static func measureEmptyJobs() async -> [String: Double] {
+        await withCheckedContinuation { continuation in
+            Thread.detachNewThread {
+                let runs = 5, jobs = 1_000_000
+                var result: [String: Double] = [:]
+                result["job_ns_timed"] = (0..<runs).map { _ in stallmon_pool_measure_job_ns(jobs, 1) }.min()
+                result["job_ns_plain"] = (0..<runs).map { _ in stallmon_pool_measure_job_ns(jobs, 0) }.min()
+                continuation.resume(returning: result)
+            }
         }
-        done.wait()
-        return box.result
     }
 
     private static func processCPU() -> UInt64 {

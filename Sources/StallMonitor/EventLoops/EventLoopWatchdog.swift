@@ -71,6 +71,9 @@ package final class EventLoopWatchdog: @unchecked Sendable {
     private let watchesPool: Bool
     /// The pool thread in each slot of `stallcapture_pool.h`, once seen.
     private var poolThreads: [LoopState?] = []
+    /// Each slot's job count at the previous look, and whether any had changed at the latest.
+    private var poolSequences: [UInt64] = []
+    private var poolRanJobs = false
     /// The untimed job priority the latest queue probe was sent for.
     private var probedPriority: UInt32 = 0
 
@@ -557,14 +560,20 @@ extension EventLoopWatchdog {
     /// at its end, so the watchdog knows, for every thread, whether a job runs and since when:
     /// - It sleeps until the earliest deadline (a running job's start + threshold), or parks, without
     ///   a timeout, while no job runs; the first job to start wakes it (a job start checks one flag
-    ///   and, only while the watchdog is parked, makes one system call).
+    ///   and, only while the watchdog is parked, makes one system call). A pool whose jobs ran since
+    ///   the previous look but none runs now is busy with short jobs: the watchdog looks again in
+    ///   half a threshold rather than park, so that the next job start does not pay for a wakeup
+    ///   (a job that starts meanwhile has its deadline after that look).
     /// - A job still running at its deadline is a stall: sampled like a stalled loop (a thread in a
     ///   system call is unwound from the kernel's view, never signalled) until the job ends; its
     ///   thread records the exact end of that one job.
-    /// A pool busy with short jobs costs about one wakeup per threshold; an idle pool none.
+    /// A pool busy with short jobs costs one or two wakeups per threshold; an idle pool none.
     private func runPool() {
         while !stopping.load(ordering: .acquiring) {
             var earliest = visitPool(now: stallmon_now_ns())
+            if earliest == nil, poolRanJobs {
+                earliest = stallmon_now_ns() + threshold / 2
+            }
             if earliest == nil {
                 let parked = stallmon_pool_park()
                 // Read every slot again after announcing the park: a job that started before it
@@ -594,6 +603,8 @@ extension EventLoopWatchdog {
         learnUnknownPriority()
         let count = Int(stallmon_pool_slot_count())
         if poolThreads.count < count { poolThreads += Array(repeating: nil, count: count - poolThreads.count) }
+        if poolSequences.count < count { poolSequences += Array(repeating: 0, count: count - poolSequences.count) }
+        poolRanJobs = false
         var earliest: UInt64?
         func due(_ time: UInt64) { earliest = min(earliest ?? time, time) }
         for index in 0..<count {
@@ -602,6 +613,10 @@ extension EventLoopWatchdog {
                 // The thread is starting a job just now: look again shortly.
                 due(now + 1_000_000)
                 continue
+            }
+            if job.sequence != poolSequences[index] {
+                poolSequences[index] = job.sequence
+                poolRanJobs = true
             }
             if let state = poolThreads[index], state.loop.threadID != job.tid {
                 // The thread has exited (libdispatch ends idle workers) and the slot may be another's.
