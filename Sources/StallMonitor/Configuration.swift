@@ -52,6 +52,14 @@ extension StallMonitor {
         /// Off by default: it reads the clock at the end of every window, which the stall detection
         /// alone skips.
         public var loopLatency: Bool = false
+        /// Whether Swift's cooperative pool (the global concurrent executor) is watched too: a job
+        /// that holds a pool thread past ``cooperativePoolThreshold`` is reported like a loop stall
+        /// (`STALL_LOOP=cooperative-pool`). Off by default, and then nothing is installed: on, the
+        /// monitor sets the runtime's `swift_task_enqueueGlobal_hook` while it runs, which costs each
+        /// pool job a few tens of nanoseconds.
+        public var cooperativePool: Bool = false
+        /// How long one job may hold a pool thread before it is a stall. 10 ms to 1 hour.
+        public var cooperativePoolThreshold: Duration = .milliseconds(100)
 
         public init() {}
 
@@ -71,6 +79,12 @@ extension StallMonitor {
         public func validate() throws(ConfigurationError) {
             try Self.check(threshold >= .milliseconds(10), .threshold, threshold, "must be at least 10 ms")
             try Self.check(threshold <= .seconds(3600), .threshold, threshold, "must be at most 1 hour")
+            try Self.check(
+                cooperativePoolThreshold >= .milliseconds(10), .cooperativePoolThreshold, cooperativePoolThreshold,
+                "must be at least 10 ms")
+            try Self.check(
+                cooperativePoolThreshold <= .seconds(3600), .cooperativePoolThreshold, cooperativePoolThreshold,
+                "must be at most 1 hour")
             try Self.check(sampleInterval >= .milliseconds(1), .sampleInterval, sampleInterval, "must be at least 1 ms")
             try Self.check(
                 sampleInterval <= threshold, .sampleInterval, sampleInterval,
@@ -177,6 +191,8 @@ enum ConfigurationKey: String, CaseIterable {
     case additionalModes = "additional_modes"
     case notifyStatus = "notify_status"
     case loopLatency = "loop_latency"
+    case cooperativePool = "cooperative_pool"
+    case cooperativePoolThreshold = "cooperative_pool_threshold_ms"
 
     /// The environment variable that overrides the key, e.g. `STALLMON_THRESHOLD_MS`.
     var environmentVariable: String { "STALLMON_" + rawValue.uppercased() }

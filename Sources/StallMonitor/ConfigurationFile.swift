@@ -100,6 +100,8 @@ extension StallMonitor.Configuration {
             reportWhileDebuggerAttached = try value.flag(key: key.rawValue, source: source)
         case .notifyStatus: notifyStatus = try value.flag(key: key.rawValue, source: source)
         case .loopLatency: loopLatency = try value.flag(key: key.rawValue, source: source)
+        case .cooperativePool: cooperativePool = try value.flag(key: key.rawValue, source: source)
+        case .cooperativePoolThreshold: cooperativePoolThreshold = try milliseconds()
         case .interruptBlockedThreads:
             interruptBlockedThreads = try value.flag(key: key.rawValue, source: source)
         case .signal:
@@ -196,6 +198,8 @@ extension StallMonitor.Configuration {
         case .reportWhileDebuggerAttached: return "\(reportWhileDebuggerAttached)"
         case .notifyStatus: return "\(notifyStatus)"
         case .loopLatency: return "\(loopLatency)"
+        case .cooperativePool: return "\(cooperativePool)"
+        case .cooperativePoolThreshold: return milliseconds(cooperativePoolThreshold)
         case .signal: return signal.map(SignalName.name(of:)) ?? "auto"
         case .interruptBlockedThreads: return "\(interruptBlockedThreads)"
         case .syslogIdentifier: return syslogIdentifier ?? ProgramName.current

@@ -30,7 +30,9 @@ public struct MonitorDescription: Sendable, Hashable {
 
     /// `monitoring main run loop (tid 1234): threshold 250 ms, sample interval 20 ms, signal SIGRTMAX-4`.
     public var message: String {
-        let loopName = loop == "main" ? "main run loop" : "run loop of thread \(loop)"
+        let loopName =
+            loop == EventLoopWatchdog.poolLoopName
+            ? "the cooperative pool" : loop == "main" ? "main run loop" : "run loop of thread \(loop)"
         let signalName = signal.map(SignalName.name(of:)) ?? "none (no stacks)"
         return "monitoring \(loopName) (tid \(threadID)): threshold \(configuration.threshold.milliseconds) ms, "
             + "sample interval \(configuration.sampleInterval.milliseconds) ms, signal \(signalName)"

@@ -185,7 +185,7 @@ final class Reporter: @unchecked Sendable {
             event: stall.event,
             stallID: stall.stallID,
             loop: loopName,
-            threadID: threadID,
+            threadID: stall.threadID ?? threadID,
             duration: .nanoseconds(stall.duration),
             threshold: configuration.threshold,
             activity: stall.activity,

@@ -117,13 +117,25 @@ public final class StallMonitor: Sendable {
     /// The longest ``stop()`` waits for queued reports to reach the sinks.
     public static let stopTimeout: Duration = .seconds(2)
 
-    /// Starts monitoring a run loop.
+    /// Starts monitoring a run loop, and Swift's cooperative pool too when
+    /// ``Configuration/cooperativePool`` is on.
     /// - Important: With ``Target/currentThread``, call this on the thread that runs the loop.
-    /// - Throws: ``StallMonitorError`` when the monitor already runs or its signal is taken.
+    /// - Throws: ``StallMonitorError`` when the monitor already runs, its signal is taken, or the
+    ///   pool's hook cannot be set.
     public func start(_ target: Target = .mainThread) throws(StallMonitorError) {
         try state.withLock { (session: inout Session?) throws(StallMonitorError) in
             guard session == nil else { throw StallMonitorError.alreadyRunning() }
-            session = try Session(target: target, monitor: self)
+            let started = try Session(target: target, monitor: self)
+            if configuration.cooperativePool {
+                do throws(StallMonitorError) {
+                    started.pool = try CooperativePoolSession(
+                        configuration: configuration, sinks: sinks, logger: logger)
+                } catch {
+                    started.stop()
+                    throw error
+                }
+            }
+            session = started
         }
     }
 
@@ -213,6 +225,11 @@ public final class StallMonitor: Sendable {
         state.withLock { $0?.watchdog.threadID ?? 0 }
     }
 
+    /// Kernel id of the cooperative pool's watchdog thread, for measurements (0 when it does not run).
+    package var poolWatchdogThreadID: Int32 {
+        state.withLock { $0?.pool?.watchdogThreadID ?? 0 }
+    }
+
     // MARK: - Session
 
     fileprivate struct LoopPointer: @unchecked Sendable {
@@ -237,6 +254,8 @@ public final class StallMonitor: Sendable {
         let latency: LoopLatencyExporter?
         /// The light drain of ``Target/asyncMain`` feeds the loop state, not run-loop observers.
         let lightDrain: Bool
+        /// The cooperative pool's monitor, when ``Configuration/cooperativePool`` is on.
+        var pool: CooperativePoolSession?
 
         init(target kind: Target, monitor: StallMonitor) throws(StallMonitorError) {
             let configuration = monitor.configuration
@@ -397,7 +416,10 @@ public final class StallMonitor: Sendable {
             }
         }
 
-        var statistics: Statistics {
+        /// The loop's and the cooperative pool's together.
+        var statistics: Statistics { loopStatistics + (pool?.statistics ?? .zero) }
+
+        var loopStatistics: Statistics {
             Statistics(
                 stalls: watchdog.stalls, suppressedReports: reporter.suppressedReports.load(),
                 droppedReports: reporter.droppedReports.load(), lostReports: reporter.lostReports.load()
@@ -430,13 +452,14 @@ public final class StallMonitor: Sendable {
         }
 
         func stop() {
+            pool?.stop()
             if lightDrain { stallmon_async_main_drain_attach(nil) }
             for observer in observers {
                 CFRunLoopObserverInvalidate(observer)
             }
             watchdog.stop()
             latency?.export()
-            let statistics = self.statistics
+            let statistics = loopStatistics
             reporter.emit(.stopped(description, statistics))
             if !reporter.drain(timeout: StallMonitor.stopTimeout) {
                 logger.warning(
@@ -598,6 +621,7 @@ public struct StallMonitorError: Error, Sendable, CustomStringConvertible {
         case outOfMemory
         case asyncMainOffMainThread
         case asyncMainHookUnavailable(String)
+        case cooperativePoolHookUnavailable(String)
     }
 
     private let code: Code
@@ -635,6 +659,10 @@ public struct StallMonitorError: Error, Sendable, CustomStringConvertible {
         Self(.asyncMainHookUnavailable(reason), file: file, line: line)
     }
 
+    static func cooperativePoolHookUnavailable(reason: String, file: String = #fileID, line: Int = #line) -> Self {
+        Self(.cooperativePoolHookUnavailable(reason), file: file, line: line)
+    }
+
     public var description: String {
         switch code {
         case .alreadyRunning: "the monitor is already running"
@@ -647,6 +675,8 @@ public struct StallMonitorError: Error, Sendable, CustomStringConvertible {
                 + "has left for dispatch_main() once main() suspends)"
         case .asyncMainHookUnavailable(let reason):
             "cannot drain the main queue on the main thread of an async main: \(reason)"
+        case .cooperativePoolHookUnavailable(let reason):
+            "cannot watch the cooperative pool (cooperative_pool): \(reason)"
         }
     }
 }

@@ -17,6 +17,9 @@ public struct StallReport: Sendable, Hashable {
         /// An event loop's cycle (SwiftNIO): its I/O handlers and its tasks, from leaving
         /// `epoll_wait` to the end of its tick.
         case eventLoopCycle = "event-loop-cycle"
+        /// A job of Swift's cooperative pool (the global concurrent executor), from its start on a
+        /// pool thread to its end.
+        case poolJob = "pool-job"
     }
 
     /// What the run loop was calling out to, recognized from the frames.
@@ -40,6 +43,9 @@ public struct StallReport: Sendable, Hashable {
         case executeTask = "execute-task"
         /// A callback of an `EventLoopFuture`.
         case futureCallback = "future-callback"
+        /// A job of Swift's cooperative pool (an `async` function, a `Task`'s body), run by the
+        /// monitor's trampoline on a pool thread.
+        case poolJob = "pool-job"
 
         /// `timer callout`, `main-queue block`, …
         public var phrase: String {
@@ -57,6 +63,7 @@ public struct StallReport: Sendable, Hashable {
             case .scheduledTask: "scheduled task"
             case .executeTask: "execute task"
             case .futureCallback: "future callback"
+            case .poolJob: "pool job"
             }
         }
 
@@ -64,6 +71,7 @@ public struct StallReport: Sendable, Hashable {
         /// callout), and the light drain of an async main, which calls the main queue's drain.
         static let functionNames: [String: Callout] = [
             "stallmon_async_main_light_drain": .mainQueue,
+            "stallmon_pool_run_job": .poolJob,
             "__CFRUNLOOP_IS_CALLING_OUT_TO_A_TIMER_CALLBACK_FUNCTION__": .timer,
             "__CFRUNLOOP_IS_CALLING_OUT_TO_A_SOURCE0_PERFORM_FUNCTION__": .source0,
             "__CFRUNLOOP_IS_CALLING_OUT_TO_A_SOURCE1_PERFORM_FUNCTION__": .source1,
@@ -203,8 +211,10 @@ public struct StallReport: Sendable, Hashable {
     /// `main run loop stalled 312 ms in timer callout at Service.refresh() (Service.swift:42); 97% on CPU`.
     public var message: String {
         let loopName =
-            activity == .eventLoopCycle
-            ? "event loop \(loop)" : loop == "main" ? "main run loop" : "run loop of thread \(loop)"
+            activity == .poolJob
+            ? "cooperative-pool thread \(threadID)"
+            : activity == .eventLoopCycle
+                ? "event loop \(loop)" : loop == "main" ? "main run loop" : "run loop of thread \(loop)"
         let length = "\(duration.milliseconds) ms"
         var text: String
         switch event {

@@ -30,6 +30,8 @@ struct CapturedStall: Sendable {
     var capturedNanoseconds: UInt64
     /// The service's `WatchdogSec=` in nanoseconds, for a watchdog report.
     var watchdogInterval: UInt64?
+    /// The stalled thread, where it is not the reporter's own (a cooperative-pool thread).
+    var threadID: Int? = nil
 }
 
 /// The watchdog thread of one monitor: sleeps until the current window could become a stall,

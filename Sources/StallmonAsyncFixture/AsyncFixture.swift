@@ -15,6 +15,10 @@
 //   (--drain run-loop has those scenarios start(.asyncMainRunLoop) instead)
 //   other-drain  start(.asyncMain), stop(), then start(.asyncMainRunLoop): a second drain, which throws
 //   late       calls start(.asyncMain) after main()'s first await: too late, it throws
+//   pool-stalls  start(.asyncMain) with cooperative_pool on (its threshold --threshold-ms): jobs of the
+//              cooperative pool blocked in usleep, a blocking read, DispatchSemaphore.wait and on the CPU
+//   pool-idle  the same, and nothing happens for --seconds
+//   pool-off   start(.asyncMain) with cooperative_pool off, and a pool job blocked in usleep
 //   hops       measures main-actor hops from the global pool (--hops N, --drain D): D is dispatch (the
 //              runtime's dispatch_main drain), run-loop or light (the main run loop or the light drain
 //              without a monitor), monitored (start(.asyncMain), the light drain) or monitored-run-loop
@@ -42,6 +46,8 @@ enum AsyncFixture {
         configuration.syslogIdentifier = options.identifier
         configuration.loopStartTimeout = .milliseconds(options.loopStartTimeout)
         configuration.rateLimit.burst = 1000  // the tests count every report
+        configuration.cooperativePool = options.scenario.hasPrefix("pool-") && options.scenario != "pool-off"
+        configuration.cooperativePoolThreshold = .milliseconds(options.threshold)
         var sinks: [any ReportSink] = [JSONLinesSink(identifier: options.identifier)]
         if options.journal { sinks.append(JournalSink(syslogIdentifier: options.identifier)) }
         let monitor = try StallMonitor(configuration: configuration, sinks: sinks)
@@ -106,8 +112,22 @@ enum AsyncFixture {
             DispatchQueue.main.async {
                 Fixture.truth("main-queue-cpu") { AsyncWork.flushMetrics(milliseconds: 600) }
             }
-        case "idle":
+        case "idle", "pool-idle":
             break
+        case "pool-stalls":
+            PoolWork.printHook("running")
+            try await Task.sleep(for: .milliseconds(1000))
+            await PoolWork.stall("pool-usleep") { PoolWork.napInPool(milliseconds: 400) }
+            try await Task.sleep(for: .milliseconds(300))
+            await PoolWork.stall("pool-read") { PoolWork.readFromPipe(milliseconds: 400) }
+            try await Task.sleep(for: .milliseconds(300))
+            await PoolWork.stall("pool-semaphore") { PoolWork.waitForSemaphore(milliseconds: 400) }
+            try await Task.sleep(for: .milliseconds(300))
+            await PoolWork.stall("pool-cpu") { PoolWork.crunch(milliseconds: 400) }
+        case "pool-off":
+            PoolWork.printHook("running")
+            try await Task.sleep(for: .milliseconds(500))
+            await PoolWork.stall("pool-usleep") { PoolWork.napInPool(milliseconds: 400) }
         case "timers":
             // A timer on RunLoop.main: it fires under the run loop only.
             let fired = TimerCount()
@@ -132,7 +152,9 @@ enum AsyncFixture {
         monitor.stop()
         Fixture.print([
             "type": "statistics", "stalls": statistics.stalls, "main_thread": Thread.isMainThread,
+            "pool_untimed_jobs": stallmon_pool_untimed_jobs(),
         ])
+        if options.scenario.hasPrefix("pool-") { PoolWork.printHook("stopped") }
     }
 }
 
@@ -263,11 +285,13 @@ final class WatchdogSwitches: @unchecked Sendable {
         self.started = started
     }
 
+    /// On a thread of its own: a task would be a job of the cooperative pool, which the pool's
+    /// watchdog would see.
     func record(every interval: Double, until seconds: Double) {
-        Task.detached { [self] in
+        Thread.detachNewThread { [self] in
             var elapsed = 0.0
             while elapsed < seconds {
-                try? await Task.sleep(for: .milliseconds(Int(interval * 1000)))
+                usleep(UInt32(interval * 1_000_000))
                 elapsed += interval
                 print()
             }
@@ -275,7 +299,11 @@ final class WatchdogSwitches: @unchecked Sendable {
     }
 
     func print() {
-        let tid = monitor.watchdogThreadID
+        print(tid: monitor.watchdogThreadID, type: "switches")
+        print(tid: monitor.poolWatchdogThreadID, type: "pool-switches")
+    }
+
+    private func print(tid: Int32, type: String) {
         guard tid != 0, let status = try? String(contentsOfFile: "/proc/self/task/\(tid)/status", encoding: .utf8)
         else { return }
         var total = 0
@@ -283,6 +311,76 @@ final class WatchdogSwitches: @unchecked Sendable {
         where line.hasPrefix("voluntary_ctxt_switches") || line.hasPrefix("nonvoluntary_ctxt_switches") {
             total += Int(line.split(separator: ":").last?.trimmingCharacters(in: .whitespaces) ?? "") ?? 0
         }
-        Fixture.print(["type": "switches", "elapsed_ns": Fixture.now() - started, "count": total])
+        Fixture.print(["type": type, "elapsed_ns": Fixture.now() - started, "count": total])
+    }
+}
+
+/// Jobs of the cooperative pool that hold their thread: each stalling function is its own
+/// non-inlined function, so that tests can look for it by name (and file:line).
+enum PoolWork {
+    /// Runs `body` as a job of the cooperative pool and records its truth and the thread it held.
+    static func stall(_ name: String, _ body: @escaping @Sendable () -> Void) async {
+        await Task.detached {
+            Fixture.print(["type": "pool-thread", "name": name, "tid": Int(stallmon_gettid())])
+            Fixture.truth(name, body)
+        }.value
+    }
+
+    /// Whether `swift_task_enqueueGlobal_hook` is set, and whether it is the monitor's.
+    static func printHook(_ moment: String) {
+        let hook = dlsym(nil, "swift_task_enqueueGlobal_hook")
+        let value = hook?.load(as: UnsafeRawPointer?.self)
+        Fixture.print([
+            "type": "pool-hook", "moment": moment, "hook_set": value != nil,
+            "monitor_hook": stallmon_pool_installed() == 1,
+        ])
+    }
+
+    /// Blocked in `usleep` (clock_nanosleep), which a signal handler would end early with EINTR.
+    @inline(never)
+    static func napInPool(milliseconds: Int) {
+        let start = Fixture.now()
+        let result = usleep(UInt32(milliseconds * 1000))
+        let slept = Double(Fixture.now() - start) / 1e6
+        Fixture.print(["type": "usleep", "result": Int(result), "slept_ms": slept])
+    }
+
+    /// Blocked in `read(2)` on a pipe that another thread writes to after `milliseconds`.
+    @inline(never)
+    static func readFromPipe(milliseconds: Int) {
+        var fds: [Int32] = [0, 0]
+        guard pipe(&fds) == 0 else { return }
+        let writer = fds[1]
+        Thread.detachNewThread {
+            usleep(UInt32(milliseconds * 1000))
+            var byte: UInt8 = 1
+            _ = write(writer, &byte, 1)
+        }
+        var byte: UInt8 = 0
+        _ = read(fds[0], &byte, 1)
+        close(fds[0])
+        close(fds[1])
+    }
+
+    /// Blocked in `DispatchSemaphore.wait()` until another thread signals it after `milliseconds`.
+    @inline(never)
+    static func waitForSemaphore(milliseconds: Int) {
+        let semaphore = DispatchSemaphore(value: 0)
+        Thread.detachNewThread {
+            usleep(UInt32(milliseconds * 1000))
+            semaphore.signal()
+        }
+        semaphore.wait()
+    }
+
+    /// Busy on the CPU (FNV hashing).
+    @inline(never)
+    static func crunch(milliseconds: Int) {
+        let end = Fixture.milliseconds() + Double(milliseconds)
+        var hash: UInt64 = 0x2325_cbf2_9ce4_8422
+        while Fixture.milliseconds() < end {
+            for byte in 0..<UInt64(4096) { hash = (hash ^ byte) &* 0x100_0000_01b3 }
+        }
+        AsyncWork.blackHole(hash)
     }
 }

@@ -1,5 +1,7 @@
+import CStallCapture
 import Dispatch
 import Foundation
+import StallMonitor
 
 #if canImport(Glibc)
     import Glibc
@@ -12,17 +14,25 @@ import Foundation
 ///   drain the main queue);
 /// - noop-observer: the light drain of `start(.asyncMain)` without a monitor, its floor (the main
 ///   thread polls the main-queue port and drains the queue);
-/// - stallmon: the light drain with the monitor fed by it, as `start(.asyncMain)` leaves it.
+/// - stallmon: the light drain with the monitor fed by it, as `start(.asyncMain)` leaves it;
+/// - stallmon-pool: the same with `cooperative_pool` on, every pool job timed by its trampoline.
 ///
 /// Each finishes the child with `rate` (operations per second of the fastest of `segments`
 /// segments, as ``ThroughputWorkloads``), `overall_rate`, `seconds`, `cpu_rate` (operations per
-/// second of the whole process's CPU time: the work moves between threads) and `wakeups_per_s`.
+/// second of the whole process's CPU time: the work moves between threads), `wakeups_per_s` and,
+/// with the pool watched, `pool_wakeups_per_s` (its watchdog's). The pool-tasks child of stallmon-pool
+/// also times empty jobs run in a loop on one thread through the trampoline and without it
+/// (`job_ns_timed`, `job_ns_plain`, the fastest of 5 runs of 1,000,000): what timing a job adds,
+/// below the noise of whole tasks moving between threads.
 enum AsyncWorkloads {
-    static let variants: [Variant] = [.unmonitored, .noopObserver, .stallmon]
+    static let variants: [Variant] = [.unmonitored, .noopObserver, .stallmon, .stallmonPool]
 
     static func start(_ request: ChildRequest) throws {
-        let installed = try InstalledVariant(
-            request.variant, configuration: request.monitorConfiguration, asyncMain: true)
+        var configuration = request.monitorConfiguration
+        if let threshold = request.parameters["pool-threshold-ms"].flatMap({ Int($0) }) {
+            configuration.cooperativePoolThreshold = .milliseconds(threshold)
+        }
+        let installed = try InstalledVariant(request.variant, configuration: configuration, asyncMain: true)
         let warmup = max(1, request.int("warmup", default: 1000))
         let measured = request.int("operations", default: 50_000)
         let segments = max(1, request.int("segments", default: 5))
@@ -34,6 +44,8 @@ enum AsyncWorkloads {
             let segmentLength = max(1, measured / segments)
             let watchdog = installed.watchdogThreadID
             let startSwitches = Kernel.contextSwitches(ofThread: watchdog)
+            let poolWatchdog = installed.poolWatchdogThreadID
+            let startPoolSwitches = Kernel.contextSwitches(ofThread: poolWatchdog)
             let startCPU = processCPU()
             let start = Kernel.now()
             var best = 0.0
@@ -52,6 +64,12 @@ enum AsyncWorkloads {
             ]
             if let startSwitches, let endSwitches = Kernel.contextSwitches(ofThread: watchdog) {
                 result["wakeups_per_s"] = Double(endSwitches - startSwitches) / seconds
+            }
+            if let startPoolSwitches, let endSwitches = Kernel.contextSwitches(ofThread: poolWatchdog) {
+                result["pool_wakeups_per_s"] = Double(endSwitches - startPoolSwitches) / seconds
+            }
+            if installed.variant == .stallmonPool, workload == .poolTasks {
+                result.merge(await measureEmptyJobs()) { $1 }
             }
             Child.finish(result)
         }
@@ -108,6 +126,21 @@ enum AsyncWorkloads {
                 if sum == 42 { print("") }
             }
             left -= batch
+        }
+    }
+
+    /// Empty jobs through the trampoline and without it, on a thread of their own: inside a pool
+    /// job, the trampoline leaves a job it runs within another untimed.
+    /// The pool thread awaits them without blocking (a blocked one would be a pool stall).
+    private static func measureEmptyJobs() async -> [String: Double] {
+        await withCheckedContinuation { continuation in
+            Thread.detachNewThread {
+                let runs = 5, jobs = 1_000_000
+                var result: [String: Double] = [:]
+                result["job_ns_timed"] = (0..<runs).map { _ in stallmon_pool_measure_job_ns(jobs, 1) }.min()
+                result["job_ns_plain"] = (0..<runs).map { _ in stallmon_pool_measure_job_ns(jobs, 0) }.min()
+                continuation.resume(returning: result)
+            }
         }
     }
 

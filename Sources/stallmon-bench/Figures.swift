@@ -55,6 +55,20 @@ struct RoundResults: Sendable {
         return top / bottom
     }
 
+    /// Nanoseconds of wall time per operation.
+    func nanoseconds(_ workload: Workload, _ variant: Variant) -> Double? {
+        rate(workload, variant).flatMap { $0 > 0 ? 1e9 / $0 : nil }
+    }
+
+    /// What `variant` adds to an operation over `baseline`, in nanoseconds of the whole process's
+    /// CPU time (steadier than wall time on a shared machine, and it counts every thread's share).
+    func cost(_ workload: Workload, _ variant: Variant, over baseline: Variant) -> Double? {
+        guard let with = self[workload, variant]?["cpu_rate"], let without = self[workload, baseline]?["cpu_rate"],
+            with > 0, without > 0
+        else { return nil }
+        return 1e9 / with - 1e9 / without
+    }
+
     func ratio(_ workload: Workload, _ numerator: Variant, over denominator: Variant) -> Double? {
         guard let top = rate(workload, numerator), let bottom = rate(workload, denominator), bottom > 0 else {
             return nil
@@ -86,6 +100,22 @@ enum Figures {
         add("main_actor_over_floor_ratio") { $0.ratio(.mainActorHops, .stallmon, over: .noopObserver) }
         add("pool_tasks_ratio") { $0.ratio(.poolTasks, .stallmon, over: .unmonitored) }
         add("pool_work_ratio", .atLeast(0.98)) { $0.ratio(.poolWork, .stallmon, over: .unmonitored) }
+        // The cooperative pool watched (cooperative_pool on), against the same drain without it
+        // and against the runtime's own.
+        add("pool_monitored_tasks_ratio") { $0.ratio(.poolTasks, .stallmonPool, over: .unmonitored) }
+        add("pool_monitored_work_ratio", .atLeast(0.98)) { $0.ratio(.poolWork, .stallmonPool, over: .unmonitored) }
+        add("pool_empty_job_ns") { $0.nanoseconds(.poolTasks, .stallmonPool) }
+        add("pool_empty_job_unmonitored_ns") { $0.nanoseconds(.poolTasks, .unmonitored) }
+        add("pool_job_cost_ns") { round in
+            round[.poolTasks, .stallmonPool].flatMap { result in
+                result["job_ns_timed"].flatMap { timed in result["job_ns_plain"].map { timed - $0 } }
+            }
+        }
+        add("pool_tasks_cost_ns") { $0.cost(.poolTasks, .stallmonPool, over: .stallmon) }
+        add("main_actor_empty_job_ns") { $0.nanoseconds(.mainActorHops, .stallmon) }
+        add("main_actor_empty_job_unmonitored_ns") { $0.nanoseconds(.mainActorHops, .unmonitored) }
+        add("main_actor_job_cost_ns") { $0.cost(.mainActorHops, .stallmon, over: .unmonitored) }
+        add("pool_busy_watchdog_wakeups_per_s") { $0[.poolTasks, .stallmonPool]?["pool_wakeups_per_s"] }
         add("idle_watchdog_wakeups_per_s", .atMost(0)) { $0[.idle, .stallmon]?["wakeups_per_s"] }
         add("busy_watchdog_wakeups_per_s", .atMost(10)) { $0[.busy, .stallmon]?["wakeups_per_s"] }
         add("detection_latency_p50_ms") { $0[.stalls, .stallmon]?["latency_p50_ms"] }
@@ -140,6 +170,30 @@ enum Figures {
                 guard let value else { continue }
                 var figure = Figure(key)
                 figure.values = [value]
+                figures.append(figure)
+            }
+            for variant in InstructionCounts.poolTaskVariants {
+                guard let value = instructions.perPoolTask[variant] else { continue }
+                let name = String(variant.rawValue.map { $0 == "-" ? "_" : $0 })
+                var figure = Figure("callgrind_pool_task_instructions_\(name)")
+                figure.values = [value]
+                figures.append(figure)
+            }
+            for (key, value) in [
+                ("callgrind_pool_trampoline_instructions_per_job", instructions.poolTrampoline),
+                ("callgrind_pool_enqueue_instructions_per_job", instructions.poolEnqueue),
+                ("callgrind_runtime_enqueue_instructions_per_job", instructions.runtimeEnqueue),
+            ] {
+                guard let value else { continue }
+                var figure = Figure(key)
+                figure.values = [value]
+                figures.append(figure)
+            }
+            if let trampoline = instructions.poolTrampoline, let enqueue = instructions.poolEnqueue,
+                let runtime = instructions.runtimeEnqueue
+            {
+                var figure = Figure("callgrind_pool_job_cost_instructions")
+                figure.values = [trampoline + enqueue - runtime]
                 figures.append(figure)
             }
         }

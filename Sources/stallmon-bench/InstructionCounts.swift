@@ -8,10 +8,17 @@ import Foundation
 /// Main-actor round trips are counted the same way for the whole process (a hop runs on the pool and
 /// on the main thread): the light drain alone (noop-observer) and monitored (stallmon). valgrind
 /// cannot run the unmonitored `dispatch_main()` child (it crashes in libdispatch's worker setup).
+/// Tiny pool tasks are counted the same way, with the pool watched (stallmon-pool) and not
+/// (stallmon, the same drain). The difference of the two totals swings by a few hundred
+/// instructions a task with the threads' interleaving, so the cost of timing a job is taken from
+/// the profiles' call graphs (`callgrind_annotate`): the trampoline around the job's invoke call,
+/// and the hook's enqueue against the runtime's (`swift_task_enqueueGlobalImpl`), per job.
 struct InstructionCounts: Sendable {
     static let passes = (short: 10_000, long: 30_000)
     static let hops = (short: 4_000, long: 24_000)
     static let hopVariants: [Variant] = [.noopObserver, .stallmon]
+    static let poolTasks = (short: 5_000, long: 25_000)
+    static let poolTaskVariants: [Variant] = [.stallmon, .stallmonPool]
 
     var perPass: [Variant: Double] = [:]
     var perHop: [Variant: Double] = [:]
@@ -19,6 +26,12 @@ struct InstructionCounts: Sendable {
     /// to the main actor under the light drain.
     var perPassWithLoopLatency: Double?
     var perHopWithLoopLatency: Double?
+    var perPoolTask: [Variant: Double] = [:]
+    /// Per pool job: the trampoline's own instructions (clock reads included), the hook's enqueue,
+    /// and the runtime's enqueue it replaces.
+    var poolTrampoline: Double?
+    var poolEnqueue: Double?
+    var runtimeEnqueue: Double?
 
     static func valgrindPath() -> String? {
         let path = ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin"
@@ -78,6 +91,61 @@ struct InstructionCounts: Sendable {
                         + "\(Report.grouped(perPass)) instructions/pass")
             }
         }
+        for variant in Self.poolTaskVariants {
+            var totals: [Int: Double] = [:]
+            for tasks in [Self.poolTasks.short, Self.poolTasks.long] {
+                let output = directory.appendingPathComponent(
+                    "stallmon-bench-\(getpid())-\(variant.rawValue)-pool-\(tasks).callgrind")
+                let log = directory.appendingPathComponent("stallmon-bench-\(getpid()).valgrind.log")
+                defer {
+                    try? FileManager.default.removeItem(at: output)
+                    try? FileManager.default.removeItem(at: log)
+                }
+                // Under valgrind a job runs some 50 times slower: the default threshold would see
+                // stalls, whose reports (symbolication) are no cost of a job.
+                let request = ChildRequest(
+                    variant, .poolTasks,
+                    [
+                        "operations": "\(tasks)", "warmup": "1", "segments": "1", "settle": "0.2", "timeout": "900",
+                        "pool-threshold-ms": "600000",
+                    ]
+                )
+                _ = try runner.run(
+                    request,
+                    under: [
+                        valgrind, "--tool=callgrind", "--callgrind-out-file=\(output.path)", "--log-file=\(log.path)",
+                    ],
+                    executable: executable
+                )
+                totals[tasks] = try total(in: output)
+                if tasks == Self.poolTasks.long, let tree = callTree(output) {
+                    if variant == .stallmonPool {
+                        if let (whole, jobs) = tree.cost(of: "stallmon_pool_run_job", from: "_dispatch_client_callout"),
+                            let (invoked, _) = tree.cost(
+                                of: "jobInvoke(void*, void*, unsigned int)", from: "stallmon_pool_run_job"),
+                            jobs > 0
+                        {
+                            counts.poolTrampoline = (whole - invoked) / jobs
+                        }
+                        if let (cost, calls) = tree.cost(of: "enqueue_global", from: "swift_task_enqueueGlobal"),
+                            calls > 0
+                        {
+                            counts.poolEnqueue = cost / calls
+                        }
+                    } else if let (cost, calls) = tree.cost(
+                        of: "swift_task_enqueueGlobalImpl", from: "swift_task_enqueueGlobal"), calls > 0
+                    {
+                        counts.runtimeEnqueue = cost / calls
+                    }
+                }
+            }
+            if let long = totals[Self.poolTasks.long], let short = totals[Self.poolTasks.short] {
+                counts.perPoolTask[variant] = (long - short) / Double(Self.poolTasks.long - Self.poolTasks.short)
+                progress(
+                    "callgrind pool task \(variant.rawValue): \(Report.grouped(counts.perPoolTask[variant]!)) "
+                        + "instructions/task (whole process)")
+            }
+        }
         let hopRuns = Self.hopVariants.map { ($0, false) } + [(Variant.stallmon, true)]
         for (variant, loopLatency) in hopRuns {
             var totals: [Int: Double] = [:]
@@ -116,6 +184,46 @@ struct InstructionCounts: Sendable {
             }
         }
         return counts
+    }
+
+    /// A profile's call graph: for each function, its inclusive cost through each caller.
+    struct CallTree {
+        let text: String
+
+        /// The inclusive instructions of `callee` called from `caller`, and the number of calls.
+        func cost(of callee: String, from caller: String) -> (instructions: Double, calls: Double)? {
+            for block in text.components(separatedBy: "\n\n") {
+                let lines = block.split(separator: "\n")
+                guard lines.contains(where: { $0.contains("*  ???:\(callee) [") }) else { continue }
+                guard let line = lines.first(where: { $0.contains("<") && $0.contains("???:\(caller) (") }) else {
+                    continue
+                }
+                let fields = line.split(separator: " ")
+                guard let instructions = fields.first.flatMap({ Double($0.replacingOccurrences(of: ",", with: "")) }),
+                    let count = line.range(of: #"\(([0-9,]+)x\)"#, options: .regularExpression).map({
+                        line[$0].dropFirst().dropLast(2).replacingOccurrences(of: ",", with: "")
+                    }),
+                    let calls = Double(count)
+                else { continue }
+                return (instructions, calls)
+            }
+            return nil
+        }
+    }
+
+    /// `callgrind_annotate --inclusive=yes --tree=caller` of a profile; `nil` without the tool.
+    private static func callTree(_ profile: URL) -> CallTree? {
+        let annotate = Process()
+        annotate.executableURL = URL(fileURLWithPath: "/usr/bin/callgrind_annotate")
+        annotate.arguments = ["--inclusive=yes", "--tree=caller", profile.path]
+        let pipe = Pipe()
+        annotate.standardOutput = pipe
+        annotate.standardError = FileHandle.nullDevice
+        guard (try? annotate.run()) != nil else { return nil }
+        let data = pipe.fileHandleForReading.readDataToEndOfFile()
+        annotate.waitUntilExit()
+        guard annotate.terminationStatus == 0 else { return nil }
+        return CallTree(text: String(decoding: data, as: UTF8.self))
     }
 
     /// Copies `executable` without its debug sections (`objcopy --strip-debug`); the original when

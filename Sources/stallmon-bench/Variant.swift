@@ -8,6 +8,9 @@ import StallMonitor
 
 /// What watches the main run loop while a workload runs.
 enum Variant: String, CaseIterable, Sendable {
+    /// The variants of the run-loop workloads; ``stallmonPool`` runs the async ones only.
+    static let allCases: [Variant] = [.unmonitored, .noopObserver, .stallmon, .blog]
+
     /// Nothing: the baseline.
     case unmonitored
     /// Two observers that do nothing, on the activities and orders stallmon uses: the floor any
@@ -17,6 +20,9 @@ enum Variant: String, CaseIterable, Sendable {
     case stallmon
     /// The blog design (``BlogMonitor``), as a reference.
     case blog
+    /// stallmon started for `.asyncMain` with `cooperative_pool` on: every job of the cooperative
+    /// pool goes through its trampoline and is timed (async workloads only).
+    case stallmonPool = "stallmon-pool"
 }
 
 /// A sink that drops every report.
@@ -47,7 +53,9 @@ final class InstalledVariant: Sendable {
             monitor = nil
             blog = nil
             if !asyncMain { NoopObservers.add(to: CFRunLoopGetMain()) }
-        case .stallmon:
+        case .stallmon, .stallmonPool:
+            var configuration = configuration
+            configuration.cooperativePool = variant == .stallmonPool
             let monitor = try StallMonitor(configuration: configuration, sinks: sinks)
             try monitor.start(asyncMain ? .asyncMain : .mainThread)
             self.monitor = monitor
@@ -66,6 +74,9 @@ final class InstalledVariant: Sendable {
     }
 
     var stallMonitor: StallMonitor? { monitor }
+
+    /// The kernel id of the cooperative pool's watchdog thread; 0 when it has none.
+    var poolWatchdogThreadID: Int32 { monitor?.poolWatchdogThreadID ?? 0 }
 
     /// Every variant runs with one more thread that sleeps forever. A process that never started
     /// a thread takes glibc's single-threaded fast paths (no cancellation handling around the

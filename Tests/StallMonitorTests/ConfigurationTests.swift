@@ -242,6 +242,23 @@ struct ConfigurationTests {
             try StallMonitor.Configuration.fromEnvironment(["STALLMON_THRESHOLD_MS": " 1e3 "]).threshold == .seconds(1))
     }
 
+    @Test func cooperativePoolIsOffByDefaultAndTurnsOnWithItsOwnThreshold() throws {
+        #expect(StallMonitor.Configuration().cooperativePool == false)
+        let configuration = try StallMonitor.Configuration.fromEnvironment([
+            "STALLMON_COOPERATIVE_POOL": "true", "STALLMON_COOPERATIVE_POOL_THRESHOLD_MS": "40",
+        ])
+        #expect(configuration.cooperativePool)
+        #expect(configuration.cooperativePoolThreshold == .milliseconds(40))
+        #expect(configuration.threshold == .milliseconds(250))
+        #expect(configuration.summary.hasSuffix("cooperative_pool=true cooperative_pool_threshold_ms=40"))
+        let low = try #require(Self.error(environment: ["STALLMON_COOPERATIVE_POOL_THRESHOLD_MS": "5"]))
+        #expect(
+            low.description
+                == #"STALLMON_COOPERATIVE_POOL_THRESHOLD_MS: cooperative_pool_threshold_ms = "5": must be at least 10 ms"#
+        )
+        #expect(Self.error(json: #"{"cooperative_pool": "maybe"}"#)?.key == "cooperative_pool")
+    }
+
     @Test func misspelledVariableIsAnErrorNamingTheKeyItResembles() throws {
         let typo = try #require(Self.error(environment: ["STALLMON_TRESHOLD_MS": "500"]))
         #expect(typo.source == "STALLMON_TRESHOLD_MS")

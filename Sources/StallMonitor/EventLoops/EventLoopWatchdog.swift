@@ -29,6 +29,9 @@ import Synchronization
 /// costs the watchdog at most two wakeups per threshold, and a loop that ticked is looked at up to
 /// a quarter threshold early, so that nearby deadlines share a wakeup. Without io_uring (disabled
 /// by `kernel.io_uring_disabled` or a seccomp filter), idle loops are looked at once per threshold.
+///
+/// The same watchdog watches the threads of Swift's cooperative pool (``init(cooperativePool:reporter:signal:slot:)``),
+/// whose jobs stamp their start and end on their thread (`stallcapture_pool.h`): see ``runPool()``.
 package final class EventLoopWatchdog: @unchecked Sendable {
     /// One loop of the group, as its thread registered it.
     package struct Loop: Sendable {
@@ -66,9 +69,22 @@ package final class EventLoopWatchdog: @unchecked Sendable {
     private var sample = stallmon_sample()
     /// The loops' tick-duration histograms, handed to the metrics backend while the watchdog is awake anyway.
     private let latency: [LoopLatencyExporter]
+    /// Whether the watched threads are the cooperative pool's rather than `loops`.
+    private let watchesPool: Bool
+    /// The pool thread in each slot of `stallcapture_pool.h`, once seen.
+    private var poolThreads: [LoopState?] = []
+    /// Each slot's job count at the previous look, and whether any had changed at the latest.
+    private var poolSequences: [UInt64] = []
+    private var poolRanJobs = false
+    /// The untimed job priority the latest queue probe was sent for.
+    private var probedPriority: UInt32 = 0
 
     /// The watchdog thread's name, in the kernel (at most 15 bytes).
     package static let threadName = "stallmon-nio"
+    /// The pool watchdog thread's name.
+    package static let poolThreadName = "stallmon-pool"
+    /// `STALL_LOOP` of the cooperative pool's stalls.
+    package static let poolLoopName = "cooperative-pool"
 
     /// - Parameters:
     ///   - loops: The loops to watch, with their tick state (from ``makeTickState()``), bound on
@@ -85,6 +101,7 @@ package final class EventLoopWatchdog: @unchecked Sendable {
         self.reporters = reporters
         self.signal = signal
         self.slot = slot
+        watchesPool = false
         stopFD = stallmon_eventfd_create()
         guard stopFD >= 0 else { throw StallMonitorError.outOfMemory() }
         var error: Int32 = 0
@@ -100,9 +117,24 @@ package final class EventLoopWatchdog: @unchecked Sendable {
         unavailableReason = created == nil ? "io_uring is unavailable (errno \(error))" : nil
     }
 
+    /// Watches the threads of Swift's cooperative pool, whose jobs are timed by the trampoline of
+    /// `stallmon_pool_install`; every stall goes to `reporter`, with the pool thread's id.
+    init(cooperativePool configuration: StallMonitor.Configuration, reporter: Reporter, signal: Int32?, slot: Int32) {
+        self.configuration = configuration
+        self.loops = []
+        self.reporters = [reporter]
+        self.signal = signal
+        self.slot = slot
+        watchesPool = true
+        latency = []
+        stopFD = -1
+        watch = nil
+        unavailableReason = nil
+    }
+
     deinit {
         stallmon_watch_free(watch)
-        close(stopFD)
+        if stopFD >= 0 { close(stopFD) }
     }
 
     /// Why idle loops are polled once per threshold instead of waking the watchdog, or `nil`.
@@ -123,7 +155,7 @@ package final class EventLoopWatchdog: @unchecked Sendable {
     package var threadID: pid_t { watchdogThreadID.load(ordering: .acquiring) }
 
     func start() {
-        Watchdog.startThread(named: Self.threadName) { [self] in
+        Watchdog.startThread(named: watchesPool ? Self.poolThreadName : Self.threadName) { [self] in
             watchdogThreadID.store(stallmon_gettid(), ordering: .releasing)
         } body: { [self] in
             runQueue.open()
@@ -136,7 +168,8 @@ package final class EventLoopWatchdog: @unchecked Sendable {
     /// Stops the thread and waits for it; stalls in progress get their ended reports.
     func stop() {
         stopping.store(true, ordering: .releasing)
-        stallmon_eventfd_signal(stopFD)
+        if watchesPool { stallmon_pool_wake() }
+        if stopFD >= 0 { stallmon_eventfd_signal(stopFD) }
         stopWaiter.signal()
         finished.wait()
     }
@@ -158,7 +191,8 @@ package final class EventLoopWatchdog: @unchecked Sendable {
         }
 
         let loop: Loop
-        let ticks: OpaquePointer
+        /// The loop's tick state; `nil` for a pool thread, whose jobs are read from its slot.
+        let ticks: OpaquePointer?
         let inspector: ThreadInspector
         var phase: Phase = .unknown(since: 0)
         /// The loop's epoll descriptor the latest poll was submitted for (-1: none).
@@ -168,7 +202,7 @@ package final class EventLoopWatchdog: @unchecked Sendable {
         /// CPU time of the thread when its current cycle was first seen, and when it was read.
         var cpuBase: (cpu: Int64, time: UInt64) = (-1, 0)
 
-        init(loop: Loop, ticks: OpaquePointer) {
+        init(loop: Loop, ticks: OpaquePointer?) {
             self.loop = loop
             self.ticks = ticks
             self.inspector = ThreadInspector(threadID: loop.threadID)
@@ -208,6 +242,10 @@ package final class EventLoopWatchdog: @unchecked Sendable {
     // MARK: - Watching
 
     private func run() {
+        if watchesPool {
+            runPool()
+            return
+        }
         let now = stallmon_now_ns()
         for index in loops.indices { examine(index, now: now) }
         var keys = [UInt64](repeating: 0, count: 64)
@@ -518,6 +556,173 @@ package final class EventLoopWatchdog: @unchecked Sendable {
             stall.noStackReason = "sampling failed (status \(sample.status), error \(sample.error))"
         }
         return nil
+    }
+}
+
+// MARK: - The cooperative pool
+
+extension EventLoopWatchdog {
+    /// Watches the pool threads' slots. A job stamps its start into its thread's slot and clears it
+    /// at its end, so the watchdog knows, for every thread, whether a job runs and since when:
+    /// - It sleeps until the earliest deadline (a running job's start + threshold), or parks, without
+    ///   a timeout, while no job runs; the first job to start wakes it (a job start checks one flag
+    ///   and, only while the watchdog is parked, makes one system call). A pool whose jobs ran since
+    ///   the previous look but none runs now is busy with short jobs: the watchdog looks again in
+    ///   half a threshold rather than park, so that the next job start does not pay for a wakeup
+    ///   (a job that starts meanwhile has its deadline after that look).
+    /// - A job still running at its deadline is a stall: sampled like a stalled loop (a thread in a
+    ///   system call is unwound from the kernel's view, never signalled) until the job ends; its
+    ///   thread records the exact end of that one job.
+    /// A pool busy with short jobs costs one or two wakeups per threshold; an idle pool none.
+    private func runPool() {
+        while !stopping.load(ordering: .acquiring) {
+            var earliest = visitPool(now: stallmon_now_ns())
+            if earliest == nil, poolRanJobs {
+                earliest = stallmon_now_ns() + threshold / 2
+            }
+            if earliest == nil {
+                let parked = stallmon_pool_park()
+                // Read every slot again after announcing the park: a job that started before it
+                // is seen here, one that starts after it wakes the watchdog.
+                earliest = visitPool(now: stallmon_now_ns())
+                if earliest == nil, !stopping.load(ordering: .acquiring) {
+                    _ = stallmon_pool_wait(parked < 0 ? threshold : UInt64.max)
+                    wakeupCount.add(1, ordering: .relaxed)
+                    continue
+                }
+                stallmon_pool_unpark()
+            }
+            guard let earliest, !stopping.load(ordering: .acquiring) else { continue }
+            let now = stallmon_now_ns()
+            if earliest > now { _ = stallmon_pool_wait(earliest - now) }
+            wakeupCount.add(1, ordering: .relaxed)
+        }
+        let end = stallmon_now_ns()
+        for (index, state) in poolThreads.enumerated() {
+            if let state, case .stalled(let stall) = state.phase { finishPoolStall(index, state, stall, end: end) }
+        }
+    }
+
+    /// Handles what is due for every pool thread at `now`; returns the earliest time something is
+    /// due next (`nil`: no job runs).
+    private func visitPool(now: UInt64) -> UInt64? {
+        learnUnknownPriority()
+        let count = Int(stallmon_pool_slot_count())
+        if poolThreads.count < count { poolThreads += Array(repeating: nil, count: count - poolThreads.count) }
+        if poolSequences.count < count { poolSequences += Array(repeating: 0, count: count - poolSequences.count) }
+        poolRanJobs = false
+        var earliest: UInt64?
+        func due(_ time: UInt64) { earliest = min(earliest ?? time, time) }
+        for index in 0..<count {
+            var job = stallmon_pool_job()
+            guard stallmon_pool_read(Int32(index), &job) == 1 else {
+                // The thread is starting a job just now: look again shortly.
+                due(now + 1_000_000)
+                continue
+            }
+            if job.sequence != poolSequences[index] {
+                poolSequences[index] = job.sequence
+                poolRanJobs = true
+            }
+            if let state = poolThreads[index], state.loop.threadID != job.tid {
+                // The thread has exited (libdispatch ends idle workers) and the slot may be another's.
+                if case .stalled(let stall) = state.phase { finishPoolStall(index, state, stall, end: now) }
+                poolThreads[index] = nil
+            }
+            if poolThreads[index] == nil, job.tid != 0 {
+                poolThreads[index] = LoopState(
+                    loop: Loop(threadID: job.tid, name: Self.poolLoopName), ticks: nil)
+                poolThreads[index]?.phase = .idle
+            }
+            guard let state = poolThreads[index] else { continue }
+            if case .stalled(let stall) = state.phase {
+                var end: UInt64 = 0
+                if stallmon_pool_watched_end(Int32(index), stall.sequence, &end) == 1 {
+                    finishPoolStall(index, state, stall, end: end)
+                } else if job.sequence != stall.sequence || job.start_ns == 0 {
+                    // It ended before it saw the watch, which was set just after it was detected.
+                    finishPoolStall(index, state, stall, end: now)
+                } else {
+                    if now >= stall.nextSample {
+                        takeSample(state, stall)
+                        stall.nextSample += sampleInterval
+                        let after = stallmon_now_ns()
+                        if stall.nextSample < after { stall.nextSample = after + sampleInterval }
+                    }
+                    due(stall.nextSample)
+                    continue
+                }
+            }
+            guard job.start_ns != 0 else {
+                state.phase = .idle
+                continue
+            }
+            if case .timing(_, let sequence) = state.phase, sequence == job.sequence {
+                // The same job as at the previous look.
+            } else {
+                state.phase = .timing(start: job.start_ns, sequence: job.sequence)
+                state.cpuBase = (stallmon_thread_cpu_ns(job.tid), stallmon_now_ns())
+            }
+            let deadline = job.start_ns + threshold
+            if now >= deadline {
+                beginPoolStall(index, state, job: job, now: now)
+                if case .stalled(let stall) = state.phase { due(stall.nextSample) }
+            } else {
+                due(deadline)
+            }
+        }
+        return earliest
+    }
+
+    private func beginPoolStall(_ index: Int, _ state: LoopState, job: stallmon_pool_job, now: UInt64) {
+        stallmon_pool_watch(Int32(index), job.sequence)
+        let stall = StallInProgress(
+            start: job.start_ns, sequence: job.sequence, suppressed: isSuppressed(now),
+            nextSample: now + sampleInterval, capacity: configuration.maximumStacks)
+        state.phase = .stalled(stall)
+        takeSample(state, stall)
+        if !stall.suppressed {
+            reporters[0].submit(
+                poolStall(
+                    captured(
+                        state, stall, event: .detected, end: stallmon_now_ns(),
+                        stacks: stall.firstStack.isEmpty ? [] : [(stall.firstStack, 1)],
+                        sources: stall.firstStack.isEmpty ? [] : [stall.firstSource]),
+                    state))
+        }
+    }
+
+    private func finishPoolStall(_ index: Int, _ state: LoopState, _ stall: StallInProgress, end: UInt64) {
+        stallmon_pool_watch(Int32(index), 0)
+        stallCount.add(1, ordering: .relaxed)
+        if !stall.suppressed {
+            reporters[0].submit(
+                poolStall(
+                    captured(
+                        state, stall, event: .ended, end: end, stacks: stall.stacks.all, sources: stall.stacks.sources),
+                    state))
+        }
+        state.phase = .idle
+    }
+
+    /// A pool job's stall: its activity, and the thread it held.
+    private func poolStall(_ stall: CapturedStall, _ state: LoopState) -> CapturedStall {
+        var stall = stall
+        stall.activity = .poolJob
+        stall.threadID = Int(state.loop.threadID)
+        return stall
+    }
+
+    /// A job whose priority's queue was not learned at start ran untimed: a probe task of that
+    /// priority learns the queue from inside it (`stallmon_pool_learn_queue`), so that the next
+    /// such jobs are timed. One probe per priority that shows up.
+    private func learnUnknownPriority() {
+        let latest = stallmon_pool_latest_unknown_priority()
+        guard latest != 0, latest != probedPriority else { return }
+        probedPriority = latest
+        let priority = UInt8(truncatingIfNeeded: latest)
+        guard stallmon_pool_knows_priority(UInt32(priority)) == 0 else { return }
+        Task.detached(priority: TaskPriority(rawValue: priority)) { _ = stallmon_pool_learn_queue() }
     }
 }
 

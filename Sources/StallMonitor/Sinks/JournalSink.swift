@@ -77,7 +77,7 @@ public struct JournalSink: ReportSink {
             var fields = lifecycleFields(
                 description, syslogIdentifier: syslogIdentifier, event: "stopped",
                 message:
-                    "stallmon stopped monitoring \(description.loop == "main" ? "the main run loop" : "thread \(description.loop)"): "
+                    "stallmon stopped monitoring \(Self.monitored(description.loop)): "
                     + "\(statistics.stalls) stalls, \(statistics.suppressedReports) reports suppressed, "
                     + "\(statistics.droppedReports) dropped, \(statistics.lostReports) lost"
             )
@@ -87,6 +87,12 @@ public struct JournalSink: ReportSink {
             fields.append(JournalField(MonitorField.lost, String(statistics.lostReports)))
             return fields
         }
+    }
+
+    /// `the main run loop`, `the cooperative pool` or `thread NIO-ELT-0-#0`.
+    private static func monitored(_ loop: String) -> String {
+        loop == "main"
+            ? "the main run loop" : loop == EventLoopWatchdog.poolLoopName ? "the cooperative pool" : "thread \(loop)"
     }
 
     private static func lifecycleFields(

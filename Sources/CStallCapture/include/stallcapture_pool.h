@@ -1,0 +1,81 @@
+#ifndef STALLMON_STALLCAPTURE_POOL_H
+#define STALLMON_STALLCAPTURE_POOL_H
+
+// Swift's cooperative pool (the global concurrent executor): each job a pool thread runs is timed,
+// so that a job that holds its thread past a threshold is reported like a stalled loop.
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/// Pool threads that can be timed at once; a thread beyond them runs its jobs untimed (counted).
+enum { STALLMON_POOL_MAX_THREADS = 256 };
+
+/// Called on a pool thread from inside a job of the runtime's global concurrent queue of that job's
+/// priority: remembers that queue, so that jobs of that priority can be enqueued on it through the
+/// trampoline. Returns 1 when learned, 0 when the job does not run on a queue of the runtime's
+/// (another global executor is installed).
+int stallmon_pool_learn_queue(void);
+
+/// 1 when the queue of `priority` is known.
+int stallmon_pool_knows_priority(unsigned priority);
+
+/// Sets `swift_task_enqueueGlobal_hook`: each job of a known priority is then enqueued on the
+/// runtime's own queue for it through a trampoline that times the job on its thread. Returns 0,
+/// -ENOENT when the runtime has no such hook, -EBUSY when someone else's hook is set.
+int stallmon_pool_install(void);
+/// Clears the hook again (when it is ours). Jobs already enqueued still run through the trampoline.
+void stallmon_pool_uninstall(void);
+/// 1 while the hook is ours.
+int stallmon_pool_installed(void);
+
+/// The job a pool thread runs now, as the watchdog reads it.
+typedef struct {
+    pid_t tid;           ///< 0: no thread holds the slot
+    uint64_t sequence;   ///< jobs the slot's thread has started
+    uint64_t start_ns;   ///< CLOCK_MONOTONIC start of the running job; 0 between jobs
+} stallmon_pool_job;
+
+/// Slots ever claimed (the watchdog reads slots below it).
+int stallmon_pool_slot_count(void);
+/// Reads slot `index` consistently. Returns 1, or 0 while the thread is between two stores (read again).
+int stallmon_pool_read(int index, stallmon_pool_job *out);
+/// Asks the thread in slot `index` to record the end of job `sequence` (0 stops watching).
+void stallmon_pool_watch(int index, uint64_t sequence);
+/// When job `sequence` of slot `index` has ended and its end was recorded, stores it and returns 1.
+int stallmon_pool_watched_end(int index, uint64_t sequence, uint64_t *end_ns);
+
+/// Jobs enqueued untimed because their priority's queue is unknown, and threads past the slots.
+uint64_t stallmon_pool_untimed_jobs(void);
+uint64_t stallmon_pool_untimed_threads(void);
+/// The priority of the latest job enqueued untimed for want of its queue (0x100 | priority), or 0.
+unsigned stallmon_pool_latest_unknown_priority(void);
+
+/// For benchmarks: runs `jobs` empty jobs on the calling thread, through the trampoline
+/// (`timed` 1, as the hook enqueues them) or by their invoke call alone (`timed` 0, as the runtime
+/// runs them), and returns the nanoseconds per job.
+double stallmon_pool_measure_job_ns(long jobs, int timed);
+
+// MARK: - The watchdog's wait
+
+/// Announces that the watchdog is about to wait without a timeout; afterwards the watchdog reads
+/// every slot again and waits only if all are between jobs. A job that starts afterwards wakes it.
+/// Returns 1, or -1 when membarrier(2) was refused after registration: then the watchdog must not
+/// wait without a timeout this once.
+int stallmon_pool_park(void);
+/// Withdraws the announcement (a job was running after all).
+void stallmon_pool_unpark(void);
+/// Waits until a job wakes the parked watchdog, ``stallmon_pool_wake`` is called, or `timeout_ns`
+/// passes (UINT64_MAX: without limit). Returns 1 when woken, 0 after a timeout.
+int stallmon_pool_wait(uint64_t timeout_ns);
+/// Wakes the watchdog (to stop it).
+void stallmon_pool_wake(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,133 @@
+import CStallCapture
+import Dispatch
+import Logging
+import Synchronization
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// The monitor of Swift's cooperative pool, from start to stop: the runtime's
+/// `swift_task_enqueueGlobal_hook` (set here, cleared at stop), one reporter (`STALL_LOOP=cooperative-pool`,
+/// each report with the pool thread it held) and the group watchdog, watching the pool's threads.
+///
+/// Pool threads are libdispatch's workers: they block SIGUSR1, SIGUSR2 and the real-time signals,
+/// so a running job is sampled with SIGPROF, and only while SIGPROF has no handler of the program's
+/// (a profiler's): the sampler checks its disposition before every sample and sends nothing once it
+/// is taken. A thread blocked in a system call is never signalled; its stack is unwound in place
+/// from the kernel's view.
+final class CooperativePoolSession: @unchecked Sendable {
+    private let watchdog: EventLoopWatchdog
+    private let reporter: Reporter
+    private let description: MonitorDescription
+    private let slot: Int32
+    private let logger: Logger
+
+    /// The job priorities whose queues are learned before the hook is set: background, utility,
+    /// default, user-initiated and user-interactive. Others are learned when their first job shows.
+    static let probedPriorities: [UInt8] = [9, 17, 21, 25, 33]
+
+    /// Whether a monitor of this process watches the pool: the hook and the threads' slots are the
+    /// process's, so one monitor at a time does.
+    private static let watching = Atomic<Bool>(false)
+
+    /// Learns the runtime's queues, sets the hook and starts the watchdog.
+    /// - Throws: ``StallMonitorError`` when the hook cannot be set (someone else's is set, or the
+    ///   runtime has none) or no sampler slot is free.
+    init(configuration monitorConfiguration: StallMonitor.Configuration, sinks: [any ReportSink], logger: Logger)
+        throws(StallMonitorError)
+    {
+        var configuration = monitorConfiguration
+        configuration.threshold = monitorConfiguration.cooperativePoolThreshold
+        configuration.sampleInterval = min(monitorConfiguration.sampleInterval, configuration.threshold)
+        self.logger = logger
+        guard !Self.watching.exchange(true, ordering: .acquiringAndReleasing) else {
+            throw StallMonitorError.cooperativePoolHookUnavailable(
+                reason: "another monitor in this process watches it already")
+        }
+        let missing = Self.learnQueues(timeout: .seconds(1))
+        let rc = stallmon_pool_install()
+        guard rc == 0 else {
+            Self.watching.store(false, ordering: .releasing)
+            throw StallMonitorError.cooperativePoolHookUnavailable(
+                reason: rc == -EBUSY
+                    ? "another library has set swift_task_enqueueGlobal_hook (a custom global executor, such as "
+                        + "NIO's event loops)"
+                    : "this Swift runtime has no swift_task_enqueueGlobal_hook")
+        }
+        if !missing.isEmpty {
+            logger.warning(
+                """
+                the cooperative pool's queues of some priorities were not learned; their jobs are timed once a job \
+                of theirs has run
+                """,
+                metadata: ["stallmon.priorities": "\(missing.map(String.init).joined(separator: ","))"])
+        }
+        slot = stallmon_sampler_slot_claim()
+        guard slot >= 0 else {
+            stallmon_pool_uninstall()
+            Self.watching.store(false, ordering: .releasing)
+            throw StallMonitorError.tooManyMonitors()
+        }
+        let signal: Int32? = stallmon_sampler_install(SIGPROF) == 0 ? SIGPROF : nil
+        if signal == nil {
+            logger.warning(
+                """
+                SIGPROF has a handler of the program's (a profiler?): cooperative-pool stalls on the CPU carry no \
+                stack (threads blocked in a system call still do)
+                """)
+        }
+        _ = stallmon_continue_watch_install()
+        let loopName = EventLoopWatchdog.poolLoopName
+        reporter = Reporter(configuration: configuration, loopName: loopName, threadID: Int(getpid()), sinks: sinks)
+        description = MonitorDescription(
+            loop: loopName, threadID: Int(getpid()), configuration: configuration, signal: signal)
+        watchdog = EventLoopWatchdog(cooperativePool: configuration, reporter: reporter, signal: signal, slot: slot)
+        watchdog.start()
+        reporter.emit(.started(description))
+        logger.info(
+            "stallmon watches the cooperative pool",
+            metadata: ["stallmon.threshold_ms": "\(configuration.threshold.milliseconds)"])
+    }
+
+    /// Clears the hook, stops the watchdog (a stall in progress gets its ended report) and waits
+    /// until every report is out.
+    func stop() {
+        stallmon_pool_uninstall()
+        watchdog.stop()
+        reporter.emit(.stopped(description, statistics))
+        if !reporter.drain(timeout: StallMonitor.stopTimeout) {
+            logger.warning(
+                "stallmon stopped with reports still queued",
+                metadata: ["stallmon.timeout": "\(StallMonitor.stopTimeout)"])
+        }
+        stallmon_sampler_slot_release(slot)
+        Self.watching.store(false, ordering: .releasing)
+    }
+
+    var statistics: StallMonitor.Statistics {
+        StallMonitor.Statistics(
+            stalls: watchdog.stalls, suppressedReports: reporter.suppressedReports.load(),
+            droppedReports: reporter.droppedReports.load(), lostReports: reporter.lostReports.load())
+    }
+
+    var watchdogThreadID: Int32 { watchdog.threadID }
+    var watchdogWakeups: Int { watchdog.wakeups }
+
+    /// Runs one probe task per priority on the pool, each of which learns its queue from inside
+    /// (``stallmon_pool_learn_queue``), and waits for them at most `timeout` (the caller may be a pool
+    /// thread itself). Returns the priorities not learned.
+    private static func learnQueues(timeout: Duration) -> [UInt8] {
+        let wanted = probedPriorities.filter { stallmon_pool_knows_priority(UInt32($0)) == 0 }
+        let done = DispatchSemaphore(value: 0)
+        for priority in wanted {
+            Task.detached(priority: TaskPriority(rawValue: priority)) {
+                _ = stallmon_pool_learn_queue()
+                done.signal()
+            }
+        }
+        let deadline = DispatchTime.now() + .nanoseconds(Int(timeout.nanoseconds))
+        for _ in wanted where done.wait(timeout: deadline) == .timedOut { break }
+        return wanted.filter { stallmon_pool_knows_priority(UInt32($0)) == 0 }
+    }
+}
