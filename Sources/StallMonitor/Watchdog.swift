@@ -460,9 +460,7 @@ final class Watchdog: @unchecked Sendable {
         var stacks = StackAggregator(capacity: configuration.maximumStacks)
         var samples = 0
         var unanswered = 0
-        var states: [Character: Int] = [:]
-        var waits: [KernelWait: Int] = [:]
-        var latestView = KernelThreadView()
+        var kernel = KernelViewTally()
         var noStackReason: String?
         var paused: UInt64 = 0
         var firstStack: [UInt] = []
@@ -471,27 +469,12 @@ final class Watchdog: @unchecked Sendable {
 
         // Returns false when the sample shows the loop idle in its own wait (a nested run in a
         // mode the observers do not see): then there is no stall.
-        // The kernel's view costs three /proc reads, more than the stack itself: it is read with
-        // the first sample and then every 100 ms.
-        var viewedAt: UInt64 = 0
         func takeSample() -> Bool {
             samples += 1
-            var viewed: KernelThreadView?
-            let now = stallmon_now_ns()
-            if viewedAt == 0 || now - viewedAt >= 100_000_000 {
-                let view = inspector.view()
-                viewedAt = now
-                viewed = view
-                latestView = view
-                states[view.state, default: 0] += 1
-                waits[KernelWait(syscall: view.syscall, waitChannel: view.waitChannel), default: 0] += 1
-            }
+            let viewed = kernel.look(at: inspector, now: stallmon_now_ns())
             func idle() -> Bool {
                 samples -= 1
-                if let view = viewed {
-                    states[view.state, default: 1] -= 1
-                    waits[KernelWait(syscall: view.syscall, waitChannel: view.waitChannel), default: 1] -= 1
-                }
+                if let viewed { kernel.forget(viewed) }
                 return false
             }
             let waitFunction = idleWaitRange.withLock { $0 }
@@ -604,8 +587,7 @@ final class Watchdog: @unchecked Sendable {
                 event: kind, stallID: stallID, startNanoseconds: windowStart, duration: duration, paused: paused,
                 activity: activity, runLoopMode: mode, cpu: min(cpu, duration),
                 samples: samples, unansweredSamples: unanswered, stacks: stacks, stackSources: sources,
-                threadState: Self.dominantState(states),
-                kernelView: Self.dominantWait(waits, fallback: latestView),
+                threadState: kernel.dominantState, kernelView: kernel.dominantWait,
                 noStackReason: firstStack.isEmpty ? noStackReason : nil,
                 capturedNanoseconds: stallmon_now_ns()
             )
@@ -686,29 +668,6 @@ final class Watchdog: @unchecked Sendable {
         if !suppressed {
             deliver(captured(.ended, end: end, stacks: stacks.all, sources: stacks.sources))
         }
-    }
-
-    /// The system call and wait channel seen in most samples (a thread that loops over short
-    /// sleeps is "in poll" even if the last sample caught it between two).
-    static func dominantWait(_ waits: [KernelWait: Int], fallback: KernelThreadView) -> KernelThreadView {
-        guard
-            let wait = waits.filter({ $0.value > 0 }).max(by: { lhs, rhs in
-                lhs.value != rhs.value ? lhs.value < rhs.value : (lhs.key.syscall == nil && rhs.key.syscall != nil)
-            })?.key
-        else { return fallback }
-        var view = fallback
-        view.syscall = wait.syscall
-        view.waitChannel = wait.waitChannel
-        return view
-    }
-
-    /// The state seen in most samples; ties go to the more telling one (R before D before S).
-    static func dominantState(_ states: [Character: Int]) -> Character {
-        let preference: [Character] = ["R", "D", "S", "T", "t", "Z"]
-        func rank(_ state: Character) -> Int { preference.firstIndex(of: state) ?? preference.count }
-        return states.filter { $0.value > 0 }.max { lhs, rhs in
-            lhs.value != rhs.value ? lhs.value < rhs.value : rank(lhs.key) > rank(rhs.key)
-        }?.key ?? "?"
     }
 
     private func isInGracePeriod(_ now: UInt64) -> Bool {
@@ -802,10 +761,4 @@ final class Watchdog: @unchecked Sendable {
             return String(repeating: "0", count: 16 - hex.count) + hex
         }.joined()
     }
-}
-
-/// Where the kernel had a thread waiting, as one sample saw it.
-struct KernelWait: Hashable {
-    var syscall: String?
-    var waitChannel: String?
 }

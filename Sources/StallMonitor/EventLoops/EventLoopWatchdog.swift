@@ -186,10 +186,7 @@ package final class EventLoopWatchdog: @unchecked Sendable {
         var firstSource = StallReport.StackSource.signal
         /// The latest stack sampled, reused when a blocked thread cannot be unwound again.
         var latestStack: [UInt]?
-        var states: [Character: Int] = [:]
-        var waits: [KernelWait: Int] = [:]
-        var latestView = KernelThreadView()
-        var viewedAt: UInt64 = 0
+        var kernel = KernelViewTally()
         var noStackReason: String?
 
         init(start: UInt64, sequence: UInt64, suppressed: Bool, nextSample: UInt64, capacity: Int) {
@@ -449,8 +446,7 @@ package final class EventLoopWatchdog: @unchecked Sendable {
             event: event, stallID: stall.stallID, startNanoseconds: stall.start, duration: duration, paused: 0,
             activity: .eventLoopCycle, runLoopMode: "none", cpu: cpu, samples: stall.samples,
             unansweredSamples: stall.unanswered, stacks: stacks, stackSources: sources,
-            threadState: Watchdog.dominantState(stall.states),
-            kernelView: Watchdog.dominantWait(stall.waits, fallback: stall.latestView),
+            threadState: stall.kernel.dominantState, kernelView: stall.kernel.dominantWait,
             noStackReason: stall.firstStack.isEmpty ? stall.noStackReason : nil,
             capturedNanoseconds: stallmon_now_ns()
         )
@@ -461,14 +457,7 @@ package final class EventLoopWatchdog: @unchecked Sendable {
     /// `nanosleep` or `epoll_wait` with EINTR): its stack is unwound from the kernel's view.
     private func takeSample(_ state: LoopState, _ stall: StallInProgress) {
         stall.samples += 1
-        let now = stallmon_now_ns()
-        if stall.viewedAt == 0 || now - stall.viewedAt >= 100_000_000 {
-            let view = state.inspector.view()
-            stall.viewedAt = now
-            stall.latestView = view
-            stall.states[view.state, default: 0] += 1
-            stall.waits[KernelWait(syscall: view.syscall, waitChannel: view.waitChannel), default: 0] += 1
-        }
+        _ = stall.kernel.look(at: state.inspector, now: stallmon_now_ns())
         guard let (addresses, source) = capture(state, stall) else {
             stall.unanswered += 1
             return
