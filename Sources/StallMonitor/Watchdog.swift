@@ -42,13 +42,14 @@ final class Watchdog: @unchecked Sendable {
     }
 
     let configuration: StallMonitor.Configuration
-    let target: Target
+    /// The loop as the sampler sees it.
+    let source: RunLoopSource
     /// The observer's state; the watchdog holds one reference.
     let loop: OpaquePointer
     let semaphore: DispatchSemaphore
-    private let signal: Int32?
     private let slot: Int32
     private let inspector: ThreadInspector
+    private let sampler: StallSampler
     private let clocks: ThreadClocks
     private let deliver: @Sendable (CapturedStall) -> Void
     /// Hands a report over and returns once it is written (for the report before a watchdog kill).
@@ -56,9 +57,6 @@ final class Watchdog: @unchecked Sendable {
     private let logger: Logger
     private let startedAt: UInt64
     private let stopping = Atomic<Bool>(false)
-    private let idleWaitRange = Mutex<Range<UInt>?>(nil)
-    /// One of the monitor's observers: the modes it is in are the modes the monitor sees.
-    private let observer = Mutex<ObserverReference?>(nil)
     private let finished = DispatchSemaphore(value: 0)
     private let watchdogThreadID = Atomic<Int32>(0)
     private let stallCount = Atomic<Int>(0)
@@ -82,18 +80,10 @@ final class Watchdog: @unchecked Sendable {
     /// no stop of the process.
     private var lastWaitQueued: UInt64 = 0
     private let runQueue = RunQueueClock()
-    private var sample = stallmon_sample()
     /// Whether the next idle phase parks the watchdog. After the observer woke it, it first waits
     /// out one quiet threshold: a loop that sleeps briefly on every pass would otherwise wake it
     /// on every pass.
     private var parkNext = true
-    /// `TracerPid` and the thread's signal mask, read at most once a second.
-    private var tracerChecked: (time: UInt64, attached: Bool) = (0, false)
-    private var signalChecked: (time: UInt64, problem: String?) = (0, nil)
-    /// Said once on the logger: the program took the sampling signal over; a signal ended one of
-    /// its system calls.
-    private var signalTakenLogged = false
-    private var interruptionLogged = false
     /// Pings of the service manager's watchdog, when the service runs with `WatchdogSec=`.
     private var serviceWatchdog: ServiceWatchdogSchedule?
     /// Whether the loop has turned since the start, and whether the monitor warned that it did not.
@@ -120,12 +110,14 @@ final class Watchdog: @unchecked Sendable {
         deliverNow: @escaping @Sendable (CapturedStall) -> Void, notice: @escaping @Sendable (LoopNotice) -> Void
     ) {
         self.configuration = configuration
-        self.target = target
+        self.source = RunLoopSource(threadID: target.threadID, loopName: target.loopName, runLoop: target.runLoop)
         self.loop = loop
         self.semaphore = semaphore
-        self.signal = signal
         self.slot = slot
         self.inspector = ThreadInspector(threadID: target.threadID)
+        self.sampler = StallSampler(
+            configuration: configuration, signal: signal, slot: slot,
+            interruptBlockedThreads: configuration.interruptBlockedThreads, logger: logger)
         self.clocks = ThreadClocks(threadID: target.threadID)
         self.deliver = deliver
         self.deliverNow = deliverNow
@@ -144,16 +136,12 @@ final class Watchdog: @unchecked Sendable {
 
     /// The address range of the run loop's own wait for events; samples inside it are idle.
     func setIdleWaitRange(_ range: Range<UInt>?) {
-        idleWaitRange.withLock { $0 = range }
-    }
-
-    struct ObserverReference: @unchecked Sendable {
-        let observer: CFRunLoopObserver
+        source.setIdleWaitRange(range)
     }
 
     /// One of the monitor's observers, for telling the modes it sees from those it does not.
     func setObserver(_ observer: CFRunLoopObserver) {
-        self.observer.withLock { $0 = ObserverReference(observer: observer) }
+        source.setObserver(observer)
     }
 
     /// The watchdog thread's name, in Foundation and in the kernel (at most 15 bytes).
@@ -317,7 +305,7 @@ final class Watchdog: @unchecked Sendable {
             armedBefore = lastCPUReading.map { ($0.reading, $0.asleep && $0.sequence + 1 == event.sequence) }
             armedReading = clocks.read()
             if let armedReading { lastCPUReading = (armedReading, event.sequence, false) }
-            if !configuration.interruptBlockedThreads { stallmon_sampler_note_running(slot, target.threadID) }
+            if !configuration.interruptBlockedThreads { stallmon_sampler_note_running(slot, source.threadID) }
         }
         let windowStart = windowStart(of: event)
         let deadline = windowStart + threshold
@@ -454,94 +442,14 @@ final class Watchdog: @unchecked Sendable {
             || (!configuration.reportWhileDebuggerAttached && ThreadInspector.tracerPID() != 0)
         let activity: StallReport.Activity =
             event.window == UInt32(STALLMON_WINDOW_AFTER_WAITING.rawValue) ? .afterWaiting : .beforeSources
-        let mode = currentMode()
-        let blockedReason = signalProblem()
+        let mode = source.currentMode()
 
-        var stacks = StackAggregator(capacity: configuration.maximumStacks)
-        var samples = 0
-        var unanswered = 0
-        var kernel = KernelViewTally()
-        var noStackReason: String?
+        var stall = StallSamples(capacity: configuration.maximumStacks)
         var paused: UInt64 = 0
-        var firstStack: [UInt] = []
-        var firstSource = StallReport.StackSource.signal
-        var latestStack: [UInt]?
 
         // Returns false when the sample shows the loop idle in its own wait (a nested run in a
         // mode the observers do not see): then there is no stall.
-        func takeSample() -> Bool {
-            samples += 1
-            let viewed = kernel.look(at: inspector, now: stallmon_now_ns())
-            func idle() -> Bool {
-                samples -= 1
-                if let viewed { kernel.forget(viewed) }
-                return false
-            }
-            let waitFunction = idleWaitRange.withLock { $0 }
-            if waitFunction == nil, isIdleInUnobservedMode(syscall: viewed?.syscall ?? inspector.syscall()) {
-                return idle()
-            }
-            guard let (addresses, source) = capture(blockedReason: blockedReason) else {
-                unanswered += 1
-                return true
-            }
-            if let waitFunction, isIdleWait(addresses, in: waitFunction) {
-                return idle()
-            }
-            // A sample that got no stack of its own counts as unanswered; the latest stack of the
-            // stall stands in for it.
-            if source == .previous { unanswered += 1 }
-            stacks.add(addresses, source: source)
-            if firstStack.isEmpty { (firstStack, firstSource) = (addresses, source) }
-            return true
-        }
-
-        // By default a thread in a system call is never signalled (a handler would end nanosleep,
-        // poll, epoll_wait… with EINTR): it is unwound in place from the kernel's view of it.
-        func capture(blockedReason: String?) -> (stack: [UInt], source: StallReport.StackSource)? {
-            var flags = configuration.interruptBlockedThreads ? 0 : Int32(STALLMON_SAMPLE_SPARE_SYSCALLS)
-            if blockedReason != nil {
-                flags = Int32(STALLMON_SAMPLE_SPARE_SYSCALLS | STALLMON_SAMPLE_NO_SIGNAL)
-            }
-            stallmon_sample_stack(
-                slot, target.threadID, signal ?? 0, Int32(configuration.maximumFrames),
-                UInt64(configuration.sampleTimeout.nanoseconds), flags, &sample
-            )
-            if sample.interrupted_syscall != 0 { noteInterruptedSyscall() }
-            switch sample.status {
-            case Int32(STALLMON_SAMPLE_OK.rawValue):
-                let count = Int(sample.frame_count)
-                let stack = withUnsafeBytes(of: sample.frames) { raw in
-                    Array(raw.bindMemory(to: UInt.self).prefix(count))
-                }
-                latestStack = stack
-                return (stack, sample.source == Int32(STALLMON_STACK_KERNEL.rawValue) ? .kernel : .signal)
-            case Int32(STALLMON_SAMPLE_SIGNAL_TAKEN.rawValue) where blockedReason != nil:
-                noStackReason = blockedReason
-            case Int32(STALLMON_SAMPLE_SIGNAL_TAKEN.rawValue):
-                noStackReason = signalTaken(sample.disposition)
-            case Int32(STALLMON_SAMPLE_BLOCKED_UNWIND_FAILED.rawValue):
-                if let latestStack { return (latestStack, .previous) }
-                let why = sample.error == EAGAIN ? "it kept waking up" : "libunwind error \(sample.error)"
-                noStackReason =
-                    "blocked in \(SyscallNames.name(Int(sample.syscall))) and not unwound from the kernel's view (\(why))"
-            case Int32(STALLMON_SAMPLE_SYSCALL_BUSY.rawValue):
-                if let latestStack { return (latestStack, .previous) }
-                noStackReason = "thread kept blocking in short system calls, which a signal would end with EINTR"
-            case Int32(STALLMON_SAMPLE_TIMEOUT.rawValue) where sample.error == EAGAIN:
-                noStackReason =
-                    "thread has not run since the last sample request (blocked in the kernel or descheduled)"
-            case Int32(STALLMON_SAMPLE_TIMEOUT.rawValue) where sample.error == EDEADLK:
-                noStackReason = "the sampler is stuck in an earlier unwind"
-            case Int32(STALLMON_SAMPLE_TIMEOUT.rawValue):
-                noStackReason = "thread did not answer within \(configuration.sampleTimeout.milliseconds) ms"
-            case Int32(STALLMON_SAMPLE_SEND_FAILED.rawValue):
-                noStackReason = "signal could not be sent (errno \(sample.error))"
-            default:
-                noStackReason = "unwinding failed (\(sample.error))"
-            }
-            return nil
-        }
+        func takeSample() -> Bool { sampler.sample(&stall, of: source, inspector: inspector) }
 
         let startReading = clocks.read()
         var sampleBegan = SampleStart(runQueue)
@@ -586,16 +494,16 @@ final class Watchdog: @unchecked Sendable {
             return CapturedStall(
                 event: kind, stallID: stallID, startNanoseconds: windowStart, duration: duration, paused: paused,
                 activity: activity, runLoopMode: mode, cpu: min(cpu, duration),
-                samples: samples, unansweredSamples: unanswered, stacks: stacks, stackSources: sources,
-                threadState: kernel.dominantState, kernelView: kernel.dominantWait,
-                noStackReason: firstStack.isEmpty ? noStackReason : nil,
+                samples: stall.samples, unansweredSamples: stall.unanswered, stacks: stacks, stackSources: sources,
+                threadState: stall.kernel.dominantState, kernelView: stall.kernel.dominantWait,
+                noStackReason: stall.firstStack.isEmpty ? stall.noStackReason : nil,
                 capturedNanoseconds: stallmon_now_ns()
             )
         }
 
         if !suppressed {
-            let first = firstStack.isEmpty ? [] : [(stack: firstStack, count: 1)]
-            deliver(captured(.detected, end: stallmon_now_ns(), stacks: first, sources: first.map { _ in firstSource }))
+            let first = stall.detectedStacks
+            deliver(captured(.detected, end: stallmon_now_ns(), stacks: first.stacks, sources: first.sources))
         }
 
         // Sample until the window closes. With a service watchdog, no pings go out meanwhile, and a
@@ -613,7 +521,8 @@ final class Watchdog: @unchecked Sendable {
             readClocks(stopped: stopped, late: woke > target ? (woke - target) - min(lastWaitQueued, woke - target) : 0)
             if let schedule = serviceWatchdog, !finalReportWritten, stallmon_now_ns() >= schedule.finalReportTime {
                 finalReportWritten = true
-                var report = captured(.watchdog, end: stallmon_now_ns(), stacks: stacks.all, sources: stacks.sources)
+                var report = captured(
+                    .watchdog, end: stallmon_now_ns(), stacks: stall.stacks.all, sources: stall.stacks.sources)
                 report.watchdogInterval = schedule.interval
                 deliverNow(report)
             }
@@ -666,89 +575,12 @@ final class Watchdog: @unchecked Sendable {
         if let cpuAccount { lastCPUReading = (cpuAccount.latest, sequence, false) }
         stallCount.add(1, ordering: .relaxed)
         if !suppressed {
-            deliver(captured(.ended, end: end, stacks: stacks.all, sources: stacks.sources))
+            deliver(captured(.ended, end: end, stacks: stall.stacks.all, sources: stall.stacks.sources))
         }
     }
 
     private func isInGracePeriod(_ now: UInt64) -> Bool {
         now < startedAt + UInt64(configuration.startupGracePeriod.nanoseconds)
-    }
-
-    /// Why the thread cannot be sampled at all, or `nil` when it can (`SigBlk`, read at most once a second).
-    private func signalProblem() -> String? {
-        guard let signal else { return "no free signal for sampling" }
-        let now = stallmon_now_ns()
-        if signalChecked.time == 0 || now - signalChecked.time >= 1_000_000_000 {
-            signalChecked = (now, inspector.blocks(signal) ? "thread blocks \(SignalName.name(of: signal))" : nil)
-        }
-        return signalChecked.problem
-    }
-
-    /// Why running threads get no stack while the program owns the sampling signal; said once on
-    /// the logger too. The signal is not sent: SIG_DFL would kill the program, SIG_IGN drop it, and
-    /// a handler of the program's would run its code.
-    private func signalTaken(_ disposition: Int32) -> String {
-        let name = signal.map(SignalName.name(of:)) ?? "the sampling signal"
-        let how =
-            switch disposition {
-            case Int32(STALLMON_DISPOSITION_DEFAULT.rawValue): "reset it to SIG_DFL"
-            case Int32(STALLMON_DISPOSITION_IGNORED.rawValue): "ignores it"
-            default: "installed its own handler"
-            }
-        let reason = "the program took over \(name) (\(how)); it is not sent, so only blocked threads are sampled"
-        if !signalTakenLogged {
-            signalTakenLogged = true
-            logger.warning(
-                "the program took over the sampling signal after the monitor started; stalls on the CPU get no stack",
-                metadata: ["stallmon.signal": "\(name)", "stallmon.disposition": "\(how)"]
-            )
-        }
-        return reason
-    }
-
-    /// The handler found it had ended a system call of the program with EINTR: the thread entered
-    /// the call within microseconds of the last look, or blocked threads are interrupted by choice.
-    private func noteInterruptedSyscall() {
-        guard !interruptionLogged else { return }
-        interruptionLogged = true
-        logger.warning(
-            "a sample interrupted a system call of the monitored thread, which returned EINTR",
-            metadata: ["stallmon.interrupt_blocked_threads": "\(configuration.interruptBlockedThreads)"]
-        )
-    }
-
-    /// Whether a debugger or tracer is attached (`TracerPid`, read at most once a second).
-    private func tracerAttached(_ now: UInt64) -> Bool {
-        if tracerChecked.time == 0 || now - tracerChecked.time >= 1_000_000_000 {
-            tracerChecked = (now, ThreadInspector.tracerPID() != 0)
-        }
-        return tracerChecked.attached
-    }
-
-    /// Whether a stack shows the thread in the run loop's own wait for events.
-    private func isIdleWait(_ addresses: [UInt], in waitFunction: Range<UInt>) -> Bool {
-        addresses.prefix(4).contains { waitFunction.contains($0) || waitFunction.contains($0 &- 1) }
-    }
-
-    /// The system calls a run loop waits for events in (CoreFoundation's is ppoll on its epoll
-    /// descriptor; others may wait in epoll directly).
-    private static let loopWaitCalls: Set<String> = ["ppoll", "poll", "epoll_wait", "epoll_pwait", "epoll_pwait2"]
-
-    /// Idle without CoreFoundation's symbols (before they are loaded, or where they are stripped),
-    /// and without a signal: the thread waits in a run loop's wait call while its loop runs a mode
-    /// the observers are not in. In a mode they are in, the loop waits only after before-waiting,
-    /// outside any window, so a wait seen inside a window there is a callout's own.
-    private func isIdleInUnobservedMode(syscall: String?) -> Bool {
-        guard let syscall, Self.loopWaitCalls.contains(syscall),
-            let observer = observer.withLock({ $0 }),
-            let mode = CFRunLoopCopyCurrentMode(target.runLoop)
-        else { return false }
-        return !CFRunLoopContainsObserver(target.runLoop, observer.observer, mode)
-    }
-
-    private func currentMode() -> String {
-        guard let mode = CFRunLoopCopyCurrentMode(target.runLoop) else { return "none" }
-        return RunLoopModes.string(mode)
     }
 
     /// 128 random bits as 32 lowercase hex digits, like a journal MESSAGE_ID.
