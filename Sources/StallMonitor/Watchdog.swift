@@ -5,33 +5,6 @@ import Foundation
 import Logging
 import Synchronization
 
-/// A stall as the watchdog saw it: raw addresses and kernel views, before symbolication.
-struct CapturedStall: Sendable {
-    var event: StallReport.Event
-    var stallID: String
-    var startNanoseconds: UInt64
-    var duration: UInt64
-    var paused: UInt64
-    var activity: StallReport.Activity
-    var runLoopMode: String
-    var cpu: UInt64
-    var samples: Int
-    var unansweredSamples: Int
-    /// Distinct stacks (innermost first) with the samples they were seen in: the first one for a
-    /// detected report, all of them for an ended report.
-    var stacks: [(stack: [UInt], count: Int)]
-    /// How each of `stacks` was taken (same order).
-    var stackSources: [StallReport.StackSource] = []
-    var threadState: Character
-    /// The system call and wait channel seen most often.
-    var kernelView: KernelThreadView
-    var noStackReason: String?
-    /// CLOCK_MONOTONIC when the watchdog handed it over.
-    var capturedNanoseconds: UInt64
-    /// The service's `WatchdogSec=` in nanoseconds, for a watchdog report.
-    var watchdogInterval: UInt64?
-}
-
 /// The watchdog thread of one monitor: sleeps until the current window could become a stall,
 /// parks while the loop is idle, and samples the stalled thread while a stall lasts.
 final class Watchdog: @unchecked Sendable {
@@ -457,7 +430,7 @@ final class Watchdog: @unchecked Sendable {
             floor = (sequence, stallmon_now_ns())
             return
         }
-        let stallID = Self.newStallID()
+        let stallID = CapturedStall.newStallID()
         let armed = armedSequence == sequence
         let insideReadings = [armed ? armedReading : nil, startReading].compactMap { $0 }
         var cpuAccount =
@@ -486,24 +459,17 @@ final class Watchdog: @unchecked Sendable {
         readClocks(stopped: sampleWasStopped(&sampleBegan), late: sampleBegan.lateness)
 
         func captured(
-            _ kind: StallReport.Event, end: UInt64, stacks: [(stack: [UInt], count: Int)],
-            sources: [StallReport.StackSource]
+            _ kind: StallReport.Event, end: UInt64,
+            stacks: (stacks: [(stack: [UInt], count: Int)], sources: [StallReport.StackSource])
         ) -> CapturedStall {
-            let duration = end > windowStart + paused ? end - windowStart - paused : 0
-            let cpu = cpuAccount?.used(until: end, sleptSinceEnd: sleptSinceEnd) ?? 0
-            return CapturedStall(
-                event: kind, stallID: stallID, startNanoseconds: windowStart, duration: duration, paused: paused,
-                activity: activity, runLoopMode: mode, cpu: min(cpu, duration),
-                samples: stall.samples, unansweredSamples: stall.unanswered, stacks: stacks, stackSources: sources,
-                threadState: stall.kernel.dominantState, kernelView: stall.kernel.dominantWait,
-                noStackReason: stall.firstStack.isEmpty ? stall.noStackReason : nil,
-                capturedNanoseconds: stallmon_now_ns()
-            )
+            CapturedStall(
+                kind, of: stall, stallID: stallID, start: windowStart, end: end, paused: paused, activity: activity,
+                runLoopMode: mode, stacks: stacks
+            ) { _ in cpuAccount?.used(until: end, sleptSinceEnd: sleptSinceEnd) ?? 0 }
         }
 
         if !suppressed {
-            let first = stall.detectedStacks
-            deliver(captured(.detected, end: stallmon_now_ns(), stacks: first.stacks, sources: first.sources))
+            deliver(captured(.detected, end: stallmon_now_ns(), stacks: stall.detectedStacks))
         }
 
         // Sample until the window closes. With a service watchdog, no pings go out meanwhile, and a
@@ -521,8 +487,7 @@ final class Watchdog: @unchecked Sendable {
             readClocks(stopped: stopped, late: woke > target ? (woke - target) - min(lastWaitQueued, woke - target) : 0)
             if let schedule = serviceWatchdog, !finalReportWritten, stallmon_now_ns() >= schedule.finalReportTime {
                 finalReportWritten = true
-                var report = captured(
-                    .watchdog, end: stallmon_now_ns(), stacks: stall.stacks.all, sources: stall.stacks.sources)
+                var report = captured(.watchdog, end: stallmon_now_ns(), stacks: stall.allStacks)
                 report.watchdogInterval = schedule.interval
                 deliverNow(report)
             }
@@ -575,22 +540,11 @@ final class Watchdog: @unchecked Sendable {
         if let cpuAccount { lastCPUReading = (cpuAccount.latest, sequence, false) }
         stallCount.add(1, ordering: .relaxed)
         if !suppressed {
-            deliver(captured(.ended, end: end, stacks: stall.stacks.all, sources: stall.stacks.sources))
+            deliver(captured(.ended, end: end, stacks: stall.allStacks))
         }
     }
 
     private func isInGracePeriod(_ now: UInt64) -> Bool {
         now < startedAt + UInt64(configuration.startupGracePeriod.nanoseconds)
-    }
-
-    /// 128 random bits as 32 lowercase hex digits, like a journal MESSAGE_ID.
-    static func newStallID() -> String {
-        var generator = SystemRandomNumberGenerator()
-        let high = generator.next() as UInt64
-        let low = generator.next() as UInt64
-        return [high, low].map { value in
-            let hex = String(value, radix: 16)
-            return String(repeating: "0", count: 16 - hex.count) + hex
-        }.joined()
     }
 }

@@ -175,7 +175,7 @@ package final class EventLoopWatchdog: @unchecked Sendable {
     }
 
     final class StallInProgress {
-        let stallID = Watchdog.newStallID()
+        let stallID = CapturedStall.newStallID()
         let start: UInt64
         let sequence: UInt64
         let suppressed: Bool
@@ -433,24 +433,18 @@ package final class EventLoopWatchdog: @unchecked Sendable {
         _ state: LoopState, _ stall: StallInProgress, event: StallReport.Event, end: UInt64,
         stacks: [(stack: [UInt], count: Int)], sources: [StallReport.StackSource]
     ) -> CapturedStall {
-        let duration = end > stall.start ? end - stall.start : 0
-        // The share of CPU the thread used since the watchdog first saw this cycle, applied to the
-        // whole cycle (which may have begun before, at the end of the previous tick).
-        var cpu: UInt64 = 0
-        let used = stallmon_thread_cpu_ns(state.loop.threadID)
-        let readAt = stallmon_now_ns()
-        if state.cpuBase.cpu >= 0, used >= state.cpuBase.cpu, readAt > state.cpuBase.time {
+        CapturedStall(
+            event, of: stall.sampled, stallID: stall.stallID, start: stall.start, end: end,
+            activity: .eventLoopCycle, runLoopMode: "none", stacks: (stacks, sources)
+        ) { duration in
+            // The share of CPU the thread used since the watchdog first saw this cycle, applied to
+            // the whole cycle (which may have begun before, at the end of the previous tick).
+            let used = stallmon_thread_cpu_ns(state.loop.threadID)
+            let readAt = stallmon_now_ns()
+            guard state.cpuBase.cpu >= 0, used >= state.cpuBase.cpu, readAt > state.cpuBase.time else { return 0 }
             let share = min(1, Double(used - state.cpuBase.cpu) / Double(readAt - state.cpuBase.time))
-            cpu = min(UInt64(share * Double(duration)), duration)
+            return UInt64(share * Double(duration))
         }
-        return CapturedStall(
-            event: event, stallID: stall.stallID, startNanoseconds: stall.start, duration: duration, paused: 0,
-            activity: .eventLoopCycle, runLoopMode: "none", cpu: cpu, samples: stall.sampled.samples,
-            unansweredSamples: stall.sampled.unanswered, stacks: stacks, stackSources: sources,
-            threadState: stall.sampled.kernel.dominantState, kernelView: stall.sampled.kernel.dominantWait,
-            noStackReason: stall.firstStack.isEmpty ? stall.noStackReason : nil,
-            capturedNanoseconds: stallmon_now_ns()
-        )
     }
 
     /// One sample of a stalled loop. It never shows the loop idle: the watchdog saw it outside
