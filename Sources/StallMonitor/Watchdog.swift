@@ -48,11 +48,8 @@ final class Watchdog: @unchecked Sendable {
     /// When the process last resumed from a stop: no window counts from before it, whichever
     /// window the loop is in by the time the watchdog looks.
     private var resumedAt: UInt64 = 0
-    private var continueCount: UInt64 = 0
-    /// Time the watchdog thread waited for a CPU during its latest `wait(until:)`: lateness that is
-    /// no stop of the process.
-    private var lastWaitQueued: UInt64 = 0
-    private let runQueue = RunQueueClock()
+    /// Stops of the process, told from the watchdog's own waits for a CPU.
+    private let stops: StopDetector
     /// Whether the next idle phase parks the watchdog. After the observer woke it, it first waits
     /// out one quiet threshold: a loop that sleeps briefly on every pass would otherwise wake it
     /// on every pass.
@@ -97,10 +94,12 @@ final class Watchdog: @unchecked Sendable {
         self.notice = notice
         self.logger = logger
         self.startedAt = stallmon_now_ns()
+        self.stops = StopDetector(
+            threshold: UInt64(configuration.threshold.nanoseconds),
+            sampleTimeout: UInt64(configuration.sampleTimeout.nanoseconds))
         self.serviceWatchdog = ServiceNotifier.watchdogInterval().map {
             ServiceWatchdogSchedule(interval: $0, now: stallmon_now_ns())
         }
-        self.continueCount = stallmon_continue_count()
     }
 
     /// The watchdog thread's kernel id (0 until it runs).
@@ -125,9 +124,9 @@ final class Watchdog: @unchecked Sendable {
         Self.startThread(named: Self.threadName) { [self] in
             watchdogThreadID.store(stallmon_gettid(), ordering: .releasing)
         } body: { [self] in
-            runQueue.open()
+            stops.runQueue.open()
             run()
-            runQueue.close()
+            stops.runQueue.close()
             finished.signal()
         }
     }
@@ -287,7 +286,7 @@ final class Watchdog: @unchecked Sendable {
             waitNoticingStops(until: cappedByPing(deadline))
             return
         }
-        if wasContinued() {
+        if stops.wasContinued() {
             // The process was stopped and continued since the last look: the time it spent
             // stopped is no stall, so the window counts from now.
             resumedAt = now
@@ -309,43 +308,6 @@ final class Watchdog: @unchecked Sendable {
         return start
     }
 
-    /// Whether a SIGCONT arrived since the last call.
-    private func wasContinued() -> Bool {
-        let count = stallmon_continue_count()
-        defer { continueCount = count }
-        return count != continueCount
-    }
-
-    /// Whether the process was stopped while the watchdog slept: a SIGCONT arrived, or the wakeup
-    /// came far later than asked for (a stop the handler could not see, such as a debugger's).
-    /// Lateness spent waiting for a CPU is no stop: a stopped thread is not on a run queue.
-    private func processWasStopped(wokeAt woke: UInt64, deadline: UInt64) -> Bool {
-        if wasContinued() { return true }
-        return woke > deadline && woke - deadline > pauseTolerance &+ lastWaitQueued
-    }
-
-    /// When a sample began, to tell afterwards whether the process was stopped during it.
-    private struct SampleStart {
-        let time = stallmon_now_ns()
-        let queued: UInt64?
-        /// How much longer than allowed the sample took (set by ``sampleWasStopped(_:)``).
-        var lateness: UInt64 = 0
-
-        init(_ runQueue: RunQueueClock) {
-            queued = runQueue.waited()
-        }
-    }
-
-    /// Whether the process was stopped during a sample: a SIGCONT arrived, or the sample took
-    /// longer than its timeout by more than the pause tolerance and the watchdog's wait for a CPU
-    /// (a SIGCONT handler cannot run where every thread blocks SIGCONT).
-    private func sampleWasStopped(_ start: inout SampleStart) -> Bool {
-        let elapsed = stallmon_now_ns() - start.time
-        let expected = UInt64(configuration.sampleTimeout.nanoseconds) &+ queued(since: start.queued)
-        start.lateness = elapsed > expected ? elapsed - expected : 0
-        return wasContinued() || start.lateness > pauseTolerance
-    }
-
     /// The observer wakes a parked watchdog within microseconds of the loop waking up. When the
     /// first window after the park is already old, and not because the watchdog waited for a CPU,
     /// the process was stopped in between (a debugger's stop sends no SIGCONT): that window counts
@@ -356,30 +318,25 @@ final class Watchdog: @unchecked Sendable {
             event.phase == UInt32(STALLMON_LOOP_ACTIVE.rawValue)
         else { return }
         let now = stallmon_now_ns()
-        if now > event.timestamp_ns, now - event.timestamp_ns > pauseTolerance &+ lastWaitQueued {
+        if stops.isLate(now, after: event.timestamp_ns) {
             resumedAt = now
         }
-    }
-
-    private var pauseTolerance: UInt64 {
-        let half = threshold / 2
-        return max(5_000_000, min(half, 25_000_000))
     }
 
     /// Waits on the semaphore until `deadline` (CLOCK_MONOTONIC; `nil` waits for a signal only),
     /// and notes how long of it the thread spent waiting for a CPU; returns the time it woke.
     @discardableResult
     private func wait(until deadline: UInt64?) -> UInt64 {
-        let queuedBefore = runQueue.waited()
-        if let deadline {
-            let now = stallmon_now_ns()
-            if deadline > now {
-                _ = semaphore.wait(timeout: .now() + .nanoseconds(Int(deadline - now)))
+        stops.measuringWait {
+            if let deadline {
+                let now = stallmon_now_ns()
+                if deadline > now {
+                    _ = semaphore.wait(timeout: .now() + .nanoseconds(Int(deadline - now)))
+                }
+            } else {
+                semaphore.wait()
             }
-        } else {
-            semaphore.wait()
         }
-        lastWaitQueued = queued(since: queuedBefore)
         return stallmon_now_ns()
     }
 
@@ -387,95 +344,82 @@ final class Watchdog: @unchecked Sendable {
     /// from now.
     private func waitNoticingStops(until deadline: UInt64) {
         let woke = wait(until: deadline)
-        if processWasStopped(wokeAt: woke, deadline: deadline) {
+        if stops.wasStopped(wokeAt: woke, deadline: deadline) {
             resumedAt = stallmon_now_ns()
         }
     }
 
-    /// Run-queue time of the watchdog thread since `start` (0 when either reading is missing).
-    private func queued(since start: UInt64?) -> UInt64 {
-        guard let start, let now = runQueue.waited(), now >= start else { return 0 }
-        return now - start
-    }
-
     // MARK: - Stalls
 
+    /// A window past the threshold while the watchdog samples it.
+    private struct Stall {
+        let sequence: UInt64
+        let windowStart: UInt64
+        /// When the watchdog began to watch for the window's end.
+        let watchedAt: UInt64
+        let stallID = CapturedStall.newStallID()
+        /// Inside the startup grace period, or under a debugger: sampled, but not reported.
+        let suppressed: Bool
+        let activity: StallReport.Activity
+        let mode: String
+        var samples: StallSamples
+        var time: StallTimeAccount
+    }
+
     private func handleStall(_ event: stallmon_event, windowStart: UInt64) {
-        let sequence = event.sequence
-        stallmon_loop_watch(loop, sequence)
+        stallmon_loop_watch(loop, event.sequence)
         defer { stallmon_loop_watch(loop, 0) }
         let watchedAt = stallmon_now_ns()
         var latest = stallmon_event()
-        guard stallmon_loop_latest(loop, &latest) == 1, latest.sequence == sequence else {
+        guard stallmon_loop_latest(loop, &latest) == 1, latest.sequence == event.sequence else {
             return  // the window closed just as it crossed the threshold
         }
+        guard var stall = beginStall(event, windowStart: windowStart, watchedAt: watchedAt) else { return }
+        if !stall.suppressed {
+            deliver(captured(stall, .detected, end: stallmon_now_ns(), stacks: stall.samples.detectedStacks))
+        }
+        let end = sampleUntilEnd(&stall)
+        finishStall(&stall, end: end)
+    }
 
+    /// Takes the first sample of a window that crossed the threshold, and starts its time account.
+    /// - Returns: The stall, or `nil` when the sample shows the loop idle in its own wait (a nested
+    ///   run in a mode the observers do not see): then there is no stall.
+    private func beginStall(_ event: stallmon_event, windowStart: UInt64, watchedAt: UInt64) -> Stall? {
+        let sequence = event.sequence
         let suppressed =
             isInGracePeriod(watchedAt)
             || (!configuration.reportWhileDebuggerAttached && ThreadInspector.tracerPID() != 0)
         let activity: StallReport.Activity =
             event.window == UInt32(STALLMON_WINDOW_AFTER_WAITING.rawValue) ? .afterWaiting : .beforeSources
         let mode = source.currentMode()
-
-        var stall = StallSamples(capacity: configuration.maximumStacks)
-        var paused: UInt64 = 0
-
-        // Returns false when the sample shows the loop idle in its own wait (a nested run in a
-        // mode the observers do not see): then there is no stall.
-        func takeSample() -> Bool { sampler.sample(&stall, of: source, inspector: inspector) }
+        var samples = StallSamples(capacity: configuration.maximumStacks)
 
         let startReading = clocks.read()
-        var sampleBegan = SampleStart(runQueue)
-        if !takeSample() {
+        var sampleBegan = stops.sampleStarts()
+        guard sampler.sample(&samples, of: source, inspector: inspector) else {
             floor = (sequence, stallmon_now_ns())
-            return
+            return nil
         }
-        let stallID = CapturedStall.newStallID()
         let armed = armedSequence == sequence
-        let insideReadings = [armed ? armedReading : nil, startReading].compactMap { $0 }
-        var cpuAccount =
-            insideReadings.isEmpty
-            ? nil
-            : StallCPUAccount(
-                windowStart: windowStart, before: armed ? armedBefore?.reading : nil,
-                sleptUntilStart: armed && armedBefore?.sleptUntilStart == true, after: insideReadings)
-        var sleptSinceEnd = false
-        var pausedOutsideAccount: UInt64 = 0
+        let time = StallTimeAccount(
+            windowStart: windowStart, before: armed ? armedBefore?.reading : nil,
+            sleptUntilStart: armed && armedBefore?.sleptUntilStart == true,
+            after: [armed ? armedReading : nil, startReading].compactMap { $0 })
+        var stall = Stall(
+            sequence: sequence, windowStart: windowStart, watchedAt: watchedAt, suppressed: suppressed,
+            activity: activity, mode: mode, samples: samples, time: time)
+        stall.time.record(clocks, stopped: stops.sampleWasStopped(&sampleBegan), late: sampleBegan.lateness)
+        return stall
+    }
 
-        /// Reads the thread's clocks; when the process was stopped since the previous reading,
-        /// adds the stop to `paused`. Called after every wait and every sample, so that each stop
-        /// falls between two readings: right after a sample, the thread has just run, and its
-        /// runnable time is up to date.
-        func readClocks(stopped: Bool, late: UInt64 = 0) {
-            if var account = cpuAccount, let reading = clocks.read() {
-                account.record(reading, stopped: stopped, late: late)
-                cpuAccount = account
-                paused = pausedOutsideAccount + account.paused
-            } else if stopped {
-                pausedOutsideAccount += late
-                paused = pausedOutsideAccount + (cpuAccount?.paused ?? 0)
-            }
-        }
-        readClocks(stopped: sampleWasStopped(&sampleBegan), late: sampleBegan.lateness)
-
-        func captured(
-            _ kind: StallReport.Event, end: UInt64,
-            stacks: (stacks: [(stack: [UInt], count: Int)], sources: [StallReport.StackSource])
-        ) -> CapturedStall {
-            CapturedStall(
-                kind, of: stall, stallID: stallID, start: windowStart, end: end, paused: paused, activity: activity,
-                runLoopMode: mode, stacks: stacks
-            ) { _ in cpuAccount?.used(until: end, sleptSinceEnd: sleptSinceEnd) ?? 0 }
-        }
-
-        if !suppressed {
-            deliver(captured(.detected, end: stallmon_now_ns(), stacks: stall.detectedStacks))
-        }
-
-        // Sample until the window closes. With a service watchdog, no pings go out meanwhile, and a
-        // stall that outlasts most of its interval gets a final report before systemd kills us.
-        var end: UInt64 = 0
-        var nextSample = stallmon_now_ns() + UInt64(configuration.sampleInterval.nanoseconds)
+    /// Samples until the window closes, and returns its end. With a service watchdog, no pings go
+    /// out meanwhile, and a stall that outlasts most of its interval gets a final report before
+    /// systemd kills us.
+    private func sampleUntilEnd(_ stall: inout Stall) -> UInt64 {
+        let sequence = stall.sequence
+        let interval = UInt64(configuration.sampleInterval.nanoseconds)
+        var nextSample = stallmon_now_ns() + interval
         var finalReportWritten = false
         while true {
             var target = nextSample
@@ -483,65 +427,72 @@ final class Watchdog: @unchecked Sendable {
             let woke = wait(until: target)
             // Late by a stop, less any time spent waiting for a CPU (no stop); the thread's
             // runnable time tells when the stop began.
-            let stopped = processWasStopped(wokeAt: woke, deadline: target)
-            readClocks(stopped: stopped, late: woke > target ? (woke - target) - min(lastWaitQueued, woke - target) : 0)
+            let stopped = stops.wasStopped(wokeAt: woke, deadline: target)
+            stall.time.record(clocks, stopped: stopped, late: stops.lateness(wokeAt: woke, deadline: target))
             if let schedule = serviceWatchdog, !finalReportWritten, stallmon_now_ns() >= schedule.finalReportTime {
                 finalReportWritten = true
-                var report = captured(.watchdog, end: stallmon_now_ns(), stacks: stall.allStacks)
+                var report = captured(stall, .watchdog, end: stallmon_now_ns(), stacks: stall.samples.allStacks)
                 report.watchdogInterval = schedule.interval
                 deliverNow(report)
             }
-            var endTime: UInt64 = 0
-            if stallmon_loop_watched_end(loop, sequence, &endTime) == 1 {
-                end = endTime
-                break
-            }
-            var current = stallmon_event()
-            if stallmon_loop_latest(loop, &current) == 1, current.sequence != sequence {
-                // The loop moved on. The observer records the end before it publishes the next
-                // transition, so look again; if it never saw the watch, the transition that ended
-                // the window is the exact end while it is still in the ring, and watchedAt (which
-                // it preceded) bounds it otherwise.
-                var next = stallmon_event()
-                if stallmon_loop_watched_end(loop, sequence, &endTime) == 1 {
-                    end = endTime
-                } else if stallmon_loop_event_after(loop, sequence, &next) == 1, next.timestamp_ns != 0 {
-                    end = next.timestamp_ns
-                } else {
-                    end = watchedAt
-                }
-                break
-            }
-            if isStopping {
-                end = stallmon_now_ns()
-                break
-            }
+            if let end = windowEnd(of: stall) { return end }
+            if isStopping { return stallmon_now_ns() }
             if stallmon_now_ns() >= nextSample {
-                sampleBegan = SampleStart(runQueue)
-                if !takeSample() {
-                    end = stallmon_now_ns()
+                var sampleBegan = stops.sampleStarts()
+                guard sampler.sample(&stall.samples, of: source, inspector: inspector) else {
+                    let end = stallmon_now_ns()
                     floor = (sequence, end)
-                    break
+                    return end
                 }
-                readClocks(stopped: sampleWasStopped(&sampleBegan), late: sampleBegan.lateness)
-                nextSample += UInt64(configuration.sampleInterval.nanoseconds)
+                stall.time.record(clocks, stopped: stops.sampleWasStopped(&sampleBegan), late: sampleBegan.lateness)
+                nextSample += interval
                 let now = stallmon_now_ns()
-                if nextSample < now { nextSample = now + UInt64(configuration.sampleInterval.nanoseconds) }
+                if nextSample < now { nextSample = now + interval }
             }
         }
+    }
 
-        // A reading after the end; the loop slept from the end through it if no transition followed
-        // its sleep.
-        if let reading = clocks.read() { cpuAccount?.record(reading) }
-        var afterEnd = stallmon_event()
-        sleptSinceEnd =
-            stallmon_loop_latest(loop, &afterEnd) == 1 && afterEnd.sequence == sequence + 1
-            && afterEnd.phase == UInt32(STALLMON_LOOP_ASLEEP.rawValue)
-        if let cpuAccount { lastCPUReading = (cpuAccount.latest, sequence, false) }
-        stallCount.add(1, ordering: .relaxed)
-        if !suppressed {
-            deliver(captured(.ended, end: end, stacks: stall.allStacks))
+    /// The end of the stall's window, once the loop has left it.
+    private func windowEnd(of stall: Stall) -> UInt64? {
+        var endTime: UInt64 = 0
+        if stallmon_loop_watched_end(loop, stall.sequence, &endTime) == 1 { return endTime }
+        var current = stallmon_event()
+        guard stallmon_loop_latest(loop, &current) == 1, current.sequence != stall.sequence else { return nil }
+        // The loop moved on. The observer records the end before it publishes the next
+        // transition, so look again; if it never saw the watch, the transition that ended the
+        // window is the exact end while it is still in the ring, and watchedAt (which it
+        // preceded) bounds it otherwise.
+        var next = stallmon_event()
+        if stallmon_loop_watched_end(loop, stall.sequence, &endTime) == 1 { return endTime }
+        if stallmon_loop_event_after(loop, stall.sequence, &next) == 1, next.timestamp_ns != 0 {
+            return next.timestamp_ns
         }
+        return stall.watchedAt
+    }
+
+    /// Takes a reading after the end, and hands over the ended report.
+    private func finishStall(_ stall: inout Stall, end: UInt64) {
+        // The loop slept from the end through the reading if no transition followed its sleep.
+        let reading = stall.time.recordAfterEnd(clocks)
+        var afterEnd = stallmon_event()
+        stall.time.sleptSinceEnd =
+            stallmon_loop_latest(loop, &afterEnd) == 1 && afterEnd.sequence == stall.sequence + 1
+            && afterEnd.phase == UInt32(STALLMON_LOOP_ASLEEP.rawValue)
+        if let reading { lastCPUReading = (reading, stall.sequence, false) }
+        stallCount.add(1, ordering: .relaxed)
+        if !stall.suppressed {
+            deliver(captured(stall, .ended, end: end, stacks: stall.samples.allStacks))
+        }
+    }
+
+    private func captured(
+        _ stall: Stall, _ event: StallReport.Event, end: UInt64,
+        stacks: (stacks: [(stack: [UInt], count: Int)], sources: [StallReport.StackSource])
+    ) -> CapturedStall {
+        CapturedStall(
+            event, of: stall.samples, stallID: stall.stallID, start: stall.windowStart, end: end,
+            paused: stall.time.paused, activity: stall.activity, runLoopMode: stall.mode, stacks: stacks
+        ) { _ in stall.time.used(until: end) }
     }
 
     private func isInGracePeriod(_ now: UInt64) -> Bool {
