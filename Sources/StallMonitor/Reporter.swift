@@ -1,5 +1,6 @@
 import CStallCapture
 import Dispatch
+import Synchronization
 
 /// Turns captured stalls into reports off the monitored thread: symbolicates them, applies the
 /// rate limit and hands them to the sinks, on one serial queue. Submitting never blocks: past the
@@ -227,26 +228,29 @@ extension Reporter {
 
 /// The monitor's health, kept for `STATUS=`: stalls that ended in the last hour and the one in
 /// progress. Updated on the reporting queue, read from anywhere without waiting for it.
-final class StatusBoard: @unchecked Sendable {
-    private let lock = Lock()
+final class StatusBoard: Sendable {
+    private struct Stalls {
+        var recent: [(end: UInt64, duration: UInt64)] = []
+        var inProgress: UInt64?
+    }
+
+    private let stalls = Mutex(Stalls())
     private let loopName: String
-    private var recentStalls: [(end: UInt64, duration: UInt64)] = []
-    private var stallInProgress: UInt64?
 
     init(loopName: String) {
         self.loopName = loopName
     }
 
     func record(_ stall: CapturedStall) {
-        lock.withLock {
+        stalls.withLock { stalls in
             switch stall.event {
-            case .detected: stallInProgress = stall.startNanoseconds
+            case .detected: stalls.inProgress = stall.startNanoseconds
             case .ended:
-                stallInProgress = nil
+                stalls.inProgress = nil
                 let end = stall.startNanoseconds + stall.duration
-                recentStalls.append((end, stall.duration))
-                recentStalls.removeAll { end > $0.end && end - $0.end > 3_600_000_000_000 }
-                if recentStalls.count > 1_000 { recentStalls.removeFirst(recentStalls.count - 1_000) }
+                stalls.recent.append((end, stall.duration))
+                stalls.recent.removeAll { end > $0.end && end - $0.end > 3_600_000_000_000 }
+                if stalls.recent.count > 1_000 { stalls.recent.removeFirst(stalls.recent.count - 1_000) }
             case .watchdog: break
             }
         }
@@ -255,15 +259,15 @@ final class StatusBoard: @unchecked Sendable {
     /// `main loop healthy; 3 stalls in 1h, worst 540 ms`, or `main loop stalled for 1200 ms`
     /// (counting the last 1000 stalls at most).
     func line() -> String {
-        lock.withLock {
+        stalls.withLock { stalls in
             let now = stallmon_now_ns()
-            recentStalls.removeAll { now - $0.end > 3_600_000_000_000 }
+            stalls.recent.removeAll { now - $0.end > 3_600_000_000_000 }
             let loop = loopName == "main" ? "main loop" : "loop of \(loopName)"
-            if let start = stallInProgress {
+            if let start = stalls.inProgress {
                 return "\(loop) stalled for \((now - start) / 1_000_000) ms"
             }
-            guard let worst = recentStalls.map(\.duration).max() else { return "\(loop) healthy; no stalls in 1h" }
-            let count = recentStalls.count
+            guard let worst = stalls.recent.map(\.duration).max() else { return "\(loop) healthy; no stalls in 1h" }
+            let count = stalls.recent.count
             return "\(loop) healthy; \(count) stall\(count == 1 ? "" : "s") in 1h, worst \(worst / 1_000_000) ms"
         }
     }
@@ -272,38 +276,42 @@ final class StatusBoard: @unchecked Sendable {
 /// The process's one symbolicator: libdw is not thread-safe, and its caches are worth sharing
 /// between monitors. A second after its last use, the pages of the image files it read (symbol
 /// tables, DWARF: several megabytes) leave the resident set until the next report.
-final class SharedSymbolicator: @unchecked Sendable {
+final class SharedSymbolicator: Sendable {
     static let shared = SharedSymbolicator()
-    private let lock = Lock()
-    private var symbolicator: Symbolicator?
-    private var lastUse: UInt64 = 0
-    private var trimScheduled = false
+
+    private struct State: @unchecked Sendable {
+        var symbolicator: Symbolicator?
+        var lastUse: UInt64 = 0
+        var trimScheduled = false
+    }
+
+    private let state = Mutex(State())
     private static let idleBeforeTrim: UInt64 = 1_000_000_000
 
-    func withSymbolicator<Result>(_ body: (Symbolicator) -> Result) -> Result {
-        lock.withLock {
-            let symbolicator = self.symbolicator ?? Symbolicator()
-            self.symbolicator = symbolicator
+    func withSymbolicator<Result: Sendable>(_ body: (Symbolicator) -> Result) -> Result {
+        state.withLock { state in
+            let symbolicator = state.symbolicator ?? Symbolicator()
+            state.symbolicator = symbolicator
             defer {
-                lastUse = stallmon_now_ns()
-                scheduleTrim(after: Self.idleBeforeTrim)
+                state.lastUse = stallmon_now_ns()
+                scheduleTrim(&state, after: Self.idleBeforeTrim)
             }
             return body(symbolicator)
         }
     }
 
     /// Called with the lock held.
-    private func scheduleTrim(after delay: UInt64) {
-        guard !trimScheduled else { return }
-        trimScheduled = true
+    private func scheduleTrim(_ state: inout State, after delay: UInt64) {
+        guard !state.trimScheduled else { return }
+        state.trimScheduled = true
         DispatchQueue.global(qos: .utility).asyncAfter(deadline: .now() + .nanoseconds(Int(delay))) {
-            self.lock.withLock {
-                self.trimScheduled = false
-                let idle = stallmon_now_ns() - self.lastUse
+            self.state.withLock { state in
+                state.trimScheduled = false
+                let idle = stallmon_now_ns() - state.lastUse
                 if idle >= Self.idleBeforeTrim {
-                    self.symbolicator?.trim()
+                    state.symbolicator?.trim()
                 } else {
-                    self.scheduleTrim(after: Self.idleBeforeTrim - idle)
+                    self.scheduleTrim(&state, after: Self.idleBeforeTrim - idle)
                 }
             }
         }
