@@ -1,5 +1,6 @@
 import CStallCapture
 import Dispatch
+import StallJournal
 import Synchronization
 
 /// Turns captured stalls into reports off the monitored thread: symbolicates them, applies the
@@ -106,7 +107,7 @@ final class Reporter: @unchecked Sendable {
         let report = SharedSymbolicator.shared.withSymbolicator { makeReport(stall, symbolicator: $0) }
         switch stall.event {
         case .detected:
-            if limiter.admit(report.fingerprint, frame: report.culprit?.summary ?? "?", now: stallmon_now_ns()) {
+            if limiter.admit(report.fingerprint, frame: report.culprit?.summary ?? "?", now: MonotonicClock.now()) {
                 decisions[stall.stallID] = .admitted
                 send(.stallDetected(report))
             } else {
@@ -125,7 +126,7 @@ final class Reporter: @unchecked Sendable {
                 send(.stallEnded(report))
             case nil:
                 // Its detected report was dropped or it was never detected by this reporter.
-                if limiter.admit(report.fingerprint, frame: report.culprit?.summary ?? "?", now: stallmon_now_ns()) {
+                if limiter.admit(report.fingerprint, frame: report.culprit?.summary ?? "?", now: MonotonicClock.now()) {
                     send(.stallEnded(report))
                 } else {
                     suppressedReports.add(1)
@@ -139,7 +140,7 @@ final class Reporter: @unchecked Sendable {
     private func scheduleFlush() {
         guard !flushScheduled, let next = limiter.nextExpiry else { return }
         flushScheduled = true
-        let delay = next > stallmon_now_ns() ? next - stallmon_now_ns() : 0
+        let delay = next > MonotonicClock.now() ? next - MonotonicClock.now() : 0
         queue.asyncAfter(deadline: .now() + .nanoseconds(Int(delay) + 1_000_000)) {
             self.flushScheduled = false
             self.flushSuppressions(all: false)
@@ -148,7 +149,7 @@ final class Reporter: @unchecked Sendable {
     }
 
     private func flushSuppressions(all: Bool) {
-        for summary in limiter.takeSummaries(now: stallmon_now_ns(), all: all) {
+        for summary in limiter.takeSummaries(now: MonotonicClock.now(), all: all) {
             send(
                 .suppressed(
                     SuppressionReport(
@@ -260,7 +261,7 @@ final class StatusBoard: Sendable {
     /// (counting the last 1000 stalls at most).
     func line() -> String {
         stalls.withLock { stalls in
-            let now = stallmon_now_ns()
+            let now = MonotonicClock.now()
             stalls.recent.removeAll { now - $0.end > 3_600_000_000_000 }
             let loop = loopName == "main" ? "main loop" : "loop of \(loopName)"
             if let start = stalls.inProgress {
@@ -293,7 +294,7 @@ final class SharedSymbolicator: Sendable {
             let symbolicator = state.symbolicator ?? Symbolicator()
             state.symbolicator = symbolicator
             defer {
-                state.lastUse = stallmon_now_ns()
+                state.lastUse = MonotonicClock.now()
                 scheduleTrim(&state, after: Self.idleBeforeTrim)
             }
             return body(symbolicator)
@@ -307,7 +308,7 @@ final class SharedSymbolicator: Sendable {
         DispatchQueue.global(qos: .utility).asyncAfter(deadline: .now() + .nanoseconds(Int(delay))) {
             self.state.withLock { state in
                 state.trimScheduled = false
-                let idle = stallmon_now_ns() - state.lastUse
+                let idle = MonotonicClock.now() - state.lastUse
                 if idle >= Self.idleBeforeTrim {
                     state.symbolicator?.trim()
                 } else {

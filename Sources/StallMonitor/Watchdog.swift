@@ -3,6 +3,7 @@ import CoreFoundation
 import Dispatch
 import Foundation
 import Logging
+import StallJournal
 import Synchronization
 
 /// The watchdog thread of one monitor: sleeps until the current window could become a stall,
@@ -93,12 +94,12 @@ final class Watchdog: @unchecked Sendable {
         self.deliverNow = deliverNow
         self.notice = notice
         self.logger = logger
-        self.startedAt = stallmon_now_ns()
+        self.startedAt = MonotonicClock.now()
         self.stops = StopDetector(
             threshold: UInt64(configuration.threshold.nanoseconds),
             sampleTimeout: UInt64(configuration.sampleTimeout.nanoseconds))
         self.serviceWatchdog = ServiceNotifier.watchdogInterval().map {
-            ServiceWatchdogSchedule(interval: $0, now: stallmon_now_ns())
+            ServiceWatchdogSchedule(interval: $0, now: MonotonicClock.now())
         }
     }
 
@@ -171,7 +172,7 @@ final class Watchdog: @unchecked Sendable {
                 continue
             }
             if firstTurn != .seen {
-                if firstTurn == .warned { notice(.turnedLate(waited: stallmon_now_ns() - startedAt)) }
+                if firstTurn == .warned { notice(.turnedLate(waited: MonotonicClock.now() - startedAt)) }
                 firstTurn = .seen
             }
             pingServiceWatchdog(event)
@@ -184,7 +185,7 @@ final class Watchdog: @unchecked Sendable {
                     // A window that starts from now on cannot cross the threshold before now +
                     // threshold, so this wait delays no detection. A loop that stayed quiet
                     // throughout gets the watchdog parked next time.
-                    waitNoticingStops(until: cappedByPing(stallmon_now_ns() + threshold))
+                    waitNoticingStops(until: cappedByPing(MonotonicClock.now() + threshold))
                     var latest = stallmon_event()
                     parkNext = stallmon_loop_latest(loop, &latest) == 1 && latest.sequence == event.sequence
                     continue
@@ -198,7 +199,7 @@ final class Watchdog: @unchecked Sendable {
                     parkNext = false
                 case -1:
                     // Parking is unsafe here: poll once per threshold instead.
-                    waitNoticingStops(until: cappedByPing(stallmon_now_ns() + threshold))
+                    waitNoticingStops(until: cappedByPing(MonotonicClock.now() + threshold))
                 default:
                     break
                 }
@@ -220,9 +221,9 @@ final class Watchdog: @unchecked Sendable {
             let timeout = UInt64(configuration.loopStartTimeout.nanoseconds)
             // Under a service watchdog, the warning lands before systemd kills the service for the missing pings.
             deadline = min(startedAt + grace + timeout, serviceWatchdog?.finalReportTime ?? .max)
-            if let due = deadline, stallmon_now_ns() >= due {
+            if let due = deadline, MonotonicClock.now() >= due {
                 firstTurn = .warned
-                notice(.notTurning(waited: stallmon_now_ns() - startedAt))
+                notice(.notTurning(waited: MonotonicClock.now() - startedAt))
                 return
             }
         }
@@ -231,7 +232,7 @@ final class Watchdog: @unchecked Sendable {
             wait(until: deadline)
         case -1:
             // Parking is unsafe here: poll once per threshold instead.
-            wait(until: min(deadline ?? .max, stallmon_now_ns() + threshold))
+            wait(until: min(deadline ?? .max, MonotonicClock.now() + threshold))
         default:
             break
         }
@@ -257,7 +258,7 @@ final class Watchdog: @unchecked Sendable {
     /// never gets here.
     private func pingServiceWatchdog(_ event: stallmon_event) {
         guard serviceWatchdog != nil else { return }
-        let now = stallmon_now_ns()
+        let now = MonotonicClock.now()
         var healthy = true
         if event.phase == UInt32(STALLMON_LOOP_ACTIVE.rawValue), stallmon_loop_allowed(loop) == 0 {
             healthy = now < windowStart(of: event) + threshold
@@ -267,7 +268,7 @@ final class Watchdog: @unchecked Sendable {
 
     /// `deadline`, or the next ping of the service watchdog when that comes first.
     private func cappedByPing(_ deadline: UInt64) -> UInt64 {
-        guard let nextPing = serviceWatchdog?.nextPing, nextPing > stallmon_now_ns() else { return deadline }
+        guard let nextPing = serviceWatchdog?.nextPing, nextPing > MonotonicClock.now() else { return deadline }
         return min(deadline, nextPing)
     }
 
@@ -281,7 +282,7 @@ final class Watchdog: @unchecked Sendable {
         }
         let windowStart = windowStart(of: event)
         let deadline = windowStart + threshold
-        let now = stallmon_now_ns()
+        let now = MonotonicClock.now()
         if now < deadline {
             waitNoticingStops(until: cappedByPing(deadline))
             return
@@ -317,7 +318,7 @@ final class Watchdog: @unchecked Sendable {
         guard stallmon_loop_event_after(loop, parkedSequence, &event) == 1,
             event.phase == UInt32(STALLMON_LOOP_ACTIVE.rawValue)
         else { return }
-        let now = stallmon_now_ns()
+        let now = MonotonicClock.now()
         if stops.isLate(now, after: event.timestamp_ns) {
             resumedAt = now
         }
@@ -329,7 +330,7 @@ final class Watchdog: @unchecked Sendable {
     private func wait(until deadline: UInt64?) -> UInt64 {
         stops.measuringWait {
             if let deadline {
-                let now = stallmon_now_ns()
+                let now = MonotonicClock.now()
                 if deadline > now {
                     _ = semaphore.wait(timeout: .now() + .nanoseconds(Int(deadline - now)))
                 }
@@ -337,7 +338,7 @@ final class Watchdog: @unchecked Sendable {
                 semaphore.wait()
             }
         }
-        return stallmon_now_ns()
+        return MonotonicClock.now()
     }
 
     /// Waits until `deadline`; when the process was stopped meanwhile, the current window counts
@@ -345,7 +346,7 @@ final class Watchdog: @unchecked Sendable {
     private func waitNoticingStops(until deadline: UInt64) {
         let woke = wait(until: deadline)
         if stops.wasStopped(wokeAt: woke, deadline: deadline) {
-            resumedAt = stallmon_now_ns()
+            resumedAt = MonotonicClock.now()
         }
     }
 
@@ -369,14 +370,14 @@ final class Watchdog: @unchecked Sendable {
     private func handleStall(_ event: stallmon_event, windowStart: UInt64) {
         stallmon_loop_watch(loop, event.sequence)
         defer { stallmon_loop_watch(loop, 0) }
-        let watchedAt = stallmon_now_ns()
+        let watchedAt = MonotonicClock.now()
         var latest = stallmon_event()
         guard stallmon_loop_latest(loop, &latest) == 1, latest.sequence == event.sequence else {
             return  // the window closed just as it crossed the threshold
         }
         guard var stall = beginStall(event, windowStart: windowStart, watchedAt: watchedAt) else { return }
         if !stall.suppressed {
-            deliver(captured(stall, .detected, end: stallmon_now_ns(), stacks: stall.samples.detectedStacks))
+            deliver(captured(stall, .detected, end: MonotonicClock.now(), stacks: stall.samples.detectedStacks))
         }
         let end = sampleUntilEnd(&stall)
         finishStall(&stall, end: end)
@@ -398,7 +399,7 @@ final class Watchdog: @unchecked Sendable {
         let startReading = clocks.read()
         var sampleBegan = stops.sampleStarts()
         guard sampler.sample(&samples, of: source, inspector: inspector) else {
-            floor = (sequence, stallmon_now_ns())
+            floor = (sequence, MonotonicClock.now())
             return nil
         }
         let armed = armedSequence == sequence
@@ -419,7 +420,7 @@ final class Watchdog: @unchecked Sendable {
     private func sampleUntilEnd(_ stall: inout Stall) -> UInt64 {
         let sequence = stall.sequence
         let interval = UInt64(configuration.sampleInterval.nanoseconds)
-        var nextSample = stallmon_now_ns() + interval
+        var nextSample = MonotonicClock.now() + interval
         var finalReportWritten = false
         while true {
             var target = nextSample
@@ -429,24 +430,24 @@ final class Watchdog: @unchecked Sendable {
             // runnable time tells when the stop began.
             let stopped = stops.wasStopped(wokeAt: woke, deadline: target)
             stall.time.record(clocks, stopped: stopped, late: stops.lateness(wokeAt: woke, deadline: target))
-            if let schedule = serviceWatchdog, !finalReportWritten, stallmon_now_ns() >= schedule.finalReportTime {
+            if let schedule = serviceWatchdog, !finalReportWritten, MonotonicClock.now() >= schedule.finalReportTime {
                 finalReportWritten = true
-                var report = captured(stall, .watchdog, end: stallmon_now_ns(), stacks: stall.samples.allStacks)
+                var report = captured(stall, .watchdog, end: MonotonicClock.now(), stacks: stall.samples.allStacks)
                 report.watchdogInterval = schedule.interval
                 deliverNow(report)
             }
             if let end = windowEnd(of: stall) { return end }
-            if isStopping { return stallmon_now_ns() }
-            if stallmon_now_ns() >= nextSample {
+            if isStopping { return MonotonicClock.now() }
+            if MonotonicClock.now() >= nextSample {
                 var sampleBegan = stops.sampleStarts()
                 guard sampler.sample(&stall.samples, of: source, inspector: inspector) else {
-                    let end = stallmon_now_ns()
+                    let end = MonotonicClock.now()
                     floor = (sequence, end)
                     return end
                 }
                 stall.time.record(clocks, stopped: stops.sampleWasStopped(&sampleBegan), late: sampleBegan.lateness)
                 nextSample += interval
-                let now = stallmon_now_ns()
+                let now = MonotonicClock.now()
                 if nextSample < now { nextSample = now + interval }
             }
         }

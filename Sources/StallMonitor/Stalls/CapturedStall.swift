@@ -1,4 +1,4 @@
-import CStallCapture
+import StallJournal
 
 /// A stall as the watchdog saw it: raw addresses and kernel views, before symbolication.
 struct CapturedStall: Sendable {
@@ -50,7 +50,7 @@ extension CapturedStall {
             samples: stall.samples, unansweredSamples: stall.unanswered, stacks: stacks.stacks,
             stackSources: stacks.sources, threadState: stall.kernel.dominantState,
             kernelView: stall.kernel.dominantWait, noStackReason: stall.firstStack.isEmpty ? stall.noStackReason : nil,
-            capturedNanoseconds: stallmon_now_ns()
+            capturedNanoseconds: MonotonicClock.now()
         )
     }
 

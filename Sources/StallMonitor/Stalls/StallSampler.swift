@@ -1,5 +1,6 @@
 import CStallCapture
 import Logging
+import StallJournal
 
 #if canImport(Glibc)
     import Glibc
@@ -77,7 +78,7 @@ final class StallSampler {
     func sample(_ stall: inout StallSamples, of loop: some LoopSource, inspector: ThreadInspector) -> Bool {
         if stall.blockedReason == nil { stall.blockedReason = signalProblem(of: inspector) }
         stall.samples += 1
-        let viewed = stall.kernel.look(at: inspector, now: stallmon_now_ns())
+        let viewed = stall.kernel.look(at: inspector, now: MonotonicClock.now())
         func idle() -> Bool {
             stall.samples -= 1
             if let viewed { stall.kernel.forget(viewed) }
@@ -154,7 +155,7 @@ final class StallSampler {
     /// a second).
     private func signalProblem(of inspector: ThreadInspector) -> String? {
         guard let signal else { return "no free signal for sampling" }
-        let now = stallmon_now_ns()
+        let now = MonotonicClock.now()
         if let checked = signalChecked[inspector.threadID], now - checked.time < 1_000_000_000 {
             return checked.problem
         }

@@ -1,4 +1,5 @@
 import CStallCapture
+import StallJournal
 
 /// Tells for a watchdog thread whether the process was stopped (SIGSTOP and SIGCONT, a debugger)
 /// while it waited or sampled, as against the watchdog merely waiting for a CPU: a stopped thread is
@@ -54,7 +55,7 @@ final class StopDetector {
 
     /// When a sample began, to tell afterwards whether the process was stopped during it.
     struct SampleStart {
-        fileprivate let time = stallmon_now_ns()
+        fileprivate let time = MonotonicClock.now()
         fileprivate let queued: UInt64?
         /// How much longer than allowed the sample took (set by ``StopDetector/sampleWasStopped(_:)``).
         fileprivate(set) var lateness: UInt64 = 0
@@ -70,7 +71,7 @@ final class StopDetector {
     /// longer than its timeout by more than the pause tolerance and the watchdog's wait for a CPU
     /// (a SIGCONT handler cannot run where every thread blocks SIGCONT).
     func sampleWasStopped(_ start: inout SampleStart) -> Bool {
-        let elapsed = stallmon_now_ns() - start.time
+        let elapsed = MonotonicClock.now() - start.time
         let expected = sampleTimeout &+ queued(since: start.queued)
         start.lateness = elapsed > expected ? elapsed - expected : 0
         return wasContinued() || start.lateness > pauseTolerance
