@@ -100,7 +100,7 @@ public final class Collector: @unchecked Sendable {
         positioned = Array(repeating: nil, count: readers.count)
         pending = Array(repeating: true, count: readers.count)
         legacyCursor = state.sources.isEmpty ? state.cursor : nil
-        self.lastDigest = Self.monotonicNanoseconds()
+        self.lastDigest = MonotonicClock.now()
         logger.info(
             "collector state loaded",
             metadata: [
@@ -179,7 +179,7 @@ public final class Collector: @unchecked Sendable {
     /// Reads at most ``sliceEntries`` entries, for at most ``sliceNanoseconds``.
     /// - Returns: how many were read, and whether more may be waiting.
     private func readSlice() -> (read: Int, more: Bool) {
-        let deadline = Self.monotonicNanoseconds() + Self.sliceNanoseconds
+        let deadline = MonotonicClock.now() + Self.sliceNanoseconds
         var read = 0
         var more = false
         do {
@@ -209,7 +209,7 @@ public final class Collector: @unchecked Sendable {
                             "skipping a malformed stall entry",
                             metadata: ["cursor": "\(entry.cursor)", "error": "\(error)"])
                     }
-                    if read >= Self.sliceEntries || Self.monotonicNanoseconds() >= deadline {
+                    if read >= Self.sliceEntries || MonotonicClock.now() >= deadline {
                         more = true
                         break machinesLoop
                     }
@@ -253,7 +253,7 @@ public final class Collector: @unchecked Sendable {
     /// Saves the state (cursor and counts together) when due, and rewrites the metrics when due.
     /// - Parameter final: save now and wait until it is written (at stop).
     public func flush(forceMetrics: Bool = false, final: Bool = false) {
-        let now = Self.monotonicNanoseconds()
+        let now = MonotonicClock.now()
         // A failed save or metrics write is tried again.
         let failures = saving.takeFailures()
         if failures.state { unsaved = true }
@@ -318,7 +318,7 @@ public final class Collector: @unchecked Sendable {
     /// Writes the digest of the shortest window that covers the digest interval to the journal.
     @discardableResult
     public func writeDigest() -> DigestRecord {
-        lastDigest = Self.monotonicNanoseconds()
+        lastDigest = MonotonicClock.now()
         return Self.writeDigest(of: aggregator, configuration: configuration, writer: writer, logger: logger)
     }
 
@@ -402,9 +402,9 @@ public final class Collector: @unchecked Sendable {
             for case let reader? in readers where (try? reader.process()) != 0 { markPending(reader) }
             drain()
             let interval = UInt64(configuration.digestInterval.nanoseconds)
-            if interval > 0, Self.monotonicNanoseconds() - lastDigest >= interval {
+            if interval > 0, MonotonicClock.now() - lastDigest >= interval {
                 // Off the loop, like the status line: the digest reads every recent stall.
-                lastDigest = Self.monotonicNanoseconds()
+                lastDigest = MonotonicClock.now()
                 let (snapshot, configuration, writer, logger) = (aggregator, configuration, writer, logger)
                 saveQueue.async {
                     Self.writeDigest(of: snapshot, configuration: configuration, writer: writer, logger: logger)
@@ -456,12 +456,6 @@ public final class Collector: @unchecked Sendable {
         for source in sources { source.cancel() }
         sources = []
         flush(forceMetrics: true, final: true)
-    }
-
-    static func monotonicNanoseconds() -> UInt64 {
-        var time = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &time)
-        return UInt64(time.tv_sec) * 1_000_000_000 + UInt64(time.tv_nsec)
     }
 
     static func realtimeMicroseconds() -> UInt64 {

@@ -201,9 +201,7 @@ public final class JournalReader {
         var deadline: UInt64 = 0
         try SystemdError.check("sd_journal_get_timeout", sd_journal_get_timeout(journal, &deadline))
         guard deadline != UInt64.max else { return nil }
-        var now = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &now)
-        let current = UInt64(now.tv_sec) * 1_000_000 + UInt64(now.tv_nsec) / 1000
+        let current = MonotonicClock.microseconds()
         return deadline > current ? deadline - current : 0
     }
 

@@ -1,3 +1,5 @@
+import Synchronization
+
 /// Receives what a ``StallMonitor`` reports. Sinks run on the monitor's reporting queue, never
 /// on a monitored thread; a slow sink delays later reports (which are queued, then dropped and
 /// counted past ``StallMonitor/Configuration/reportQueueCapacity``), never the monitored loop.
@@ -40,9 +42,8 @@ public struct MonitorDescription: Sendable, Hashable {
 }
 
 /// Collects events in memory, for tests and for programs that act on stalls themselves.
-public final class CollectingSink: ReportSink, @unchecked Sendable {
-    private let lock = Lock()
-    private var collected: [StallMonitorEvent] = []
+public final class CollectingSink: ReportSink, Sendable {
+    private let collected = Mutex<[StallMonitorEvent]>([])
     private let onEvent: (@Sendable (StallMonitorEvent) -> Void)?
 
     public init(onEvent: (@Sendable (StallMonitorEvent) -> Void)? = nil) {
@@ -50,9 +51,9 @@ public final class CollectingSink: ReportSink, @unchecked Sendable {
     }
 
     public func emit(_ event: StallMonitorEvent) {
-        lock.withLock { collected.append(event) }
+        collected.withLock { $0.append(event) }
         onEvent?(event)
     }
 
-    public var events: [StallMonitorEvent] { lock.withLock { collected } }
+    public var events: [StallMonitorEvent] { collected.withLock { $0 } }
 }

@@ -1,5 +1,7 @@
 import CStallCapture
 import Dispatch
+import StallJournal
+import Synchronization
 
 /// Turns captured stalls into reports off the monitored thread: symbolicates them, applies the
 /// rate limit and hands them to the sinks, on one serial queue. Submitting never blocks: past the
@@ -121,7 +123,7 @@ final class Reporter: @unchecked Sendable {
         if stall.event == .ended { metrics?.recordStall(callout: report.callout, duration: report.duration) }
         switch stall.event {
         case .detected:
-            if limiter.admit(report.fingerprint, frame: report.culprit?.summary ?? "?", now: stallmon_now_ns()) {
+            if limiter.admit(report.fingerprint, frame: report.culprit?.summary ?? "?", now: MonotonicClock.now()) {
                 decisions[stall.stallID] = .admitted
                 send(.stallDetected(report))
             } else {
@@ -141,7 +143,7 @@ final class Reporter: @unchecked Sendable {
                 send(.stallEnded(report))
             case nil:
                 // Its detected report was dropped or it was never detected by this reporter.
-                if limiter.admit(report.fingerprint, frame: report.culprit?.summary ?? "?", now: stallmon_now_ns()) {
+                if limiter.admit(report.fingerprint, frame: report.culprit?.summary ?? "?", now: MonotonicClock.now()) {
                     send(.stallEnded(report))
                 } else {
                     suppressedReports.add(1)
@@ -156,7 +158,7 @@ final class Reporter: @unchecked Sendable {
     private func scheduleFlush() {
         guard !flushScheduled, let next = limiter.nextExpiry else { return }
         flushScheduled = true
-        let delay = next > stallmon_now_ns() ? next - stallmon_now_ns() : 0
+        let delay = next > MonotonicClock.now() ? next - MonotonicClock.now() : 0
         queue.asyncAfter(deadline: .now() + .nanoseconds(Int(delay) + 1_000_000)) {
             self.flushScheduled = false
             self.flushSuppressions(all: false)
@@ -165,7 +167,7 @@ final class Reporter: @unchecked Sendable {
     }
 
     private func flushSuppressions(all: Bool) {
-        for summary in limiter.takeSummaries(now: stallmon_now_ns(), all: all) {
+        for summary in limiter.takeSummaries(now: MonotonicClock.now(), all: all) {
             send(
                 .suppressed(
                     SuppressionReport(
@@ -245,44 +247,47 @@ extension Reporter {
 
 /// The monitor's health, kept for `STATUS=`: stalls that ended in the last hour and the one in
 /// progress. Updated on the reporting queue, read from anywhere without waiting for it.
-final class StatusBoard: @unchecked Sendable {
-    private let lock = Lock()
+final class StatusBoard: Sendable {
+    private struct Stalls {
+        var recent: [(end: UInt64, duration: UInt64)] = []
+        var inProgress: UInt64?
+        /// Until the loop is seen to turn, it is not called healthy.
+        var seenTurning: Bool
+        /// Whether a status went to the service manager (then the first turn sends a fresh one).
+        var sent = false
+    }
+
+    private let stalls: Mutex<Stalls>
     private let loopName: String
-    private var recentStalls: [(end: UInt64, duration: UInt64)] = []
-    private var stallInProgress: UInt64?
-    /// Until the loop is seen to turn, it is not called healthy.
-    private var seenTurning: Bool
-    /// Whether a status went to the service manager (then the first turn sends a fresh one).
-    private var sent = false
 
     init(loopName: String, seenTurning: Bool) {
         self.loopName = loopName
-        self.seenTurning = seenTurning
+        self.stalls = Mutex(Stalls(seenTurning: seenTurning))
     }
 
     /// Records the loop's first transition; returns whether a status already went out, which
     /// said the loop was not seen running and is out of date now.
     func noteFirstTurn() -> Bool {
-        lock.withLock {
-            seenTurning = true
-            return sent
+        stalls.withLock { stalls in
+            stalls.seenTurning = true
+            return stalls.sent
         }
     }
 
     func noteSent() {
-        lock.withLock { sent = true }
+        stalls.withLock { $0.sent = true }
     }
 
     func record(_ stall: CapturedStall) {
-        lock.withLock {
+        stalls.withLock { stalls in
             switch stall.event {
-            case .detected: stallInProgress = stall.startNanoseconds
+            case .detected: stalls.inProgress = stall.startNanoseconds
             case .ended:
-                stallInProgress = nil
+                stalls.inProgress = nil
                 let end = stall.startNanoseconds + stall.duration
-                recentStalls.append((end, stall.duration))
-                recentStalls.removeAll { end > $0.end && end - $0.end > 3_600_000_000_000 }
-                if recentStalls.count > 1_000 { recentStalls.removeFirst(recentStalls.count - 1_000) }
+                stalls.recent.append((end, stall.duration))
+                stalls.recent.removeAll { end > $0.end && end - $0.end > 3_600_000_000_000 }
+                if stalls.recent.count > 1_000 { stalls.recent.removeFirst(stalls.recent.count - 1_000) }
             case .watchdog: break
             }
         }
@@ -292,16 +297,16 @@ final class StatusBoard: @unchecked Sendable {
     /// (counting the last 1000 stalls at most), or `main loop not seen running yet` before its
     /// first transition.
     func line() -> String {
-        lock.withLock {
-            let now = stallmon_now_ns()
-            recentStalls.removeAll { now - $0.end > 3_600_000_000_000 }
+        stalls.withLock { stalls in
+            let now = MonotonicClock.now()
+            stalls.recent.removeAll { now - $0.end > 3_600_000_000_000 }
             let loop = loopName == "main" ? "main loop" : "loop of \(loopName)"
-            guard seenTurning else { return "\(loop) not seen running yet" }
-            if let start = stallInProgress {
+            guard stalls.seenTurning else { return "\(loop) not seen running yet" }
+            if let start = stalls.inProgress {
                 return "\(loop) stalled for \((now - start) / 1_000_000) ms"
             }
-            guard let worst = recentStalls.map(\.duration).max() else { return "\(loop) healthy; no stalls in 1h" }
-            let count = recentStalls.count
+            guard let worst = stalls.recent.map(\.duration).max() else { return "\(loop) healthy; no stalls in 1h" }
+            let count = stalls.recent.count
             return "\(loop) healthy; \(count) stall\(count == 1 ? "" : "s") in 1h, worst \(worst / 1_000_000) ms"
         }
     }
@@ -310,38 +315,42 @@ final class StatusBoard: @unchecked Sendable {
 /// The process's one symbolicator: libdw is not thread-safe, and its caches are worth sharing
 /// between monitors. A second after its last use, the pages of the image files it read (symbol
 /// tables, DWARF: several megabytes) leave the resident set until the next report.
-final class SharedSymbolicator: @unchecked Sendable {
+final class SharedSymbolicator: Sendable {
     static let shared = SharedSymbolicator()
-    private let lock = Lock()
-    private var symbolicator: Symbolicator?
-    private var lastUse: UInt64 = 0
-    private var trimScheduled = false
+
+    private struct State: @unchecked Sendable {
+        var symbolicator: Symbolicator?
+        var lastUse: UInt64 = 0
+        var trimScheduled = false
+    }
+
+    private let state = Mutex(State())
     private static let idleBeforeTrim: UInt64 = 1_000_000_000
 
-    func withSymbolicator<Result>(_ body: (Symbolicator) -> Result) -> Result {
-        lock.withLock {
-            let symbolicator = self.symbolicator ?? Symbolicator()
-            self.symbolicator = symbolicator
+    func withSymbolicator<Result: Sendable>(_ body: (Symbolicator) -> Result) -> Result {
+        state.withLock { state in
+            let symbolicator = state.symbolicator ?? Symbolicator()
+            state.symbolicator = symbolicator
             defer {
-                lastUse = stallmon_now_ns()
-                scheduleTrim(after: Self.idleBeforeTrim)
+                state.lastUse = MonotonicClock.now()
+                scheduleTrim(&state, after: Self.idleBeforeTrim)
             }
             return body(symbolicator)
         }
     }
 
     /// Called with the lock held.
-    private func scheduleTrim(after delay: UInt64) {
-        guard !trimScheduled else { return }
-        trimScheduled = true
+    private func scheduleTrim(_ state: inout State, after delay: UInt64) {
+        guard !state.trimScheduled else { return }
+        state.trimScheduled = true
         DispatchQueue.global(qos: .utility).asyncAfter(deadline: .now() + .nanoseconds(Int(delay))) {
-            self.lock.withLock {
-                self.trimScheduled = false
-                let idle = stallmon_now_ns() - self.lastUse
+            self.state.withLock { state in
+                state.trimScheduled = false
+                let idle = MonotonicClock.now() - state.lastUse
                 if idle >= Self.idleBeforeTrim {
-                    self.symbolicator?.trim()
+                    state.symbolicator?.trim()
                 } else {
-                    self.scheduleTrim(after: Self.idleBeforeTrim - idle)
+                    self.scheduleTrim(&state, after: Self.idleBeforeTrim - idle)
                 }
             }
         }

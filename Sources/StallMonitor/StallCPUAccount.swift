@@ -1,4 +1,5 @@
 import CStallCapture
+import StallJournal
 
 #if canImport(Glibc)
     import Glibc
@@ -42,7 +43,8 @@ final class ThreadClocks: @unchecked Sendable {
     func read() -> CPUReading? {
         let cpu = stallmon_thread_cpu_ns(threadID)
         guard cpu >= 0 else { return nil }
-        return CPUReading(time: stallmon_now_ns(), cpu: UInt64(cpu), runnable: runQueueWait().map { UInt64(cpu) + $0 })
+        return CPUReading(
+            time: MonotonicClock.now(), cpu: UInt64(cpu), runnable: runQueueWait().map { UInt64(cpu) + $0 })
     }
 
     /// The second field of schedstat: nanoseconds runnable but not running.

@@ -209,9 +209,7 @@ public final class StallMonitor: Sendable {
     }
 
     public var statistics: Statistics {
-        state.withLock { session in
-            session.map { state.finished + $0.statistics } ?? state.finished
-        }
+        state.statistics
     }
 
     /// How long the loop's windows have lasted since ``start(_:)``; `nil` when the monitor does not
@@ -581,24 +579,28 @@ public final class StallMonitor: Sendable {
         }
     }
 
-    fileprivate final class StateBox: @unchecked Sendable {
-        private let lock = NSLock()
-        private var session: Session?
-        /// Totals of the sessions that have stopped; read inside ``withLock(_:)`` only.
-        private(set) var finished = Statistics(stalls: 0, suppressedReports: 0, droppedReports: 0, lostReports: 0)
+    fileprivate final class StateBox: Sendable {
+        private struct State {
+            var session: Session?
+            /// Totals of the sessions that have stopped.
+            var finished = Statistics(stalls: 0, suppressedReports: 0, droppedReports: 0, lostReports: 0)
+        }
 
-        func withLock<Result, Failure: Error>(_ body: (inout Session?) throws(Failure) -> Result) throws(Failure)
-            -> Result
-        {
-            lock.lock()
-            defer { lock.unlock() }
-            return try body(&session)
+        private let state = Mutex(State())
+
+        func withLock<Result, Failure: Error>(
+            _ body: (inout Session?) throws(Failure) -> sending Result
+        ) throws(Failure) -> sending Result {
+            try state.withLock { (state: inout State) throws(Failure) -> sending Result in try body(&state.session) }
         }
 
         func recordFinished(_ statistics: Statistics) {
-            lock.lock()
-            defer { lock.unlock() }
-            finished = finished + statistics
+            state.withLock { $0.finished = $0.finished + statistics }
+        }
+
+        /// The totals of the stopped sessions and of the running one.
+        var statistics: Statistics {
+            state.withLock { state in state.session.map { state.finished + $0.statistics } ?? state.finished }
         }
     }
 }

@@ -1,5 +1,6 @@
 import CStallCapture
 import CSymbolize
+import StallJournal
 
 #if canImport(Glibc)
     import Glibc
@@ -17,7 +18,7 @@ final class Symbolicator {
 
     init() {
         handle = stallmon_symbolizer_create(getpid())
-        lastRefresh = stallmon_now_ns()
+        lastRefresh = MonotonicClock.now()
     }
 
     deinit {
@@ -86,7 +87,7 @@ final class Symbolicator {
     /// New images (dlopen) are picked up at most once a second.
     private func refreshIfStale() -> Bool {
         guard let handle else { return false }
-        let now = stallmon_now_ns()
+        let now = MonotonicClock.now()
         guard now - lastRefresh > 1_000_000_000 else { return false }
         lastRefresh = now
         cache.removeAll(keepingCapacity: true)

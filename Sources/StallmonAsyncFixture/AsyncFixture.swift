@@ -31,6 +31,7 @@ import Foundation
 import StallJournal
 import StallMonitor
 import StallmonFixtureKit
+import Synchronization
 
 #if canImport(Glibc)
     import Glibc
@@ -186,12 +187,11 @@ struct Options {
 }
 
 /// Counts timer firings (on the main thread).
-final class TimerCount: @unchecked Sendable {
-    private let lock = NSLock()
-    private var count = 0
+final class TimerCount: Sendable {
+    private let count = Mutex(0)
 
-    func increment() { lock.withLock { count += 1 } }
-    var value: Int { lock.withLock { count } }
+    func increment() { count.withLock { $0 += 1 } }
+    var value: Int { count.withLock { $0 } }
 }
 
 /// Main-actor hops from the global pool: each `MainActor.run` enqueues a job on the main executor

@@ -1,5 +1,6 @@
 import CoreFoundation
 import Foundation
+import StallmonFixtureKit
 
 #if canImport(Glibc)
     import Glibc
@@ -88,9 +89,5 @@ enum Stalls {
         if value == 42 { print("") }
     }
 
-    static func monotonicMilliseconds() -> Double {
-        var time = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &time)
-        return Double(time.tv_sec) * 1000 + Double(time.tv_nsec) / 1_000_000
-    }
+    static func monotonicMilliseconds() -> Double { Fixture.milliseconds() }
 }

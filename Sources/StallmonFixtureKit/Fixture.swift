@@ -11,7 +11,7 @@ import StallMonitor
 
 public enum Fixture {
     /// CLOCK_MONOTONIC in nanoseconds, the monitor's clock.
-    public static func now() -> UInt64 { nanoseconds(CLOCK_MONOTONIC) }
+    public static func now() -> UInt64 { MonotonicClock.now() }
 
     public static func milliseconds() -> Double { Double(now()) / 1e6 }
 

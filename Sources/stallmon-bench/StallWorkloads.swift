@@ -1,6 +1,7 @@
 import CoreFoundation
 import Foundation
 import StallMonitor
+import Synchronization
 
 /// Workloads that stall the main run loop under stallmon (the repeated stalls run under any
 /// variant, so that `unmonitored` shows what the stall loop itself costs in memory: nothing).
@@ -210,7 +211,7 @@ final class RepeatedStalls: @unchecked Sendable {
 }
 
 /// Notes what reached it and when (CLOCK_MONOTONIC at `emit`), or drops everything.
-final class TimingSink: ReportSink, @unchecked Sendable {
+final class TimingSink: ReportSink, Sendable {
     struct Detected {
         var start: UInt64
         var threshold: UInt64
@@ -226,9 +227,8 @@ final class TimingSink: ReportSink, @unchecked Sendable {
     }
 
     private let recording: Bool
-    private let lock = NSLock()
-    private var detected: [Detected] = []
-    private var ended: [Ended] = []
+    private let detected = Mutex<[Detected]>([])
+    private let ended = Mutex<[Ended]>([])
 
     init(recording: Bool) {
         self.recording = recording
@@ -243,18 +243,18 @@ final class TimingSink: ReportSink, @unchecked Sendable {
                 start: report.startNanoseconds, threshold: report.threshold.wholeNanoseconds,
                 duration: report.duration.wholeNanoseconds, emitted: now
             )
-            lock.withLock { detected.append(entry) }
+            detected.withLock { $0.append(entry) }
         case .stallEnded(let report):
             let entry = Ended(
                 start: report.startNanoseconds, duration: report.duration.wholeNanoseconds, samples: report.samples)
-            lock.withLock { ended.append(entry) }
+            ended.withLock { $0.append(entry) }
         default:
             break
         }
     }
 
-    var detectedReports: [Detected] { lock.withLock { detected } }
-    var endedReports: [Ended] { lock.withLock { ended } }
+    var detectedReports: [Detected] { detected.withLock { $0 } }
+    var endedReports: [Ended] { ended.withLock { $0 } }
 }
 
 extension Duration {

@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import StallJournal
+import Synchronization
 
 #if canImport(Glibc)
     import Glibc
@@ -137,18 +138,17 @@ struct NIODemo {
 }
 
 /// Collects what a child writes to standard error, as it comes.
-private final class ErrorOutput: @unchecked Sendable {
-    private let lock = NSLock()
-    private var data = Data()
+private final class ErrorOutput: Sendable {
+    private let data = Mutex(Data())
 
     init(_ pipe: Pipe) {
         pipe.fileHandleForReading.readabilityHandler = { [weak self] handle in
             let chunk = handle.availableData
-            self?.lock.withLock { self?.data.append(chunk) }
+            self?.data.withLock { $0.append(chunk) }
         }
     }
 
-    var text: String { lock.withLock { String(decoding: data, as: UTF8.self) } }
+    var text: String { data.withLock { String(decoding: $0, as: UTF8.self) } }
 }
 
 /// A minimal HTTP/1.1 client over a loopback TCP socket: one GET, `Connection: close`, the body.

@@ -3,6 +3,7 @@ import Dispatch
 import Foundation
 import Logging
 import StallCollector
+import StallJournal
 import StallMonitor
 
 #if canImport(Glibc)
@@ -119,10 +120,7 @@ final class Daemon {
     }
 
     private func reload() {
-        var time = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &time)
-        StallMonitor.notifyServiceManager(
-            "RELOADING=1\nMONOTONIC_USEC=\(UInt64(time.tv_sec) * 1_000_000 + UInt64(time.tv_nsec) / 1000)")
+        StallMonitor.notifyServiceManager("RELOADING=1\nMONOTONIC_USEC=\(MonotonicClock.microseconds())")
         do {
             let configuration = try CollectorConfiguration.load(
                 path: location.path, required: location.required)

@@ -66,7 +66,6 @@ package final class EventLoopWatchdog: @unchecked Sendable {
     private let stallCount = Atomic<Int>(0)
     private let watchdogThreadID = Atomic<Int32>(0)
     private let runQueue = RunQueueClock()
-    private var sample = stallmon_sample()
     /// The loops' tick-duration histograms, handed to the metrics backend while the watchdog is awake anyway.
     private let latency: [LoopLatencyExporter]
     /// Whether the watched threads are the cooperative pool's rather than `loops`.
@@ -78,6 +77,8 @@ package final class EventLoopWatchdog: @unchecked Sendable {
     private var poolRanJobs = false
     /// The untimed job priority the latest queue probe was sent for.
     private var probedPriority: UInt32 = 0
+    private lazy var sampler = StallSampler(
+        configuration: configuration, signal: signal, slot: slot, interruptBlockedThreads: false, logger: nil)
 
     /// The watchdog thread's name, in the kernel (at most 15 bytes).
     package static let threadName = "stallmon-nio"
@@ -212,30 +213,27 @@ package final class EventLoopWatchdog: @unchecked Sendable {
     }
 
     final class StallInProgress {
-        let stallID = Watchdog.newStallID()
+        let stallID = CapturedStall.newStallID()
         let start: UInt64
         let sequence: UInt64
         let suppressed: Bool
         var nextSample: UInt64
-        var samples = 0
-        var unanswered = 0
-        var stacks: StackAggregator
-        var firstStack: [UInt] = []
-        var firstSource = StallReport.StackSource.signal
-        /// The latest stack sampled, reused when a blocked thread cannot be unwound again.
-        var latestStack: [UInt]?
-        var states: [Character: Int] = [:]
-        var waits: [KernelWait: Int] = [:]
-        var latestView = KernelThreadView()
-        var viewedAt: UInt64 = 0
-        var noStackReason: String?
+        /// What the samples saw (sampled like a stalled run loop).
+        var sampled: StallSamples
+        var stacks: StackAggregator { sampled.stacks }
+        var firstStack: [UInt] { sampled.firstStack }
+        var firstSource: StallReport.StackSource { sampled.firstSource }
+        var noStackReason: String? {
+            get { sampled.noStackReason }
+            set { sampled.noStackReason = newValue }
+        }
 
         init(start: UInt64, sequence: UInt64, suppressed: Bool, nextSample: UInt64, capacity: Int) {
             self.start = start
             self.sequence = sequence
             self.suppressed = suppressed
             self.nextSample = nextSample
-            self.stacks = StackAggregator(capacity: capacity)
+            self.sampled = StallSamples(capacity: capacity)
         }
     }
 
@@ -478,84 +476,25 @@ package final class EventLoopWatchdog: @unchecked Sendable {
         _ state: LoopState, _ stall: StallInProgress, event: StallReport.Event, end: UInt64,
         stacks: [(stack: [UInt], count: Int)], sources: [StallReport.StackSource]
     ) -> CapturedStall {
-        let duration = end > stall.start ? end - stall.start : 0
-        // The share of CPU the thread used since the watchdog first saw this cycle, applied to the
-        // whole cycle (which may have begun before, at the end of the previous tick).
-        var cpu: UInt64 = 0
-        let used = stallmon_thread_cpu_ns(state.loop.threadID)
-        let readAt = stallmon_now_ns()
-        if state.cpuBase.cpu >= 0, used >= state.cpuBase.cpu, readAt > state.cpuBase.time {
+        CapturedStall(
+            event, of: stall.sampled, stallID: stall.stallID, start: stall.start, end: end,
+            activity: .eventLoopCycle, runLoopMode: "none", stacks: (stacks, sources)
+        ) { duration in
+            // The share of CPU the thread used since the watchdog first saw this cycle, applied to
+            // the whole cycle (which may have begun before, at the end of the previous tick).
+            let used = stallmon_thread_cpu_ns(state.loop.threadID)
+            let readAt = stallmon_now_ns()
+            guard state.cpuBase.cpu >= 0, used >= state.cpuBase.cpu, readAt > state.cpuBase.time else { return 0 }
             let share = min(1, Double(used - state.cpuBase.cpu) / Double(readAt - state.cpuBase.time))
-            cpu = min(UInt64(share * Double(duration)), duration)
+            return UInt64(share * Double(duration))
         }
-        return CapturedStall(
-            event: event, stallID: stall.stallID, startNanoseconds: stall.start, duration: duration, paused: 0,
-            activity: .eventLoopCycle, runLoopMode: "none", cpu: cpu, samples: stall.samples,
-            unansweredSamples: stall.unanswered, stacks: stacks, stackSources: sources,
-            threadState: Watchdog.dominantState(stall.states),
-            kernelView: Watchdog.dominantWait(stall.waits, fallback: stall.latestView),
-            noStackReason: stall.firstStack.isEmpty ? stall.noStackReason : nil,
-            capturedNanoseconds: stallmon_now_ns()
-        )
     }
 
-    /// One sample of a stalled loop: the kernel's view (every 100 ms at most) and its stack. A
-    /// thread inside a system call is never signalled (a handler would end calls such as
-    /// `nanosleep` or `epoll_wait` with EINTR): its stack is unwound from the kernel's view.
+    /// One sample of a stalled loop. It never shows the loop idle: the watchdog saw it outside
+    /// `epoll_wait` before it sampled. Its threads get no signal in a system call, whatever the
+    /// configuration says.
     private func takeSample(_ state: LoopState, _ stall: StallInProgress) {
-        stall.samples += 1
-        let now = stallmon_now_ns()
-        if stall.viewedAt == 0 || now - stall.viewedAt >= 100_000_000 {
-            let view = state.inspector.view()
-            stall.viewedAt = now
-            stall.latestView = view
-            stall.states[view.state, default: 0] += 1
-            stall.waits[KernelWait(syscall: view.syscall, waitChannel: view.waitChannel), default: 0] += 1
-        }
-        guard let (addresses, source) = capture(state, stall) else {
-            stall.unanswered += 1
-            return
-        }
-        stall.stacks.add(addresses, source: source)
-        if stall.firstStack.isEmpty { (stall.firstStack, stall.firstSource) = (addresses, source) }
-    }
-
-    private func capture(_ state: LoopState, _ stall: StallInProgress) -> (
-        stack: [UInt], source: StallReport.StackSource
-    )? {
-        // A loop in a system call is unwound in place from the kernel's view; only a running loop
-        // is signalled, and none at all without a signal.
-        var flags = Int32(STALLMON_SAMPLE_SPARE_SYSCALLS)
-        if signal == nil { flags |= Int32(STALLMON_SAMPLE_NO_SIGNAL) }
-        stallmon_sample_stack(
-            slot, state.loop.threadID, signal ?? 0, Int32(configuration.maximumFrames),
-            UInt64(configuration.sampleTimeout.nanoseconds), flags, &sample
-        )
-        switch sample.status {
-        case Int32(STALLMON_SAMPLE_OK.rawValue):
-            let count = Int(sample.frame_count)
-            let stack = withUnsafeBytes(of: sample.frames) { raw in
-                Array(raw.bindMemory(to: UInt.self).prefix(count))
-            }
-            stall.latestStack = stack
-            return (stack, sample.source == Int32(STALLMON_STACK_KERNEL.rawValue) ? .kernel : .signal)
-        case Int32(STALLMON_SAMPLE_SIGNAL_TAKEN.rawValue):
-            stall.noStackReason =
-                signal == nil ? "no free signal for sampling" : "the program took over the sampling signal"
-        case Int32(STALLMON_SAMPLE_BLOCKED_UNWIND_FAILED.rawValue):
-            if let latest = stall.latestStack { return (latest, .previous) }
-            let why = sample.error == EAGAIN ? "it kept waking up" : "libunwind error \(sample.error)"
-            stall.noStackReason =
-                "blocked in \(SyscallNames.name(Int(sample.syscall))) and not unwound from the kernel's view (\(why))"
-        case Int32(STALLMON_SAMPLE_SYSCALL_BUSY.rawValue):
-            if let latest = stall.latestStack { return (latest, .previous) }
-            stall.noStackReason = "thread kept blocking in short system calls, which a signal would end with EINTR"
-        case Int32(STALLMON_SAMPLE_TIMEOUT.rawValue):
-            stall.noStackReason = "thread did not answer within \(configuration.sampleTimeout.milliseconds) ms"
-        default:
-            stall.noStackReason = "sampling failed (status \(sample.status), error \(sample.error))"
-        }
-        return nil
+        _ = sampler.sample(&stall.sampled, of: state.loop, inspector: state.inspector)
     }
 }
 
@@ -732,4 +671,9 @@ extension EventLoopWatchdog.Loop {
         let threadID = stallmon_gettid()
         return Self(threadID: threadID, name: ThreadInspector(threadID: threadID).name() ?? "tid-\(threadID)")
     }
+}
+
+extension EventLoopWatchdog.Loop: LoopSource {
+    var loopName: String { name }
+    func idleTest() -> IdleTest { .never }
 }

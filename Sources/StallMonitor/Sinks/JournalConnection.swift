@@ -58,7 +58,7 @@ final class JournalConnection: Sendable {
     /// - Throws: ``Failure`` when journald does not take it.
     func send(_ datagram: [UInt8]) throws(Failure) {
         try state.withLock { (state: inout State) throws(Failure) in
-            let start = Self.now()
+            let start = MonotonicClock.now()
             guard start >= state.refuseUntil else { throw Failure(code: ETIMEDOUT, call: "send") }
             var reconnected = false
             while true {
@@ -75,9 +75,9 @@ final class JournalConnection: Sendable {
                 if code == EINTR { continue }
                 if code == EAGAIN {
                     // The queue is full: wait for room, up to the timeout.
-                    let elapsed = Self.now() - start
+                    let elapsed = MonotonicClock.now() - start
                     guard elapsed < timeout, waitWritable(state.descriptor, for: timeout - elapsed) else {
-                        state.refuseUntil = Self.now() + backoff
+                        state.refuseUntil = MonotonicClock.now() + backoff
                         throw Failure(code: ETIMEDOUT, call: "send")
                     }
                     continue
@@ -114,12 +114,6 @@ final class JournalConnection: Sendable {
         let milliseconds = Int32(clamping: (nanoseconds + 999_999) / 1_000_000)
         let ready = poll(&entry, 1, milliseconds)
         return ready > 0
-    }
-
-    private static func now() -> UInt64 {
-        var time = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &time)
-        return UInt64(time.tv_sec) * 1_000_000_000 + UInt64(time.tv_nsec)
     }
 
     /// journald's native format: `NAME=value\n` per field, or, for a value holding a newline,

@@ -1,0 +1,85 @@
+import CStallCapture
+import StallJournal
+
+/// Tells for a watchdog thread whether the process was stopped (SIGSTOP and SIGCONT, a debugger)
+/// while it waited or sampled, as against the watchdog merely waiting for a CPU: a stopped thread is
+/// not on a run queue, so the watchdog's own run-queue time is lateness that is no stop.
+///
+/// Used on the watchdog thread only; open ``runQueue`` there.
+final class StopDetector {
+    /// The watchdog thread's run-queue time.
+    let runQueue = RunQueueClock()
+    /// Lateness beyond which a wakeup or a sample shows a stop: half the threshold, within 5…25 ms.
+    let pauseTolerance: UInt64
+    private let sampleTimeout: UInt64
+    private var continueCount = stallmon_continue_count()
+    /// Time the watchdog thread waited for a CPU during its latest wait: lateness that is no stop of
+    /// the process.
+    private(set) var lastWaitQueued: UInt64 = 0
+
+    init(threshold: UInt64, sampleTimeout: UInt64) {
+        pauseTolerance = max(5_000_000, min(threshold / 2, 25_000_000))
+        self.sampleTimeout = sampleTimeout
+    }
+
+    /// Whether a SIGCONT arrived since the last call.
+    func wasContinued() -> Bool {
+        let count = stallmon_continue_count()
+        defer { continueCount = count }
+        return count != continueCount
+    }
+
+    /// Runs a wait of the watchdog thread, noting how long of it the thread waited for a CPU.
+    func measuringWait(_ wait: () -> Void) {
+        let queuedBefore = runQueue.waited()
+        wait()
+        lastWaitQueued = queued(since: queuedBefore)
+    }
+
+    /// Whether the process was stopped while the watchdog slept: a SIGCONT arrived, or the wakeup
+    /// came far later than asked for (a stop the handler could not see, such as a debugger's).
+    func wasStopped(wokeAt woke: UInt64, deadline: UInt64) -> Bool {
+        if wasContinued() { return true }
+        return woke > deadline && woke - deadline > pauseTolerance &+ lastWaitQueued
+    }
+
+    /// How late a wakeup was, less the time the watchdog spent waiting for a CPU (no stop).
+    func lateness(wokeAt woke: UInt64, deadline: UInt64) -> UInt64 {
+        woke > deadline ? (woke - deadline) - min(lastWaitQueued, woke - deadline) : 0
+    }
+
+    /// Whether `time` lies further back from `now` than a wakeup could be late without a stop.
+    func isLate(_ now: UInt64, after time: UInt64) -> Bool {
+        now > time && now - time > pauseTolerance &+ lastWaitQueued
+    }
+
+    /// When a sample began, to tell afterwards whether the process was stopped during it.
+    struct SampleStart {
+        fileprivate let time = MonotonicClock.now()
+        fileprivate let queued: UInt64?
+        /// How much longer than allowed the sample took (set by ``StopDetector/sampleWasStopped(_:)``).
+        fileprivate(set) var lateness: UInt64 = 0
+
+        fileprivate init(_ runQueue: RunQueueClock) {
+            queued = runQueue.waited()
+        }
+    }
+
+    func sampleStarts() -> SampleStart { SampleStart(runQueue) }
+
+    /// Whether the process was stopped during a sample: a SIGCONT arrived, or the sample took
+    /// longer than its timeout by more than the pause tolerance and the watchdog's wait for a CPU
+    /// (a SIGCONT handler cannot run where every thread blocks SIGCONT).
+    func sampleWasStopped(_ start: inout SampleStart) -> Bool {
+        let elapsed = MonotonicClock.now() - start.time
+        let expected = sampleTimeout &+ queued(since: start.queued)
+        start.lateness = elapsed > expected ? elapsed - expected : 0
+        return wasContinued() || start.lateness > pauseTolerance
+    }
+
+    /// Run-queue time of the watchdog thread since `start` (0 when either reading is missing).
+    private func queued(since start: UInt64?) -> UInt64 {
+        guard let start, let now = runQueue.waited(), now >= start else { return 0 }
+        return now - start
+    }
+}
