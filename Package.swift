@@ -41,9 +41,13 @@ let package = Package(
             name: "StallJournal",
             dependencies: ["CSystemd"]
         ),
+        // The monitor's and the collector's configuration: files, environment, strict JSON, checks.
+        // No capture code, so that parsing configuration links neither libunwind nor libdw.
+        .target(name: "StallConfiguration"),
         .target(
             name: "StallMonitor",
             dependencies: [
+                "StallConfiguration",
                 "CStallCapture",
                 "CSymbolize",
                 "CSystemd",
@@ -77,7 +81,7 @@ let package = Package(
             name: "StallCollector",
             dependencies: [
                 "StallJournal",
-                "StallMonitor",
+                "StallConfiguration",
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
@@ -147,7 +151,8 @@ let package = Package(
         .testTarget(
             name: "StallMonitorTests",
             dependencies: [
-                "StallMonitor", "StallJournal", "StallCollector", "StallmonFixture", "StallmonAsyncFixture",
+                "StallConfiguration", "StallMonitor", "StallJournal", "StallCollector", "StallmonFixture",
+                "StallmonAsyncFixture",
                 "StallmonNIOServer", "StallmonServiceFixture", "stallmon", "stallmond",
             ]
         ),

@@ -118,14 +118,6 @@ enum Priority {
     static let info = 6
 }
 
-enum ProgramName {
-    /// The name the program was started as, like `program_invocation_short_name`.
-    static let current: String = {
-        let name = CommandLine.arguments.first?.lastPathComponent ?? ""
-        return name.isEmpty ? "stallmon" : name
-    }()
-}
-
 extension StallRecord {
     init(report: StallReport, syslogIdentifier: String) {
         let stallDuration = report.duration
