@@ -154,6 +154,12 @@ let package = Package(
                 "StallConfiguration", "StallMonitor", "StallJournal", "StallCollector", "StallmonFixture",
                 "StallmonAsyncFixture",
                 "StallmonNIOServer", "StallmonServiceFixture", "stallmon", "stallmond",
+                // In-process checks of the NIO monitor's errors, and of what the monitors log.
+                "StallMonitorNIO",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "InMemoryLogging", package: "swift-log"),
             ]
         ),
     ]
