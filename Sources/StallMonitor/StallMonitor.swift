@@ -81,12 +81,18 @@ public final class StallMonitor: Sendable {
     ///   - configuration: Thresholds and limits; validated here. `nil` reads them from the
     ///     environment (``Configuration/fromEnvironment(_:)``: the file in `$STALLMON_CONFIG`,
     ///     then `STALLMON_<KEY>` variables, as the systemd drop-in sets them) over the defaults.
-    ///   - logger: Receives the monitor's own diagnostics (not the stall reports; add a ``LoggerSink`` for those).
+    ///   - logger: Receives the monitor's own diagnostics, not the stall reports (add a ``LoggerSink``
+    ///     for those): its start and stop at `debug`; at `warning`, once each, what keeps it from
+    ///     seeing the loop or its stacks (a loop that does not turn, no free sampling signal, a
+    ///     thread that blocks it), which an operator must fix. The default is `Logger.current`: the
+    ///     logger bound with swift-log's `withLogger`, else the process's default one (standard
+    ///     error unless the program bootstrapped `LoggingSystem`). The monitor makes no logger of
+    ///     its own.
     ///   - sinks: Where reports go. `nil` means ``defaultSinks(_:)``: the journal while journald
     ///     takes entries, standard error while it does not.
     /// - Throws: ``ConfigurationError`` for an invalid configuration.
     public init(
-        configuration: Configuration? = nil, logger: Logger = Logger(label: "stallmon"),
+        configuration: Configuration? = nil, logger: Logger = .current,
         sinks: [any ReportSink]? = nil
     ) throws(ConfigurationError) {
         let resolved: Configuration
@@ -306,7 +312,7 @@ public final class StallMonitor: Sendable {
             reporter.prepare(watchdog) { Self.warnOfMissingSymbols(logger) }
             watchdog.start()
             reporter.emit(.started(description))
-            logger.info(
+            logger.debug(
                 "stallmon started",
                 metadata: [
                     "stallmon.loop": "\(loopName)", "stallmon.tid": "\(threadID)",
@@ -404,7 +410,7 @@ public final class StallMonitor: Sendable {
             }
             stallmon_sampler_slot_release(slot)
             releaseLoopState()
-            logger.info("stallmon stopped", metadata: ["stallmon.stalls": "\(statistics.stalls)"])
+            logger.debug("stallmon stopped", metadata: ["stallmon.stalls": "\(statistics.stalls)"])
         }
 
         /// Two observers with disjoint activities: window starts (entry, before-timers, after-waiting)

@@ -32,11 +32,14 @@ public final class NIOStallMonitor: Sendable {
     /// - Parameters:
     ///   - configuration: Thresholds and limits; `nil` reads them from the environment as
     ///     `StallMonitor` does (`$STALLMON_CONFIG`, `STALLMON_<KEY>`).
-    ///   - logger: Receives the monitor's own diagnostics.
+    ///   - logger: Receives the monitor's own diagnostics, as `StallMonitor`'s does: start and stop
+    ///     at `debug`, what keeps it from seeing a loop or its stacks at `warning`. The default is
+    ///     `Logger.current`, the logger bound with swift-log's `withLogger` or else the process's
+    ///     default one; the monitor makes no logger of its own.
     ///   - sinks: Where reports go; `nil` means the journal when journald runs, standard error otherwise.
     /// - Throws: `ConfigurationError` for an invalid configuration.
     public init(
-        configuration: StallMonitor.Configuration? = nil, logger: Logger = Logger(label: "stallmon"),
+        configuration: StallMonitor.Configuration? = nil, logger: Logger = .current,
         sinks: [any ReportSink]? = nil
     ) throws(ConfigurationError) {
         let resolved: StallMonitor.Configuration
