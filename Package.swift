@@ -42,9 +42,13 @@ let package = Package(
             name: "StallJournal",
             dependencies: ["CSystemd"]
         ),
+        // The monitor's and the collector's configuration: files, environment, strict JSON, checks.
+        // No capture code, so that parsing configuration links neither libunwind nor libdw.
+        .target(name: "StallConfiguration"),
         .target(
             name: "StallMonitor",
             dependencies: [
+                "StallConfiguration",
                 "CStallCapture",
                 "CSymbolize",
                 "CSystemd",
@@ -80,7 +84,7 @@ let package = Package(
             name: "StallCollector",
             dependencies: [
                 "StallJournal",
-                "StallMonitor",
+                "StallConfiguration",
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
@@ -150,12 +154,16 @@ let package = Package(
         .testTarget(
             name: "StallMonitorTests",
             dependencies: [
-                "StallMonitor", "StallJournal", "StallCollector", "StallmonFixture", "StallmonAsyncFixture",
+                "StallConfiguration", "StallMonitor", "StallJournal", "StallCollector", "StallmonFixture",
+                "StallmonAsyncFixture",
                 "StallmonNIOServer", "StallmonServiceFixture", "stallmon", "stallmond",
+                // In-process checks of the NIO monitor's errors and metrics, and of what the monitors log.
                 "StallMonitorNIO",
                 .product(name: "MetricsTestKit", package: "swift-metrics"),
-                .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "InMemoryLogging", package: "swift-log"),
             ]
         ),
     ]

@@ -1,8 +1,8 @@
 import Dispatch
 import Foundation
 import Logging
+import StallConfiguration
 import StallJournal
-import StallMonitor
 import Synchronization
 
 #if canImport(Glibc)

@@ -1,5 +1,5 @@
 import Foundation
-import StallMonitor
+import StallConfiguration
 
 /// stallmond's configuration. `config/stallmond.json` holds every knob with its default, and
 /// `config/README.md` documents each one; `STALLMOND_<KEY>` variables override the file.
@@ -165,8 +165,8 @@ public struct CollectorConfiguration: Sendable, Hashable {
 
     /// The configuration of stallmond's own stall monitor, which watches its main run loop.
     /// ``validate()`` checks it, so that a configuration `--check-config` accepts also starts.
-    public var monitorConfiguration: StallMonitor.Configuration {
-        var configuration = StallMonitor.Configuration()
+    public var monitorConfiguration: StallMonitoring.Configuration {
+        var configuration = StallMonitoring.Configuration()
         configuration.threshold = monitorThreshold
         // A threshold under the default sampling interval samples at the threshold.
         configuration.sampleInterval = min(configuration.sampleInterval, max(monitorThreshold, .milliseconds(1)))

@@ -1,5 +1,5 @@
+import StallConfiguration
 import StallJournal
-import StallMonitor
 
 /// One stall as the collector counts it, from an ended (or watchdog) journal entry.
 public struct StallObservation: Sendable, Hashable {

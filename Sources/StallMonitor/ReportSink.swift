@@ -10,15 +10,101 @@ public protocol ReportSink: Sendable {
     func emit(_ event: StallMonitorEvent) throws
 }
 
-/// Everything a monitor reports.
-public enum StallMonitorEvent: Sendable {
-    case started(MonitorDescription)
-    case stopped(MonitorDescription, StallMonitor.Statistics)
-    case stallDetected(StallReport)
-    case stallEnded(StallReport)
-    /// A stall outlasted the service's `WatchdogSec=`; systemd is about to kill the service.
-    case watchdogStall(StallReport)
-    case suppressed(SuppressionReport)
+/// One thing a monitor reports: an event of some ``Kind``, with what that kind carries.
+///
+/// Later versions may add kinds, so a sink acts on the kinds it knows and lets the others pass:
+///
+/// ```swift
+/// func emit(_ event: StallMonitorEvent) throws {
+///     switch event.kind {
+///     case .stallEnded, .watchdogStall: try page(event.report!)
+///     default: break
+///     }
+/// }
+/// ```
+///
+/// A sink that handles every stall report can read ``report`` alone: it is set for each kind that
+/// carries one, the kinds to come included.
+public struct StallMonitorEvent: Sendable {
+    /// What happened. Compare with `==` or `switch` over the kinds a sink knows, with a `default`.
+    public struct Kind: Sendable, Hashable, CustomStringConvertible {
+        private enum Value: String, Sendable, Hashable {
+            case started
+            case stopped
+            case stallDetected
+            case stallEnded
+            case watchdogStall
+            case suppressed
+        }
+
+        private let value: Value
+
+        private init(_ value: Value) {
+            self.value = value
+        }
+
+        /// Monitoring began: ``StallMonitorEvent/monitor`` says what and how.
+        public static let started = Self(.started)
+        /// Monitoring ended: ``StallMonitorEvent/monitor`` and ``StallMonitorEvent/statistics``.
+        public static let stopped = Self(.stopped)
+        /// A stall reached the threshold and goes on: ``StallMonitorEvent/report``.
+        public static let stallDetected = Self(.stallDetected)
+        /// A stall ended: ``StallMonitorEvent/report``, with its whole duration.
+        public static let stallEnded = Self(.stallEnded)
+        /// A stall outlasted the service's `WatchdogSec=`; systemd is about to kill the service:
+        /// ``StallMonitorEvent/report``.
+        public static let watchdogStall = Self(.watchdogStall)
+        /// Reports held back by the rate limit, summed up: ``StallMonitorEvent/suppression``.
+        public static let suppressed = Self(.suppressed)
+
+        /// The kind's name, e.g. `stallEnded`.
+        public var description: String { value.rawValue }
+    }
+
+    public let kind: Kind
+    /// What is monitored: set for ``Kind/started`` and ``Kind/stopped``.
+    public let monitor: MonitorDescription?
+    /// The monitor's counts when it stopped: set for ``Kind/stopped``.
+    public let statistics: StallMonitor.Statistics?
+    /// The stall: set for ``Kind/stallDetected``, ``Kind/stallEnded`` and ``Kind/watchdogStall``.
+    public let report: StallReport?
+    /// The reports held back: set for ``Kind/suppressed``.
+    public let suppression: SuppressionReport?
+
+    private init(
+        _ kind: Kind, monitor: MonitorDescription? = nil, statistics: StallMonitor.Statistics? = nil,
+        report: StallReport? = nil, suppression: SuppressionReport? = nil
+    ) {
+        self.kind = kind
+        self.monitor = monitor
+        self.statistics = statistics
+        self.report = report
+        self.suppression = suppression
+    }
+
+    public static func started(_ monitor: MonitorDescription) -> Self {
+        Self(.started, monitor: monitor)
+    }
+
+    public static func stopped(_ monitor: MonitorDescription, _ statistics: StallMonitor.Statistics) -> Self {
+        Self(.stopped, monitor: monitor, statistics: statistics)
+    }
+
+    public static func stallDetected(_ report: StallReport) -> Self {
+        Self(.stallDetected, report: report)
+    }
+
+    public static func stallEnded(_ report: StallReport) -> Self {
+        Self(.stallEnded, report: report)
+    }
+
+    public static func watchdogStall(_ report: StallReport) -> Self {
+        Self(.watchdogStall, report: report)
+    }
+
+    public static func suppressed(_ suppression: SuppressionReport) -> Self {
+        Self(.suppressed, suppression: suppression)
+    }
 }
 
 /// What is being monitored, and how.

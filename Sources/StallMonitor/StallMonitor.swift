@@ -83,7 +83,13 @@ public final class StallMonitor: Sendable {
     ///   - configuration: Thresholds and limits; validated here. `nil` reads them from the
     ///     environment (``Configuration/fromEnvironment(_:)``: the file in `$STALLMON_CONFIG`,
     ///     then `STALLMON_<KEY>` variables, as the systemd drop-in sets them) over the defaults.
-    ///   - logger: Receives the monitor's own diagnostics (not the stall reports; add a ``LoggerSink`` for those).
+    ///   - logger: Receives the monitor's own diagnostics, not the stall reports (add a ``LoggerSink``
+    ///     for those): its start and stop at `debug`; at `warning`, once each, what keeps it from
+    ///     seeing the loop or its stacks (a loop that does not turn, no free sampling signal, a
+    ///     thread that blocks it), which an operator must fix. The default is `Logger.current`: the
+    ///     logger bound with swift-log's `withLogger`, else the process's default one (standard
+    ///     error unless the program bootstrapped `LoggingSystem`). The monitor makes no logger of
+    ///     its own.
     ///   - sinks: Where reports go. `nil` means ``defaultSinks(_:)``: the journal while journald
     ///     takes entries, standard error while it does not.
     ///   - metricsFactory: Where the stall and loop-latency metrics go. `nil` means the backend the
@@ -91,7 +97,7 @@ public final class StallMonitor: Sendable {
     ///     never bootstraps one.
     /// - Throws: ``ConfigurationError`` for an invalid configuration.
     public init(
-        configuration: Configuration? = nil, logger: Logger = Logger(label: "stallmon"),
+        configuration: Configuration? = nil, logger: Logger = .current,
         sinks: [any ReportSink]? = nil, metricsFactory: (any MetricsFactory)? = nil
     ) throws(ConfigurationError) {
         let resolved: Configuration
@@ -129,7 +135,8 @@ public final class StallMonitor: Sendable {
             if configuration.cooperativePool {
                 do throws(StallMonitorError) {
                     started.pool = try CooperativePoolSession(
-                        configuration: configuration, sinks: sinks, logger: logger)
+                        configuration: configuration, sinks: sinks, logger: logger,
+                        metricsFactory: metricsFactory ?? MetricsSystem.factory)
                 } catch {
                     started.stop()
                     throw error
@@ -361,7 +368,7 @@ public final class StallMonitor: Sendable {
             reporter.prepare(watchdog) { Self.warnOfMissingSymbols(logger) }
             watchdog.start()
             reporter.emit(.started(description))
-            logger.info(
+            logger.debug(
                 "stallmon started",
                 metadata: [
                     "stallmon.loop": "\(loopName)", "stallmon.tid": "\(threadID)",
@@ -466,7 +473,7 @@ public final class StallMonitor: Sendable {
             }
             stallmon_sampler_slot_release(slot)
             releaseLoopState()
-            logger.info("stallmon stopped", metadata: ["stallmon.stalls": "\(statistics.stalls)"])
+            logger.debug("stallmon stopped", metadata: ["stallmon.stalls": "\(statistics.stalls)"])
         }
 
         /// Two observers with disjoint activities: window starts (entry, before-timers, after-waiting)
@@ -611,74 +618,5 @@ extension StallMonitor.Statistics {
             stalls: lhs.stalls + rhs.stalls, suppressedReports: lhs.suppressedReports + rhs.suppressedReports,
             droppedReports: lhs.droppedReports + rhs.droppedReports, lostReports: lhs.lostReports + rhs.lostReports
         )
-    }
-}
-
-/// Why a monitor could not start.
-public struct StallMonitorError: Error, Sendable, CustomStringConvertible {
-    private enum Code: Sendable {
-        case alreadyRunning
-        case signalUnavailable(Int32, String)
-        case tooManyMonitors
-        case outOfMemory
-        case asyncMainOffMainThread
-        case asyncMainHookUnavailable(String)
-        case cooperativePoolHookUnavailable(String)
-    }
-
-    private let code: Code
-    /// Where the error was raised.
-    public let file: String
-    public let line: Int
-
-    private init(_ code: Code, file: String, line: Int) {
-        self.code = code
-        self.file = file
-        self.line = line
-    }
-
-    static func alreadyRunning(file: String = #fileID, line: Int = #line) -> Self {
-        Self(.alreadyRunning, file: file, line: line)
-    }
-
-    static func signalUnavailable(_ signal: Int32, reason: String, file: String = #fileID, line: Int = #line) -> Self {
-        Self(.signalUnavailable(signal, reason), file: file, line: line)
-    }
-
-    static func tooManyMonitors(file: String = #fileID, line: Int = #line) -> Self {
-        Self(.tooManyMonitors, file: file, line: line)
-    }
-
-    static func outOfMemory(file: String = #fileID, line: Int = #line) -> Self {
-        Self(.outOfMemory, file: file, line: line)
-    }
-
-    static func asyncMainOffMainThread(file: String = #fileID, line: Int = #line) -> Self {
-        Self(.asyncMainOffMainThread, file: file, line: line)
-    }
-
-    static func asyncMainHookUnavailable(reason: String, file: String = #fileID, line: Int = #line) -> Self {
-        Self(.asyncMainHookUnavailable(reason), file: file, line: line)
-    }
-
-    static func cooperativePoolHookUnavailable(reason: String, file: String = #fileID, line: Int = #line) -> Self {
-        Self(.cooperativePoolHookUnavailable(reason), file: file, line: line)
-    }
-
-    public var description: String {
-        switch code {
-        case .alreadyRunning: "the monitor is already running"
-        case .signalUnavailable(let signal, let reason):
-            "sampling signal \(SignalName.name(of: signal)) is unavailable: \(reason)"
-        case .tooManyMonitors: "too many monitors in this process (at most 32 run at once)"
-        case .outOfMemory: "out of memory"
-        case .asyncMainOffMainThread:
-            "start(.asyncMain) must run on the main thread, in main() before its first await (the main thread "
-                + "has left for dispatch_main() once main() suspends)"
-        case .asyncMainHookUnavailable(let reason):
-            "cannot drain the main queue on the main thread of an async main: \(reason)"
-        case .cooperativePoolHookUnavailable(let reason):
-            "cannot watch the cooperative pool (cooperative_pool): \(reason)"
-        }
     }
 }

@@ -34,14 +34,17 @@ public final class NIOStallMonitor: Sendable {
     /// - Parameters:
     ///   - configuration: Thresholds and limits; `nil` reads them from the environment as
     ///     `StallMonitor` does (`$STALLMON_CONFIG`, `STALLMON_<KEY>`).
-    ///   - logger: Receives the monitor's own diagnostics.
+    ///   - logger: Receives the monitor's own diagnostics, as `StallMonitor`'s does: start and stop
+    ///     at `debug`, what keeps it from seeing a loop or its stacks at `warning`. The default is
+    ///     `Logger.current`, the logger bound with swift-log's `withLogger` or else the process's
+    ///     default one; the monitor makes no logger of its own.
     ///   - sinks: Where reports go; `nil` means the journal when journald runs, standard error otherwise.
     ///   - metricsFactory: Where the stall and tick-latency metrics go. `nil` means the backend the
     ///     application bootstrapped (`MetricsSystem.factory`, read at each ``start(_:)``); the
     ///     monitor never bootstraps one.
     /// - Throws: `ConfigurationError` for an invalid configuration.
     public init(
-        configuration: StallMonitor.Configuration? = nil, logger: Logger = Logger(label: "stallmon"),
+        configuration: StallMonitor.Configuration? = nil, logger: Logger = .current,
         sinks: [any ReportSink]? = nil, metricsFactory: (any MetricsFactory)? = nil
     ) throws(ConfigurationError) {
         let resolved: StallMonitor.Configuration
@@ -62,7 +65,8 @@ public final class NIOStallMonitor: Sendable {
     public var metricsDelegate: any NIOEventLoopMetricsDelegate { TickCounter() }
 
     /// Creates a group whose loops are watched from the start (the delegate and ``start(_:)`` in one call).
-    public func makeEventLoopGroup(numberOfThreads: Int) throws -> MultiThreadedEventLoopGroup {
+    /// - Throws: `StallMonitorError` as ``start(_:)`` does; the group is shut down then.
+    public func makeEventLoopGroup(numberOfThreads: Int) throws(StallMonitorError) -> MultiThreadedEventLoopGroup {
         let group = MultiThreadedEventLoopGroup(numberOfThreads: numberOfThreads, metricsDelegate: metricsDelegate)
         do {
             try start(group)
@@ -76,19 +80,20 @@ public final class NIOStallMonitor: Sendable {
     /// Starts watching every loop of `group`, which must have been created with ``metricsDelegate``.
     /// Runs one short task on each loop to learn its thread (and unblock the sampling signal there).
     /// - Important: Call it off the group's loops: it waits for those tasks.
-    /// - Throws: `NIOStallMonitorError` when the monitor runs already, a loop does not answer
-    ///   within a second, or the group counts no ticks (it was created without ``metricsDelegate``);
-    ///   `StallMonitorError` when no sampler slot or signal is free.
-    public func start(_ group: MultiThreadedEventLoopGroup) throws {
-        try state.withLock { session in
-            guard session == nil else { throw NIOStallMonitorError.alreadyRunning() }
+    /// - Throws: `StallMonitorError` when the monitor runs already (`.alreadyRunning`), a loop does
+    ///   not answer within a second (`.eventLoopDidNotAnswer`), the group counts no ticks (it was
+    ///   created without ``metricsDelegate``: `.eventLoopCountsNoTicks`), or no sampler slot or
+    ///   signal is free.
+    public func start(_ group: MultiThreadedEventLoopGroup) throws(StallMonitorError) {
+        try state.withLock { (session: inout EventLoopGroupSession?) throws(StallMonitorError) in
+            guard session == nil else { throw StallMonitorError.alreadyRunning() }
             let signal = try EventLoopGroupSession.samplingSignal(configuration, logger: logger)
             var loops: [(EventLoopWatchdog.Loop, EventLoopWatchdog.TickState)] = []
             for loop in group.makeIterator() {
-                guard let ticks = EventLoopWatchdog.makeTickState() else { throw NIOStallMonitorError.outOfMemory() }
+                guard let ticks = EventLoopWatchdog.makeTickState() else { throw StallMonitorError.outOfMemory() }
                 // Before the loop thread is bound: it reads the histogram unsynchronized.
                 if configuration.loopLatency, !EventLoopGroupSession.enableLatency(ticks) {
-                    throw NIOStallMonitorError.outOfMemory()
+                    throw StallMonitorError.outOfMemory()
                 }
                 let registered = loop.submit { () -> EventLoopWatchdog.Loop in
                     stallmon_ticks_bind(ticks.pointer)
@@ -96,7 +101,7 @@ public final class NIOStallMonitor: Sendable {
                     return EventLoopWatchdog.Loop.current()
                 }
                 guard let described = try? Self.wait(registered, on: loop) ?? nil else {
-                    throw NIOStallMonitorError.loopDidNotAnswer()
+                    throw StallMonitorError.eventLoopDidNotAnswer()
                 }
                 loops.append((described, ticks))
             }
@@ -106,7 +111,7 @@ public final class NIOStallMonitor: Sendable {
             for (loop, ticks) in loops {
                 while stallmon_ticks_sequence(ticks.pointer) == 0 {
                     guard NIODeadline.now() < deadline else {
-                        throw NIOStallMonitorError.noTicks(loop: loop.name)
+                        throw StallMonitorError.eventLoopCountsNoTicks(loop: loop.name)
                     }
                     usleep(1_000)
                 }
@@ -175,53 +180,5 @@ public final class NIOStallMonitor: Sendable {
 struct TickCounter: NIOEventLoopMetricsDelegate {
     func processedTick(info: NIOEventLoopTickInfo) {
         stallmon_tick(info.startTime.uptimeNanoseconds, info.endTime.uptimeNanoseconds)
-    }
-}
-
-/// Why a group could not be watched.
-public struct NIOStallMonitorError: Error, Sendable, CustomStringConvertible {
-    private enum Code: Sendable, Hashable {
-        case alreadyRunning
-        case loopDidNotAnswer
-        case noTicks(String)
-        case outOfMemory
-    }
-
-    private let code: Code
-    /// Where the error was raised.
-    public let file: String
-    public let line: Int
-
-    private init(_ code: Code, file: String, line: Int) {
-        self.code = code
-        self.file = file
-        self.line = line
-    }
-
-    static func alreadyRunning(file: String = #fileID, line: Int = #line) -> Self {
-        Self(.alreadyRunning, file: file, line: line)
-    }
-
-    static func loopDidNotAnswer(file: String = #fileID, line: Int = #line) -> Self {
-        Self(.loopDidNotAnswer, file: file, line: line)
-    }
-
-    static func noTicks(loop: String, file: String = #fileID, line: Int = #line) -> Self {
-        Self(.noTicks(loop), file: file, line: line)
-    }
-
-    static func outOfMemory(file: String = #fileID, line: Int = #line) -> Self {
-        Self(.outOfMemory, file: file, line: line)
-    }
-
-    public var description: String {
-        switch code {
-        case .alreadyRunning: "the monitor is already running"
-        case .loopDidNotAnswer: "an event loop of the group did not run a task within a second"
-        case .noTicks(let loop):
-            "event loop \(loop) counts no ticks: create the group with "
-                + "MultiThreadedEventLoopGroup(numberOfThreads:metricsDelegate: monitor.metricsDelegate)"
-        case .outOfMemory: "out of memory"
-        }
     }
 }

@@ -62,17 +62,15 @@ public struct JSONLinesSink: ReportSink {
         for field in JournalSink.fields(for: event, syslogIdentifier: identifier) {
             object[field.name] = field.value
         }
-        switch event {
-        case .started: object["type"] = "started"
-        case .stopped(_, let statistics):
-            object["type"] = "stopped"
+        // `started`, `stopped`, `suppressed`, or the stall's event: `detected`, `ended`, `watchdog`.
+        object["type"] = event.report?.event.rawValue ?? event.kind.description
+        if let statistics = event.statistics {
             object["stalls"] = statistics.stalls
             object["suppressed"] = statistics.suppressedReports
             object["dropped"] = statistics.droppedReports
             object["lost"] = statistics.lostReports
-        case .suppressed: object["type"] = "suppressed"
-        case .stallDetected(let report), .stallEnded(let report), .watchdogStall(let report):
-            object["type"] = report.event.rawValue
+        }
+        if let report = event.report {
             object["duration_ns"] = report.duration.nanoseconds
             object["paused_ns"] = report.pausedTime.nanoseconds
             object["start_ns"] = report.startNanoseconds

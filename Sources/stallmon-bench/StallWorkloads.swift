@@ -236,15 +236,15 @@ final class TimingSink: ReportSink, Sendable {
 
     func emit(_ event: StallMonitorEvent) {
         let now = Kernel.now()
-        guard recording else { return }
-        switch event {
-        case .stallDetected(let report):
+        guard recording, let report = event.report else { return }
+        switch event.kind {
+        case .stallDetected:
             let entry = Detected(
                 start: report.startNanoseconds, threshold: report.threshold.wholeNanoseconds,
                 duration: report.duration.wholeNanoseconds, emitted: now
             )
             detected.withLock { $0.append(entry) }
-        case .stallEnded(let report):
+        case .stallEnded:
             let entry = Ended(
                 start: report.startNanoseconds, duration: report.duration.wholeNanoseconds, samples: report.samples)
             ended.withLock { $0.append(entry) }

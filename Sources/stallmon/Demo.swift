@@ -114,10 +114,7 @@ struct Demo: ParsableCommand {
 
     /// Prints the ended reports, from the journal when there is one. Returns the exit status.
     private func report(collected: CollectingSink, journal: Bool, identifier: String) -> Int32 {
-        let reports = collected.events.compactMap { event -> StallReport? in
-            if case .stallEnded(let report) = event { return report }
-            return nil
-        }
+        let reports = collected.events.compactMap { $0.kind == .stallEnded ? $0.report : nil }
         var records: [StallRecord] = []
         var source = "memory (journald is not running)"
         if journal {

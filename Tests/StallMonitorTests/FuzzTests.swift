@@ -4,6 +4,7 @@ import StallCollector
 import StallJournal
 import Testing
 
+@testable import StallConfiguration
 @testable import StallMonitor
 @testable import stallmon
 @testable import stallmond

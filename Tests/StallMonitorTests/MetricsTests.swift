@@ -132,9 +132,7 @@ extension Serial {
 
             #expect(counted)
             let ended = try #require(
-                sink.events.compactMap { event -> StallReport? in
-                    if case .stallEnded(let report) = event { return report } else { return nil }
-                }.first)
+                sink.events.compactMap { $0.kind == .stallEnded ? $0.report : nil }.first)
             let dimensions = [("loop", ended.loop), ("callout", ended.callout.rawValue)]
             #expect(try metrics.expectCounter("stallmon_stalls_total", dimensions).totalValue == 2)
             let durations = try metrics.expectTimer("stallmon_stall_duration_seconds", dimensions).values

@@ -1,4 +1,5 @@
 import CStallCapture
+import CoreMetrics
 import Dispatch
 import Logging
 import Synchronization
@@ -34,9 +35,10 @@ final class CooperativePoolSession: @unchecked Sendable {
     /// Learns the runtime's queues, sets the hook and starts the watchdog.
     /// - Throws: ``StallMonitorError`` when the hook cannot be set (someone else's is set, or the
     ///   runtime has none) or no sampler slot is free.
-    init(configuration monitorConfiguration: StallMonitor.Configuration, sinks: [any ReportSink], logger: Logger)
-        throws(StallMonitorError)
-    {
+    init(
+        configuration monitorConfiguration: StallMonitor.Configuration, sinks: [any ReportSink], logger: Logger,
+        metricsFactory: any MetricsFactory
+    ) throws(StallMonitorError) {
         var configuration = monitorConfiguration
         configuration.threshold = monitorConfiguration.cooperativePoolThreshold
         configuration.sampleInterval = min(monitorConfiguration.sampleInterval, configuration.threshold)
@@ -79,13 +81,16 @@ final class CooperativePoolSession: @unchecked Sendable {
         }
         _ = stallmon_continue_watch_install()
         let loopName = EventLoopWatchdog.poolLoopName
-        reporter = Reporter(configuration: configuration, loopName: loopName, threadID: Int(getpid()), sinks: sinks)
+        // Pool threads come and go; the pool counts as running (jobs ran to learn its queues).
+        reporter = Reporter(
+            configuration: configuration, loopName: loopName, threadID: Int(getpid()), sinks: sinks,
+            seenTurning: true, metrics: StallMetrics(loop: loopName, factory: metricsFactory))
         description = MonitorDescription(
             loop: loopName, threadID: Int(getpid()), configuration: configuration, signal: signal)
         watchdog = EventLoopWatchdog(cooperativePool: configuration, reporter: reporter, signal: signal, slot: slot)
         watchdog.start()
         reporter.emit(.started(description))
-        logger.info(
+        logger.debug(
             "stallmon watches the cooperative pool",
             metadata: ["stallmon.threshold_ms": "\(configuration.threshold.milliseconds)"])
     }

@@ -64,14 +64,15 @@ package final class EventLoopGroupSession: @unchecked Sendable {
             throw error
         }
         if let reason = watchdog.unavailableReason {
-            logger.warning(
+            // A fallback that costs wakeups, not sight: every stall is still seen.
+            logger.info(
                 "idle event loops are looked at once per threshold: \(reason)",
                 metadata: ["stallmon.threshold_ms": "\(configuration.threshold.milliseconds)"]
             )
         }
         watchdog.start()
         for (reporter, description) in zip(reporters, descriptions) { reporter.emit(.started(description)) }
-        logger.info(
+        logger.debug(
             "stallmon started",
             metadata: [
                 "stallmon.loops": "\(loops.map(\.0.name).joined(separator: ","))",
@@ -99,7 +100,7 @@ package final class EventLoopGroupSession: @unchecked Sendable {
             }
         }
         stallmon_sampler_slot_release(slot)
-        logger.info("stallmon stopped", metadata: ["stallmon.stalls": "\(total.stalls)"])
+        logger.debug("stallmon stopped", metadata: ["stallmon.stalls": "\(total.stalls)"])
     }
 
     package var statistics: StallMonitor.Statistics {

@@ -44,6 +44,7 @@ public struct JournalSink: ReportSink {
     ///   entry; with one, the fallback's error.
     public func emit(_ event: StallMonitorEvent) throws {
         let fields = Self.fields(for: event, syslogIdentifier: syslogIdentifier)
+        guard !fields.isEmpty else { return }
         try JournalWriter.validate(fields)
         do {
             try connection.send(JournalConnection.encode(fields))
@@ -54,12 +55,13 @@ public struct JournalSink: ReportSink {
         }
     }
 
-    /// The journal fields of an event: the one mapping from reports to the schema.
+    /// The journal fields of an event: the one mapping from reports to the schema; none for a kind
+    /// this version does not know.
     public static func fields(for event: StallMonitorEvent, syslogIdentifier: String) -> [JournalField] {
-        switch event {
-        case .stallDetected(let report), .stallEnded(let report), .watchdogStall(let report):
+        if let report = event.report {
             return StallRecord(report: report, syslogIdentifier: syslogIdentifier).fields
-        case .suppressed(let suppression):
+        }
+        if let suppression = event.suppression {
             return SuppressionRecord(
                 message: suppression.message, loop: suppression.loop, threadID: suppression.threadID,
                 fingerprint: suppression.fingerprint, frame: suppression.frame, count: suppression.count,
@@ -69,11 +71,13 @@ public struct JournalSink: ReportSink {
                 rateLimitIntervalMicroseconds: UInt64(clamping: suppression.interval.microseconds),
                 priority: Priority.notice, syslogIdentifier: syslogIdentifier
             ).fields
-        case .started(let description):
+        }
+        switch (event.kind, event.monitor, event.statistics) {
+        case (.started, let description?, _):
             return lifecycleFields(
                 description, syslogIdentifier: syslogIdentifier, event: "started",
                 message: "stallmon started: " + description.message)
-        case .stopped(let description, let statistics):
+        case (.stopped, let description?, let statistics?):
             var fields = lifecycleFields(
                 description, syslogIdentifier: syslogIdentifier, event: "stopped",
                 message:
@@ -86,6 +90,8 @@ public struct JournalSink: ReportSink {
             fields.append(JournalField(MonitorField.dropped, String(statistics.droppedReports)))
             fields.append(JournalField(MonitorField.lost, String(statistics.lostReports)))
             return fields
+        default:
+            return []
         }
     }
 
@@ -122,14 +128,6 @@ enum Priority {
     static let warning = 4
     static let notice = 5
     static let info = 6
-}
-
-enum ProgramName {
-    /// The name the program was started as, like `program_invocation_short_name`.
-    static let current: String = {
-        let name = CommandLine.arguments.first?.lastPathComponent ?? ""
-        return name.isEmpty ? "stallmon" : name
-    }()
 }
 
 extension StallRecord {

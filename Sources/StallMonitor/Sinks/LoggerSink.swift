@@ -1,6 +1,8 @@
 import Logging
 
-/// Logs reports through a swift-log `Logger`: stalls as warnings with structured metadata.
+/// Logs reports through a swift-log `Logger`: stalls as warnings with structured metadata (errors
+/// from eight times the threshold on, critical for a stall that outlasted the service watchdog, as
+/// in the journal), the monitor's start and stop at debug.
 public struct LoggerSink: ReportSink {
     private let logger: Logger
 
@@ -9,21 +11,11 @@ public struct LoggerSink: ReportSink {
     }
 
     public func emit(_ event: StallMonitorEvent) {
-        switch event {
-        case .started(let description):
-            logger.info("\(description.message)")
-        case .stopped(let description, let statistics):
-            logger.info(
-                "stopped monitoring \(description.loop)",
-                metadata: [
-                    "stalls": "\(statistics.stalls)", "suppressed": "\(statistics.suppressedReports)",
-                    "dropped": "\(statistics.droppedReports)", "lost": "\(statistics.lostReports)",
-                ]
-            )
-        case .suppressed(let suppression):
-            logger.notice("\(suppression.message)", metadata: ["stall.fingerprint": "\(suppression.fingerprint)"])
-        case .stallDetected(let report), .stallEnded(let report), .watchdogStall(let report):
-            logger.warning(
+        if let report = event.report {
+            let level: Logger.Level =
+                report.event == .watchdog ? .critical : report.duration >= report.threshold * 8 ? .error : .warning
+            logger.log(
+                level: level,
                 "\(report.message)",
                 metadata: [
                     "stall.id": "\(report.stallID)",
@@ -32,6 +24,18 @@ public struct LoggerSink: ReportSink {
                     "stall.callout": "\(report.callout.rawValue)",
                     "stall.fingerprint": "\(report.fingerprint)",
                     "stall.backtrace": "\(report.backtrace)",
+                ]
+            )
+        } else if let suppression = event.suppression {
+            logger.notice("\(suppression.message)", metadata: ["stall.fingerprint": "\(suppression.fingerprint)"])
+        } else if let description = event.monitor, event.kind == .started {
+            logger.debug("\(description.message)")
+        } else if let description = event.monitor, let statistics = event.statistics, event.kind == .stopped {
+            logger.debug(
+                "stopped monitoring \(description.loop)",
+                metadata: [
+                    "stalls": "\(statistics.stalls)", "suppressed": "\(statistics.suppressedReports)",
+                    "dropped": "\(statistics.droppedReports)", "lost": "\(statistics.lostReports)",
                 ]
             )
         }

@@ -11,10 +11,12 @@ public struct StandardErrorSink: ReportSink {
         self.prefix = prefix ?? "stallmon[\(getpid())]"
     }
 
-    /// Writes the event's lines.
+    /// Writes the event's lines (none for a kind this version does not know).
     /// - Throws: ``WriteError`` when standard error does not take them (closed, a full disk).
     public func emit(_ event: StallMonitorEvent) throws {
-        var text = Self.render(event).split(separator: "\n", omittingEmptySubsequences: false)
+        let rendered = Self.render(event)
+        guard !rendered.isEmpty else { return }
+        var text = rendered.split(separator: "\n", omittingEmptySubsequences: false)
             .map { "\(prefix): \($0)" }.joined(separator: "\n")
         text += "\n"
         // One write per event so that lines of concurrent writers do not interleave.
@@ -37,33 +39,36 @@ public struct StandardErrorSink: ReportSink {
         public var description: String { "write to standard error failed (errno \(code))" }
     }
 
-    /// The readable form of an event: its message, then details and the backtrace indented.
+    /// The readable form of an event: its message, then details and the backtrace indented; empty
+    /// for a kind this version does not know.
     public static func render(_ event: StallMonitorEvent) -> String {
-        switch event {
-        case .started(let description):
-            return "started: " + description.message
-        case .stopped(let description, let statistics):
-            return "stopped monitoring \(description.loop): \(statistics.stalls) stalls, "
-                + "\(statistics.suppressedReports) reports suppressed, \(statistics.droppedReports) dropped, "
-                + "\(statistics.lostReports) lost"
-        case .suppressed(let suppression):
-            return suppression.message
-        case .stallDetected(let report), .stallEnded(let report), .watchdogStall(let report):
-            var lines = [report.message]
-            var details =
-                "  stall \(report.stallID) \(report.event.rawValue): \(report.activity.rawValue), mode \(report.runLoopMode), "
-            details += "tid \(report.threadID) state \(report.threadState)"
-            if let syscall = report.syscall { details += " in \(syscall)" }
-            details += ", cpu \(report.cpuTime.milliseconds) ms, samples \(report.stackSamples)/\(report.samples)"
-            if report.unansweredSamples > 0 { details += " (\(report.unansweredSamples) unanswered)" }
-            details += ", fingerprint \(report.fingerprint)"
-            lines.append(details)
-            if report.stack.isEmpty {
-                lines.append("  (no stack: \(report.noStackReason ?? "unknown"))")
-            } else {
-                lines += report.stack.enumerated().map { "  #\($0.offset) \($0.element.backtraceLine)" }
+        if let suppression = event.suppression { return suppression.message }
+        guard let report = event.report else {
+            switch (event.kind, event.monitor, event.statistics) {
+            case (.started, let description?, _):
+                return "started: " + description.message
+            case (.stopped, let description?, let statistics?):
+                return "stopped monitoring \(description.loop): \(statistics.stalls) stalls, "
+                    + "\(statistics.suppressedReports) reports suppressed, \(statistics.droppedReports) dropped, "
+                    + "\(statistics.lostReports) lost"
+            default:
+                return ""
             }
-            return lines.joined(separator: "\n")
         }
+        var lines = [report.message]
+        var details =
+            "  stall \(report.stallID) \(report.event.rawValue): \(report.activity.rawValue), mode \(report.runLoopMode), "
+        details += "tid \(report.threadID) state \(report.threadState)"
+        if let syscall = report.syscall { details += " in \(syscall)" }
+        details += ", cpu \(report.cpuTime.milliseconds) ms, samples \(report.stackSamples)/\(report.samples)"
+        if report.unansweredSamples > 0 { details += " (\(report.unansweredSamples) unanswered)" }
+        details += ", fingerprint \(report.fingerprint)"
+        lines.append(details)
+        if report.stack.isEmpty {
+            lines.append("  (no stack: \(report.noStackReason ?? "unknown"))")
+        } else {
+            lines += report.stack.enumerated().map { "  #\($0.offset) \($0.element.backtraceLine)" }
+        }
+        return lines.joined(separator: "\n")
     }
 }

@@ -1,11 +1,10 @@
-import CStallCapture
 import Foundation
 
 #if canImport(Glibc)
     import Glibc
 #endif
 
-extension StallMonitor.Configuration {
+extension StallMonitoring.Configuration {
     /// The environment variable naming a JSON configuration file for ``fromEnvironment(_:)``.
     public static let fileEnvironmentVariable = "STALLMON_CONFIG"
 
@@ -130,14 +129,14 @@ extension StallMonitor.Configuration {
 }
 
 /// Signal names as written in configuration: `auto`, `SIGUSR2`, `SIGRTMIN+4`, `SIGRTMAX-2` or a number.
-enum SignalName {
-    struct Parsed {
+package enum SignalName {
+    package struct Parsed {
         /// `nil` for `auto`.
-        var number: Int32?
+        package var number: Int32?
     }
 
-    /// `nil` when the text is none of these. Numbers are not range-checked here (``StallMonitor/Configuration/validate()`` does).
-    static func parse(_ text: String) -> Parsed? {
+    /// `nil` when the text is none of these. Numbers are not range-checked here (``StallMonitoring/Configuration/validate()`` does).
+    package static func parse(_ text: String) -> Parsed? {
         let name = text.uppercased()
         func isNumber(_ digits: Substring) -> Bool {
             (1...9).contains(digits.count) && digits.allSatisfy { $0.isASCII && $0.isNumber }
@@ -148,7 +147,7 @@ enum SignalName {
         if let number = fixed[name] { return Parsed(number: number) }
         // SIGRTMIN+N counts up from SIGRTMIN, SIGRTMAX-N down from SIGRTMAX.
         for (prefix, sign, base, direction) in [
-            ("SIGRTMIN", "+", stallmon_sigrtmin(), Int32(1)), ("SIGRTMAX", "-", stallmon_sigrtmax(), Int32(-1)),
+            ("SIGRTMIN", "+", realTimeMinimum, Int32(1)), ("SIGRTMAX", "-", realTimeMaximum, Int32(-1)),
         ] where name.hasPrefix(prefix) {
             let rest = name.dropFirst(prefix.count)
             if rest.isEmpty { return Parsed(number: base) }
@@ -160,20 +159,31 @@ enum SignalName {
         return nil
     }
 
-    static func name(of signal: Int32) -> String {
+    #if canImport(Glibc)
+        /// `SIGRTMIN` and `SIGRTMAX`: glibc reserves real-time signals for itself and computes them
+        /// at run time, in macros Swift cannot import.
+        package static var realTimeMinimum: Int32 { __libc_current_sigrtmin() }
+        package static var realTimeMaximum: Int32 { __libc_current_sigrtmax() }
+    #else
+        // No real-time signals here: glibc's numbers on Linux, which the configuration is written for.
+        package static var realTimeMinimum: Int32 { 34 }
+        package static var realTimeMaximum: Int32 { 64 }
+    #endif
+
+    package static func name(of signal: Int32) -> String {
         switch signal {
         case SIGUSR1: return "SIGUSR1"
         case SIGUSR2: return "SIGUSR2"
         case SIGPROF: return "SIGPROF"
         default:
-            let low = stallmon_sigrtmin(), high = stallmon_sigrtmax()
+            let low = realTimeMinimum, high = realTimeMaximum
             guard (low...high).contains(signal) else { return "\(signal)" }
             return signal - low <= high - signal ? "SIGRTMIN+\(signal - low)" : "SIGRTMAX-\(high - signal)"
         }
     }
 }
 
-extension StallMonitor.Configuration {
+extension StallMonitoring.Configuration {
     /// Every value as `key=value`, space-separated, in the file's key names.
     public var summary: String {
         ConfigurationKey.allCases.map { "\($0.rawValue)=\(text(for: $0))" }.joined(separator: " ")

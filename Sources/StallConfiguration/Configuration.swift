@@ -1,12 +1,11 @@
-import CStallCapture
-
 #if canImport(Glibc)
     import Glibc
 #endif
 
-extension StallMonitor {
-    /// How a ``StallMonitor`` detects, samples and reports stalls. Every knob has a default;
-    /// `config/stallmon.json` documents each one and holds the same defaults.
+extension StallMonitoring {
+    /// How a `StallMonitor` detects, samples and reports stalls; its users call it
+    /// `StallMonitor.Configuration`. Every knob has a default; `config/stallmon.json` documents each
+    /// one and holds the same defaults.
     public struct Configuration: Sendable, Hashable {
         /// How long the loop may stay inside one before-sources or after-waiting window before
         /// the window is a stall. At least 10 ms.
@@ -19,7 +18,7 @@ extension StallMonitor {
         public var maximumFrames: Int = 64
         /// Distinct stacks kept per stall for ranking; samples beyond it still count.
         public var maximumStacks: Int = 64
-        /// No stall is reported until this long after ``StallMonitor/start(_:)``.
+        /// No stall is reported until this long after `StallMonitor.start(_:)`.
         public var startupGracePeriod: Duration = .zero
         /// How long after the startup grace period the monitored loop may go without turning once
         /// before the monitor warns (on its logger) that it cannot see the loop: an async `@main`
@@ -106,7 +105,7 @@ extension StallMonitor {
             try Self.check(
                 loopStartTimeout <= .seconds(3600), .loopStartTimeout, loopStartTimeout, "must be at most 1 hour")
             if let signal {
-                let low = stallmon_sigrtmin(), high = stallmon_sigrtmax()
+                let low = SignalName.realTimeMinimum, high = SignalName.realTimeMaximum
                 let allowed = [SIGUSR1, SIGUSR2, SIGPROF] + Array(low...high)
                 try Self.check(
                     allowed.contains(signal), .signal, "\(signal)",

@@ -7,20 +7,20 @@ import Foundation
 /// Reads configuration values from a JSON file and from environment variables, and names the
 /// key, the value, the reason and the source whenever one cannot be used. Shared by the monitor's
 /// configuration and the collector's, so that both read files, variables and numbers the same way.
-public enum ConfigurationDocument {
+package enum ConfigurationDocument {
     /// One value and where it came from (a file path or an environment variable).
-    public struct Entry: Sendable {
-        public var key: String
-        public var value: ConfigurationValue
-        public var source: String
+    package struct Entry: Sendable {
+        package var key: String
+        package var value: ConfigurationValue
+        package var source: String
     }
 
     /// Largest configuration file read: 1 MiB (the shipped ones are under 1 KiB).
-    public static let maximumFileSize = 1 << 20
+    package static let maximumFileSize = 1 << 20
 
     /// Reads a file's bytes.
     /// - Throws: ``ConfigurationError`` when it cannot be read or is larger than ``maximumFileSize``.
-    public static func read(_ path: String) throws(ConfigurationError) -> Data {
+    package static func read(_ path: String) throws(ConfigurationError) -> Data {
         func fail(_ reason: String) -> ConfigurationError {
             ConfigurationError(key: "(file)", value: ConfigurationValue.shown(path), reason: reason, source: path)
         }
@@ -47,7 +47,7 @@ public enum ConfigurationDocument {
     /// The entries of a JSON object whose keys must all be among `knownKeys`, in the file's order.
     /// - Throws: ``ConfigurationError`` for invalid JSON (with the line and column), a top level
     ///   that is not an object, a key given twice, or an unknown key.
-    public static func parseJSON(_ data: Data, source: String, knownKeys: [String]) throws(ConfigurationError)
+    package static func parseJSON(_ data: Data, source: String, knownKeys: [String]) throws(ConfigurationError)
         -> [Entry]
     {
         let document: StrictJSON
@@ -77,7 +77,7 @@ public enum ConfigurationDocument {
     /// - Parameter otherVariables: Variables with the prefix that are not keys (e.g. `STALLMON_CONFIG`).
     /// - Throws: ``ConfigurationError`` for a variable with the prefix (in any case) that is neither
     ///   a key nor one of `otherVariables`: a misspelled variable must never be silently ignored.
-    public static func environment(
+    package static func environment(
         _ environment: [String: String], prefix: String, knownKeys: [String], otherVariables: [String] = []
     ) throws(ConfigurationError) -> [Entry] {
         let variables = knownKeys.map { (prefix + $0.uppercased(), $0) }
@@ -98,7 +98,7 @@ public enum ConfigurationDocument {
 
     /// Runs `validate`, then names in its error the value as the operator wrote it and where:
     /// the last entry for the key, else `defaultSource`.
-    public static func validate(
+    package static func validate(
         _ entries: [Entry], defaultSource: String, _ validate: () throws(ConfigurationError) -> Void
     ) throws(ConfigurationError) {
         do {
@@ -151,7 +151,7 @@ public enum ConfigurationDocument {
 /// Numbers are read with JSON's grammar in both places (no `0x10`, `+5`, `.5`, `inf` or `1_000`).
 /// Durations and integers outside what any key allows are clamped to a bound far beyond every
 /// key's range, so that the key's own check refuses them with its range, never a crash.
-public struct ConfigurationValue: Sendable, CustomStringConvertible {
+package struct ConfigurationValue: Sendable, CustomStringConvertible {
     var number: Double?
     var bool: Bool?
     var string: String?
@@ -161,7 +161,7 @@ public struct ConfigurationValue: Sendable, CustomStringConvertible {
     /// Why a list from the environment is not one, e.g. an empty element in `300,,3600`.
     var listProblem: String?
     /// The value as written, for messages (shortened when long).
-    public var description: String
+    package var description: String
 
     init(json: StrictJSON) {
         description = Self.shown(json.text)
@@ -245,7 +245,7 @@ public struct ConfigurationValue: Sendable, CustomStringConvertible {
     }
 
     /// A value as shown in messages: long ones are cut, with their length.
-    public static func shown(_ text: String) -> String {
+    package static func shown(_ text: String) -> String {
         guard text.utf8.count > 120, text.count > 120 else { return text }
         return String(text.prefix(100)) + "… (\(text.count) characters)"
     }
@@ -268,48 +268,48 @@ public struct ConfigurationValue: Sendable, CustomStringConvertible {
     }
 
     /// A number of milliseconds as a `Duration`.
-    public func milliseconds(key: String, source: String) throws(ConfigurationError) -> Duration {
+    package func milliseconds(key: String, source: String) throws(ConfigurationError) -> Duration {
         guard let number else { throw fail(key, source, "must be a number of milliseconds") }
         return Self.duration(number, unit: 1e6)
     }
 
     /// A number of seconds as a `Duration`.
-    public func seconds(key: String, source: String) throws(ConfigurationError) -> Duration {
+    package func seconds(key: String, source: String) throws(ConfigurationError) -> Duration {
         guard let number else { throw fail(key, source, "must be a number of seconds") }
         return Self.duration(number, unit: 1e9)
     }
 
     /// A whole number, clamped to ±1e15.
-    public func integer(key: String, source: String) throws(ConfigurationError) -> Int {
+    package func integer(key: String, source: String) throws(ConfigurationError) -> Int {
         guard let number, number == number.rounded() else { throw fail(key, source, "must be a whole number") }
         return Int(Swift.max(-1e15, Swift.min(1e15, number)))
     }
 
-    public func flag(key: String, source: String) throws(ConfigurationError) -> Bool {
+    package func flag(key: String, source: String) throws(ConfigurationError) -> Bool {
         guard let bool else { throw fail(key, source, "must be true or false") }
         return bool
     }
 
     /// A string; `null` gives `nil`.
-    public func text(key: String, source: String) throws(ConfigurationError) -> String? {
+    package func text(key: String, source: String) throws(ConfigurationError) -> String? {
         if isNull { return nil }
         guard let string else { throw fail(key, source, "must be a string") }
         return string
     }
 
-    public func list(key: String, source: String) throws(ConfigurationError) -> [String] {
+    package func list(key: String, source: String) throws(ConfigurationError) -> [String] {
         guard let strings else { throw fail(key, source, "must be a list of strings" + problem) }
         return strings
     }
 
-    public func numberList(key: String, source: String) throws(ConfigurationError) -> [Double] {
+    package func numberList(key: String, source: String) throws(ConfigurationError) -> [Double] {
         guard let numbers else { throw fail(key, source, "must be a list of numbers" + problem) }
         return numbers
     }
 
     /// A list of numbers of `unit` (nanoseconds per unit, e.g. 1e9 for seconds) as `Duration`s,
     /// each clamped like ``seconds(key:source:)``.
-    public func durationList(key: String, source: String, unit: Double) throws(ConfigurationError) -> [Duration] {
+    package func durationList(key: String, source: String, unit: Double) throws(ConfigurationError) -> [Duration] {
         try numberList(key: key, source: source).map { Self.duration($0, unit: unit) }
     }
 

@@ -1,0 +1,96 @@
+import Logging
+import NIOCore
+import NIOPosix
+import StallMonitorNIO
+import Testing
+
+@testable import StallMonitor
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// Callers match a failed start on its code, never on its text. The monitors run in this process.
+extension Serial {
+    @Suite
+    struct StallMonitorErrorTests {
+        @Test func everyErrorCodeIsDistinctAndNamed() {
+            let codes: [StallMonitorError.Code] = [
+                .alreadyRunning, .signalUnavailable, .tooManyMonitors, .outOfMemory, .asyncMainOffMainThread,
+                .asyncMainHookUnavailable, .eventLoopDidNotAnswer, .eventLoopCountsNoTicks,
+            ]
+            #expect(Set(codes).count == codes.count)
+            #expect(Set(codes.map(\.description)).count == codes.count)
+            #expect(StallMonitorError.Code.alreadyRunning.description == "alreadyRunning")
+            let errors: [StallMonitorError] = [
+                .alreadyRunning(), .signalUnavailable(SIGUSR2, reason: "another handler owns it"), .tooManyMonitors(),
+                .outOfMemory(), .asyncMainOffMainThread(), .asyncMainHookUnavailable(reason: "no hook"),
+                .eventLoopDidNotAnswer(), .eventLoopCountsNoTicks(loop: "NIO-ELT-0-#0"),
+            ]
+            #expect(errors.map(\.code) == codes)
+            #expect(errors[1].description == "sampling signal SIGUSR2 is unavailable: another handler owns it")
+            #expect(errors[7].description.hasPrefix("event loop NIO-ELT-0-#0 counts no ticks"))
+        }
+
+        @Test func errorsOfOneCodeAreEqualWhereverTheyWereRaised() {
+            let first = StallMonitorError.alreadyRunning()
+            let second = StallMonitorError.alreadyRunning()
+            #expect(first.line != second.line)
+            #expect(first == second)
+            #expect(first != StallMonitorError.tooManyMonitors())
+        }
+
+        @Test func startingARunningMonitorThrowsAlreadyRunning() throws {
+            let monitor = try StallMonitor(configuration: StallMonitor.Configuration(), logger: Self.quiet, sinks: [])
+            try monitor.start(.currentThread)
+            defer { monitor.stop() }
+            let error = #expect(throws: StallMonitorError.self) { try monitor.start(.currentThread) }
+            #expect(error?.code == .alreadyRunning)
+            #expect(monitor.isRunning)
+        }
+
+        @Test func aSamplingSignalSomeoneElseHandlesThrowsSignalUnavailable() throws {
+            let signal = __libc_current_sigrtmin() + 7
+            let previous = Glibc.signal(signal, SIG_IGN)
+            defer { _ = Glibc.signal(signal, previous) }
+            var configuration = StallMonitor.Configuration()
+            configuration.signal = signal
+            let monitor = try StallMonitor(configuration: configuration, logger: Self.quiet, sinks: [])
+            let error = #expect(throws: StallMonitorError.self) { try monitor.start(.currentThread) }
+            #expect(error?.code == .signalUnavailable)
+            #expect(error?.description.contains("SIGRTMIN+7") == true)
+            #expect(!monitor.isRunning)
+        }
+
+        @Test func startingForAnAsyncMainOffTheMainThreadThrowsAsyncMainOffMainThread() throws {
+            let monitor = try StallMonitor(configuration: StallMonitor.Configuration(), logger: Self.quiet, sinks: [])
+            let error = #expect(throws: StallMonitorError.self) { try monitor.start(.asyncMain) }
+            #expect(error?.code == .asyncMainOffMainThread)
+        }
+
+        @Test func anEventLoopGroupWithoutTheDelegateThrowsEventLoopCountsNoTicks() throws {
+            let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+            defer { try? group.syncShutdownGracefully() }
+            let monitor = try NIOStallMonitor(
+                configuration: StallMonitor.Configuration(), logger: Self.quiet, sinks: [])
+            let error = #expect(throws: StallMonitorError.self) { try monitor.start(group) }
+            #expect(error?.code == .eventLoopCountsNoTicks)
+            #expect(!monitor.isRunning)
+        }
+
+        @Test func startingAWatchedEventLoopGroupAgainThrowsAlreadyRunning() throws {
+            let monitor = try NIOStallMonitor(
+                configuration: StallMonitor.Configuration(), logger: Self.quiet, sinks: [])
+            let group = try monitor.makeEventLoopGroup(numberOfThreads: 1)
+            defer {
+                monitor.stop()
+                try? group.syncShutdownGracefully()
+            }
+            let error = #expect(throws: StallMonitorError.self) { try monitor.start(group) }
+            #expect(error?.code == .alreadyRunning)
+        }
+
+        /// A logger that drops everything, for tests about something else.
+        static let quiet = Logger(label: "quiet") { _ in SwiftLogNoOpLogHandler() }
+    }
+}

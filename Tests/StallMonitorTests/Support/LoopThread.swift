@@ -1,0 +1,51 @@
+import CoreFoundation
+import Dispatch
+import Foundation
+
+/// A thread of its own that runs `setUp` (which starts a monitor with `.currentThread`), then its
+/// run loop until ``stop()``; or, with `turning: false`, just waits without running it.
+final class LoopThread: @unchecked Sendable {
+    private var runLoop: CFRunLoop?
+    private let started = DispatchSemaphore(value: 0)
+    private let finished = DispatchSemaphore(value: 0)
+    private let release = DispatchSemaphore(value: 0)
+    private let turning: Bool
+
+    init(turning: Bool = true, setUp: @escaping @Sendable () -> Void) {
+        self.turning = turning
+        let thread = Thread { [self] in
+            runLoop = CFRunLoopGetCurrent()
+            setUp()
+            started.signal()
+            if turning {
+                // A timer keeps the loop running; CFRunLoopStop ends it.
+                let timer = Timer(timeInterval: 3600, repeats: true) { _ in }
+                RunLoop.current.add(timer, forMode: .default)
+                CFRunLoopRun()
+                timer.invalidate()
+            } else {
+                release.wait()
+            }
+            finished.signal()
+        }
+        thread.name = "stallmon-test-loop"
+        thread.start()
+        started.wait()
+    }
+
+    /// Runs `block` in the loop's next pass.
+    func perform(_ block: @escaping @Sendable () -> Void) {
+        CFRunLoopPerformBlock(runLoop, kCFRunLoopCommonModes, block)
+        CFRunLoopWakeUp(runLoop)
+    }
+
+    func stop() {
+        if turning {
+            CFRunLoopStop(runLoop)
+            CFRunLoopWakeUp(runLoop)
+        } else {
+            release.signal()
+        }
+        finished.wait()
+    }
+}
