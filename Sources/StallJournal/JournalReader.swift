@@ -1,7 +1,7 @@
 import CSystemd
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// One entry read from the journal.

@@ -1,7 +1,7 @@
 import CSystemd
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// Sends structured entries to the systemd journal.

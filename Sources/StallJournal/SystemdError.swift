@@ -1,5 +1,5 @@
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// A libsystemd call that failed. libsystemd returns `-errno`; ``check(_:_:)`` turns that

@@ -1,7 +1,7 @@
 import CStallCapture
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 extension StallMonitor {

@@ -2,7 +2,7 @@ import CStallCapture
 import Foundation
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 extension StallMonitor.Configuration {

@@ -1,7 +1,7 @@
 import CStallCapture
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// One reading of the monitored thread's clocks at a `CLOCK_MONOTONIC` time.

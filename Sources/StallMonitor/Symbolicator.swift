@@ -2,7 +2,7 @@ import CStallCapture
 import CSymbolize
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// Turns captured addresses into ``StallFrame``s through libdw, with demangled names, inline

@@ -1,7 +1,7 @@
 import CStallCapture
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// The kernel's view of one thread of this process, read from `/proc/self/task/<tid>/`.

@@ -29,7 +29,7 @@ import StallMonitor
 import StallmonFixtureKit
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 @main

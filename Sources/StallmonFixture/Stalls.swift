@@ -2,7 +2,7 @@ import CoreFoundation
 import Foundation
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// The ways the fixture blocks its loop. Each is its own non-inlined function, so that tests can

@@ -2,7 +2,7 @@ import Dispatch
 import Foundation
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// Workloads of an async service: main-actor hops and tiny tasks on the cooperative pool, under the

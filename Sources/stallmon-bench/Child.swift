@@ -3,7 +3,7 @@ import CoreFoundation
 import Foundation
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// What a child process runs on its main thread.

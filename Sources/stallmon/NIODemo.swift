@@ -3,7 +3,7 @@ import Foundation
 import StallJournal
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// `stallmon demo --nio`: runs the SwiftNIO HTTP server (StallmonNIOServer, built next to stallmon,

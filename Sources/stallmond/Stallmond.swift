@@ -6,7 +6,7 @@ import StallCollector
 import StallMonitor
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// The host's stall collector: follows the journal for stall reports from every unit, keeps

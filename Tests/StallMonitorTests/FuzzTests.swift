@@ -9,7 +9,7 @@ import Testing
 @testable import stallmond
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 extension Serial {

@@ -2,7 +2,7 @@ import CStallCapture
 import Logging
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// The monitor of one group of event loops, from start to stop: a reporter per loop (each with its

@@ -3,7 +3,7 @@ import Foundation
 import Synchronization
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// One watchdog thread for a group of epoll event loops that count their ticks (SwiftNIO's, through

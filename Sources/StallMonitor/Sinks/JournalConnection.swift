@@ -2,7 +2,7 @@ import StallJournal
 import Synchronization
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// A datagram socket of our own to journald, speaking its native protocol, with every send bounded.

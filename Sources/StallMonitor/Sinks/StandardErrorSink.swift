@@ -1,5 +1,5 @@
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// Writes reports to standard error in a readable form: the fallback where no journal exists.

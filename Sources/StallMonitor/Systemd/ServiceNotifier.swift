@@ -1,7 +1,7 @@
 import CSystemd
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// Talks to the service manager through `$NOTIFY_SOCKET`. Without a socket every call does nothing.
