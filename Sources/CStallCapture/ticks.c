@@ -9,6 +9,8 @@
 #define _GNU_SOURCE
 #include "stallcapture_ticks.h"
 
+#if defined(STALLMON_LINUX)
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdatomic.h>
@@ -280,3 +282,5 @@ void stallmon_eventfd_signal(int fd) {
     ssize_t written = write(fd, &one, sizeof one);
     (void)written;
 }
+
+#endif  // STALLMON_LINUX

@@ -2,6 +2,8 @@ import CStallCapture
 
 #if canImport(Glibc)
 import Glibc
+#elseif canImport(Darwin)
+import Darwin
 #endif
 
 extension StallMonitor {

@@ -1,3 +1,4 @@
+#if STALLMON_LINUX
 import CStallCapture
 
 #if canImport(Glibc)
@@ -172,3 +173,4 @@ struct StallCPUAccount {
         return min(span - min(counted, span), max(late, stopped > counted ? stopped - counted : 0))
     }
 }
+#endif  // STALLMON_LINUX

@@ -111,14 +111,30 @@ public final class StallMonitor: Sendable {
     /// The longest ``stop()`` waits for queued reports to reach the sinks.
     public static let stopTimeout: Duration = .seconds(2)
 
+    /// Whether the monitor works on this platform: on Linux. Elsewhere (a developer's Mac) the API
+    /// is all there and does nothing: ``start(_:)`` logs one `.debug` line and returns, the monitor
+    /// never runs, ``stop()`` has nothing to stop, ``statistics`` stay zero, ``allowingStall(_:)``
+    /// just runs its body and ``status`` says that monitoring is unsupported.
+    public static var isSupported: Bool {
+        #if STALLMON_LINUX
+        true
+        #else
+        false
+        #endif
+    }
+
     /// Starts monitoring a run loop.
     /// - Important: With ``Target/currentThread``, call this on the thread that runs the loop.
     /// - Throws: ``StallMonitorError`` when the monitor already runs or its signal is taken.
     public func start(_ target: Target = .mainThread) throws(StallMonitorError) {
+        #if STALLMON_LINUX
         try state.withLock { (session: inout Session?) throws(StallMonitorError) in
             guard session == nil else { throw StallMonitorError.alreadyRunning() }
             session = try Session(target: target, monitor: self)
         }
+        #else
+        logger.debug("stall monitoring is unsupported on this platform (Linux only): the monitor does nothing")
+        #endif
     }
 
     /// Stops monitoring: removes the observers, ends a stall in progress with its report, and
@@ -145,6 +161,7 @@ public final class StallMonitor: Sendable {
     /// time inside never counts; the window starts afresh when `body` returns.
     /// - Important: Call it on the monitored thread; elsewhere it just runs `body`.
     public func allowingStall<Result>(_ body: () throws -> Result) rethrows -> Result {
+        #if STALLMON_LINUX
         // A reference of its own: stop() on another thread may end the session while body blocks.
         guard let loop = state.withLock({ session in session?.loopIfCurrentThread.map { retained($0) } }) else {
             return try body()
@@ -155,11 +172,18 @@ public final class StallMonitor: Sendable {
             stallmon_loop_release(UnsafeRawPointer(loop.pointer))
         }
         return try body()
+        #else
+        return try body()
+        #endif
     }
 
     /// A one-line health summary, e.g. `main loop healthy; 3 stalls in 1h, worst 540 ms`.
     public var status: String {
+        #if STALLMON_LINUX
         state.withLock { $0?.reporter.status.line() } ?? "stall monitor not running"
+        #else
+        "stall monitor not running: unsupported on this platform"
+        #endif
     }
 
     /// Tells the service manager that the service is ready (`READY=1`), with the monitor's
@@ -191,10 +215,16 @@ public final class StallMonitor: Sendable {
 
     /// Kernel id of the watchdog thread, for measurements (0 when not running).
     public var watchdogThreadID: Int32 {
+        #if STALLMON_LINUX
         state.withLock { $0?.watchdog.threadID ?? 0 }
+        #else
+        0
+        #endif
     }
 
     // MARK: - Session
+
+    #if STALLMON_LINUX
 
     fileprivate struct LoopPointer: @unchecked Sendable {
         let pointer: OpaquePointer
@@ -516,6 +546,16 @@ public final class StallMonitor: Sendable {
             return signal
         }
     }
+
+    #else
+
+    /// Monitoring is unsupported here: no session is ever made.
+    fileprivate final class Session: Sendable {
+        private init() {}
+        var statistics: Statistics { Statistics(stalls: 0, suppressedReports: 0, droppedReports: 0) }
+        func stop() {}
+    }
+    #endif
 
     fileprivate final class StateBox: @unchecked Sendable {
         private let lock = NSLock()

@@ -1,3 +1,4 @@
+#if STALLMON_LINUX
 import CStallCapture
 import CSymbolize
 
@@ -105,3 +106,4 @@ final class Symbolicator {
         return nil
     }
 }
+#endif  // STALLMON_LINUX

@@ -1,3 +1,4 @@
+#if STALLMON_LINUX
 import CStallCapture
 
 #if canImport(Glibc)
@@ -167,3 +168,4 @@ final class RunQueueClock: @unchecked Sendable {
         }
     }
 }
+#endif  // STALLMON_LINUX

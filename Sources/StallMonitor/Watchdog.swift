@@ -1,3 +1,4 @@
+#if STALLMON_LINUX
 import CStallCapture
 import CoreFoundation
 import Dispatch
@@ -850,3 +851,4 @@ struct StackAggregator {
         }
     }
 }
+#endif  // STALLMON_LINUX

@@ -74,6 +74,7 @@ public final class NIOStallMonitor: Sendable {
     ///   within a second, or the group counts no ticks (it was created without ``metricsDelegate``);
     ///   `StallMonitorError` when no sampler slot or signal is free.
     public func start(_ group: MultiThreadedEventLoopGroup) throws {
+        #if STALLMON_LINUX
         try state.withLock { session in
             guard session == nil else { throw NIOStallMonitorError.alreadyRunning() }
             let signal = try EventLoopGroupSession.samplingSignal(configuration, logger: logger)
@@ -104,6 +105,9 @@ public final class NIOStallMonitor: Sendable {
             session = try EventLoopGroupSession(
                 configuration: configuration, sinks: sinks, logger: logger, loops: loops, signal: signal)
         }
+        #else
+        logger.debug("stall monitoring is unsupported on this platform (Linux only): the monitor does nothing")
+        #endif
     }
 
     /// The future's value once it completes, or `nil` after a second (a stalled loop).
@@ -156,7 +160,9 @@ public final class NIOStallMonitor: Sendable {
 /// Counts ticks into the state its loop thread was bound to.
 struct TickCounter: NIOEventLoopMetricsDelegate {
     func processedTick(info: NIOEventLoopTickInfo) {
+        #if STALLMON_LINUX
         stallmon_tick(info.endTime.uptimeNanoseconds)
+        #endif
     }
 }
 

@@ -1,3 +1,4 @@
+#if STALLMON_LINUX
 import CStallCapture
 import Logging
 
@@ -136,6 +137,19 @@ package final class EventLoopGroupSession: @unchecked Sendable {
         pthread_sigmask(SIG_UNBLOCK, &set, nil)
     }
 }
+#else
+
+/// Event loops are watched on Linux only: elsewhere no session is ever made, and
+/// `NIOStallMonitor.start(_:)` does nothing (``StallMonitor/isSupported``).
+package final class EventLoopGroupSession: Sendable {
+    private init() {}
+    package func stop() {}
+    package var statistics: StallMonitor.Statistics { .zero }
+    package var status: String { "stall monitor not running: unsupported on this platform" }
+    package var watchdogWakeups: Int { 0 }
+    package var watchdogThreadID: Int32 { 0 }
+}
+#endif  // STALLMON_LINUX
 
 extension StallMonitor.Statistics {
     /// No stalls, nothing suppressed or dropped.

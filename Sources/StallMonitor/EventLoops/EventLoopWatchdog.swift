@@ -1,3 +1,4 @@
+#if STALLMON_LINUX
 import CStallCapture
 import Foundation
 import Synchronization
@@ -523,3 +524,4 @@ extension EventLoopWatchdog.Loop {
         return Self(threadID: threadID, name: ThreadInspector(threadID: threadID).name() ?? "tid-\(threadID)")
     }
 }
+#endif  // STALLMON_LINUX
