@@ -149,6 +149,15 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
+        // What a service gets on every platform: `PRETEND_NON_LINUX=1 swift test` runs them as elsewhere.
+        .testTarget(
+            name: "StallMonitorPortableTests",
+            dependencies: [
+                "StallMonitor", "StallJournal", "StallMonitorNIO", "StallMonitorServiceLifecycle",
+                .product(name: "NIOCore", package: "swift-nio"), .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
         .testTarget(
             name: "StallMonitorTests",
             dependencies: [
@@ -176,8 +185,8 @@ LinuxImplementation.apply(to: package)
 ///
 /// `PRETEND_NON_LINUX=1` builds on Linux as on any other platform: the C headers and sources and
 /// the Swift sources take their non-Linux branches, the Linux-only dependencies and libraries drop
-/// out, and only the library products a service depends on remain. CI
-/// builds that configuration in a build path of its own. (Not a `STALLMON_` variable:
+/// out, and only the library products a service depends on and their portable tests remain. CI
+/// builds and tests that configuration in a build path of its own. (Not a `STALLMON_` variable:
 /// the library refuses unknown ones at run time.)
 enum LinuxImplementation {
     static let pretendNonLinux = Context.environment["PRETEND_NON_LINUX"] == "1"
@@ -202,12 +211,12 @@ enum LinuxImplementation {
             }
         }
         guard pretendNonLinux else { return }
-        // The libraries a service depends on, the targets they need; the
+        // The libraries a service depends on, the targets they need, and their portable tests; the
         // tools and fixtures are Linux's. Every C target stays, to show that it compiles here.
         package.products.removeAll { !($0 is Product.Library) }
         var kept: Set<String> = []
         var pending =
-            package.products.flatMap { ($0 as? Product.Library)?.targets ?? [] }
+            package.products.flatMap { ($0 as? Product.Library)?.targets ?? [] } + ["StallMonitorPortableTests"]
             + package.targets.filter { $0.type == .regular && $0.name.first == "C" }.map(\.name)
         while let name = pending.popLast() {
             guard kept.insert(name).inserted, let target = package.targets.first(where: { $0.name == name }) else {
