@@ -3,6 +3,9 @@ import PackageDescription
 
 let package = Package(
     name: "stallmon",
+    // Where a service is developed, not where it runs: on macOS the libraries build and do nothing
+    // (see LinuxImplementation below), from macOS 15 on, the first with Synchronization's Mutex and Atomic.
+    platforms: [.macOS(.v15)],
     products: [
         .library(name: "StallMonitor", targets: ["StallMonitor"]),
         .library(name: "StallJournal", targets: ["StallJournal"]),
