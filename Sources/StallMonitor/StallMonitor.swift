@@ -123,7 +123,8 @@ public final class StallMonitor: Sendable {
         #endif
     }
 
-    /// Starts monitoring a run loop.
+    /// Starts monitoring a run loop. Where ``isSupported`` is false it logs one `.debug` line and
+    /// returns: nothing runs.
     /// - Important: With ``Target/currentThread``, call this on the thread that runs the loop.
     /// - Throws: ``StallMonitorError`` when the monitor already runs or its signal is taken.
     public func start(_ target: Target = .mainThread) throws(StallMonitorError) {
