@@ -3,6 +3,9 @@ import PackageDescription
 
 let package = Package(
     name: "stallmon",
+    // Where a service is developed, not where it runs: on macOS the libraries build and do nothing
+    // (see LinuxImplementation below), from macOS 15 on, the first with Synchronization's Mutex and Atomic.
+    platforms: [.macOS(.v15)],
     products: [
         .library(name: "StallMonitor", targets: ["StallMonitor"]),
         .library(name: "StallJournal", targets: ["StallJournal"]),
@@ -31,12 +34,17 @@ let package = Package(
         // and the in-place unwinder of threads blocked in the kernel (libunwind's remote interface).
         .target(
             name: "CStallCapture",
-            linkerSettings: [.linkedLibrary("unwind"), .linkedLibrary("unwind-generic")]
+            linkerSettings: [
+                .linkedLibrary("unwind", .when(platforms: [.linux])),
+                .linkedLibrary("unwind-generic", .when(platforms: [.linux])),
+            ]
         ),
         // Symbolication of captured addresses through elfutils' libdw, and Swift demangling.
         .target(
             name: "CSymbolize",
-            linkerSettings: [.linkedLibrary("dw"), .linkedLibrary("elf")]
+            linkerSettings: [
+                .linkedLibrary("dw", .when(platforms: [.linux])), .linkedLibrary("elf", .when(platforms: [.linux])),
+            ]
         ),
         .target(
             name: "StallJournal",
@@ -151,6 +159,15 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
+        // What a service gets on every platform: `PRETEND_NON_LINUX=1 swift test` runs them as elsewhere.
+        .testTarget(
+            name: "StallMonitorPortableTests",
+            dependencies: [
+                "StallMonitor", "StallJournal", "StallMonitorNIO", "StallMonitorServiceLifecycle",
+                .product(name: "NIOCore", package: "swift-nio"), .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
         .testTarget(
             name: "StallMonitorTests",
             dependencies: [
@@ -173,5 +190,63 @@ for target in package.targets where target.type != .system && target.name.first 
     var settings = target.swiftSettings ?? []
     settings.append(.enableUpcomingFeature("ExistentialAny"))
     settings.append(.enableUpcomingFeature("MemberImportVisibility"))
+    settings += LinuxImplementation.swiftSettings
     target.swiftSettings = settings
+}
+LinuxImplementation.apply(to: package)
+
+/// The Linux implementation (the sampler, symbolication, journald, the service manager) builds on
+/// Linux only. Elsewhere the libraries compile to a monitor that does nothing and says so
+/// (`StallMonitor.isSupported` is false), so a service that depends on them still builds on a
+/// developer's Mac. Swift code tests `#if STALLMON_LINUX`; C code `#if STALLMON_LINUX` after
+/// including its target's header, which defines it on Linux.
+///
+/// `PRETEND_NON_LINUX=1` builds on Linux as on any other platform: the C headers and sources and
+/// the Swift sources take their non-Linux branches, the Linux-only dependencies and libraries drop
+/// out, and only the library products a service depends on and their portable tests remain. CI
+/// builds and tests that configuration in a build path of its own. (Not a `STALLMON_` variable:
+/// the library refuses unknown ones at run time.)
+enum LinuxImplementation {
+    static let pretendNonLinux = Context.environment["PRETEND_NON_LINUX"] == "1"
+    /// Dependencies that only the Linux implementation uses.
+    static let linuxOnlyTargets: Set<String> = ["CSystemd", "CSymbolize"]
+
+    static var swiftSettings: [SwiftSetting] {
+        pretendNonLinux
+            ? [.unsafeFlags(["-Xcc", "-DSTALLMON_PRETEND_NON_LINUX"])]
+            : [.define("STALLMON_LINUX", .when(platforms: [.linux]))]
+    }
+
+    static func apply(to package: Package) {
+        for target in package.targets {
+            target.dependencies = target.dependencies.compactMap { dependency in
+                switch dependency {
+                case .byNameItem(let name, .none) where linuxOnlyTargets.contains(name),
+                    .targetItem(let name, .none) where linuxOnlyTargets.contains(name):
+                    return pretendNonLinux ? nil : .target(name: name, condition: .when(platforms: [.linux]))
+                default: return dependency
+                }
+            }
+        }
+        guard pretendNonLinux else { return }
+        // The libraries a service depends on, the targets they need, and their portable tests; the
+        // tools and fixtures are Linux's. Every C target stays, to show that it compiles here.
+        package.products.removeAll { !($0 is Product.Library) }
+        var kept: Set<String> = []
+        var pending =
+            package.products.flatMap { ($0 as? Product.Library)?.targets ?? [] } + ["StallMonitorPortableTests"]
+            + package.targets.filter { $0.type == .regular && $0.name.first == "C" }.map(\.name)
+        while let name = pending.popLast() {
+            guard kept.insert(name).inserted, let target = package.targets.first(where: { $0.name == name }) else {
+                continue
+            }
+            for case .byNameItem(let dependency, _) in target.dependencies { pending.append(dependency) }
+            for case .targetItem(let dependency, _) in target.dependencies { pending.append(dependency) }
+        }
+        package.targets.removeAll { !kept.contains($0.name) }
+        for target in package.targets where target.type == .regular && target.name.first == "C" {
+            target.cSettings = (target.cSettings ?? []) + [.define("STALLMON_PRETEND_NON_LINUX")]
+            target.linkerSettings = nil
+        }
+    }
 }

@@ -25,6 +25,8 @@
 
 #include "stallcapture.h"
 
+#if defined(STALLMON_LINUX)
+
 #include <dlfcn.h>
 #include <errno.h>
 #include <poll.h>
@@ -89,3 +91,5 @@ void stallmon_async_main_light_drain(void) {
         _dispatch_main_queue_callback_4CF(NULL);
     }
 }
+
+#endif  // STALLMON_LINUX

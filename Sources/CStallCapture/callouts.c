@@ -11,6 +11,8 @@
 #define UNW_LOCAL_ONLY
 #include "stallcapture.h"
 
+#if defined(STALLMON_LINUX)
+
 #include <dlfcn.h>
 #include <link.h>
 #include <libunwind.h>
@@ -77,3 +79,5 @@ int stallmon_exported_function_range(const char *name, uintptr_t *start, uintptr
     *end = (uintptr_t)address + symbol->st_size;
     return 1;
 }
+
+#endif  // STALLMON_LINUX

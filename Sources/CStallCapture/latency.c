@@ -2,6 +2,8 @@
 
 #include "latency.h"
 
+#if defined(STALLMON_LINUX)
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,3 +35,5 @@ uint64_t stallmon_latency_bucket_upper_ns(int index) {
     uint64_t quarter = (uint64_t)((index - 1) % 4);
     return (4 + quarter + 1) << (exponent - 2);
 }
+
+#endif  // STALLMON_LINUX

@@ -9,6 +9,8 @@
 
 #include "stallcapture.h"
 
+#if defined(STALLMON_LINUX)
+
 #include <stdatomic.h>
 #include <stdint.h>
 
@@ -33,5 +35,7 @@ static inline void stallmon_latency_add(stallmon_latency *latency, uint64_t ns) 
     atomic_store_explicit(&latency->sum_ns, atomic_load_explicit(&latency->sum_ns, memory_order_relaxed) + ns,
                           memory_order_relaxed);
 }
+
+#endif  // STALLMON_LINUX
 
 #endif

@@ -9,6 +9,8 @@
 #include "stallcapture.h"
 #include "latency.h"
 
+#if defined(STALLMON_LINUX)
+
 #include <errno.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -352,3 +354,10 @@ void stallmon_loop_allow_end(stallmon_loop *loop) {
 uint32_t stallmon_loop_allowed(const stallmon_loop *loop) {
     return atomic_load_explicit(&loop->allowed, memory_order_relaxed);
 }
+
+#else
+
+// No real-time signals here: glibc's numbers on Linux, which the configuration is written for.
+int stallmon_sigrtmin(void) { return 34; }
+int stallmon_sigrtmax(void) { return 64; }
+#endif  // STALLMON_LINUX

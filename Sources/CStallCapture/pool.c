@@ -26,6 +26,8 @@
 #define _GNU_SOURCE
 #include "stallcapture_pool.h"
 
+#if defined(STALLMON_LINUX)
+
 #include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>
@@ -334,3 +336,5 @@ void stallmon_pool_wake(void) {
     atomic_store_explicit(&watchdog.parked, 1, memory_order_relaxed);
     wake_watchdog();
 }
+
+#endif  // STALLMON_LINUX

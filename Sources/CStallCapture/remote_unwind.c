@@ -20,6 +20,8 @@
 #define _GNU_SOURCE
 #include "stallcapture.h"
 
+#if defined(STALLMON_LINUX)
+
 #include <errno.h>
 #include <fcntl.h>
 #include <link.h>
@@ -474,3 +476,5 @@ int stallmon_unwind_blocked(uintptr_t sp, uintptr_t pc, int max_frames, uintptr_
 }
 
 #endif
+
+#endif  // STALLMON_LINUX

@@ -18,6 +18,8 @@
 #define UNW_LOCAL_ONLY
 #include "stallcapture.h"
 
+#if defined(STALLMON_LINUX)
+
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
@@ -626,3 +628,5 @@ int stallmon_continue_watch_install(void) {
 
 uint64_t stallmon_continue_count(void) { return atomic_load_explicit(&continue_count, memory_order_acquire); }
 uint64_t stallmon_continue_time_ns(void) { return atomic_load_explicit(&continue_time_ns, memory_order_relaxed); }
+
+#endif  // STALLMON_LINUX

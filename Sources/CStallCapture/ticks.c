@@ -10,6 +10,8 @@
 #include "stallcapture_ticks.h"
 #include "latency.h"
 
+#if defined(STALLMON_LINUX)
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdatomic.h>
@@ -295,3 +297,5 @@ void stallmon_eventfd_signal(int fd) {
     ssize_t written = write(fd, &one, sizeof one);
     (void)written;
 }
+
+#endif  // STALLMON_LINUX

@@ -1,6 +1,8 @@
 #define _GNU_SOURCE
 #include "symbolize.h"
 
+#if defined(STALLMON_LINUX)
+
 #include <dlfcn.h>
 #include <dwarf.h>
 #include <elfutils/libdw.h>
@@ -496,3 +498,5 @@ void stallmon_symbolizer_trim(stallmon_symbolizer *symbolizer) {
     for (size_t i = 0; i < symbolizer->touched_count; i++) trim_module(symbolizer->touched[i]);
     symbolizer->touched_count = 0;
 }
+
+#endif  // STALLMON_LINUX

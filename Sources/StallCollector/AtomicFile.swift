@@ -1,7 +1,7 @@
 import Foundation
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// Replaces a file in one step: the new contents go to a temporary file in the same directory,

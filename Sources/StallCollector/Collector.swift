@@ -6,7 +6,7 @@ import StallJournal
 import Synchronization
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// Follows the journal for stall reports from every unit and keeps the fleet view: aggregates in

@@ -1,7 +1,7 @@
 import Foundation
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// Keeps ``CollectorState`` in `state.json` of the state directory, replaced atomically.

@@ -1,7 +1,9 @@
 import Foundation
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
 #endif
 
 /// Reads configuration values from a JSON file and from environment variables, and names the
@@ -31,7 +33,11 @@ package enum ConfigurationDocument {
         var data = Data()
         var buffer = [UInt8](repeating: 0, count: 65536)
         while true {
+            #if canImport(Glibc)
             let count = buffer.withUnsafeMutableBytes { Glibc.read(descriptor, $0.baseAddress, $0.count) }
+            #else
+            let count = buffer.withUnsafeMutableBytes { Darwin.read(descriptor, $0.baseAddress, $0.count) }
+            #endif
             if count < 0 {
                 if errno == EINTR { continue }
                 throw fail("cannot be read: \(String(cString: strerror(errno)))")

@@ -1,7 +1,9 @@
 import Foundation
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
 #endif
 
 extension StallMonitoring.Configuration {
@@ -160,14 +162,14 @@ package enum SignalName {
     }
 
     #if canImport(Glibc)
-        /// `SIGRTMIN` and `SIGRTMAX`: glibc reserves real-time signals for itself and computes them
-        /// at run time, in macros Swift cannot import.
-        package static var realTimeMinimum: Int32 { __libc_current_sigrtmin() }
-        package static var realTimeMaximum: Int32 { __libc_current_sigrtmax() }
+    /// `SIGRTMIN` and `SIGRTMAX`: glibc reserves real-time signals for itself and computes them
+    /// at run time, in macros Swift cannot import.
+    package static var realTimeMinimum: Int32 { __libc_current_sigrtmin() }
+    package static var realTimeMaximum: Int32 { __libc_current_sigrtmax() }
     #else
-        // No real-time signals here: glibc's numbers on Linux, which the configuration is written for.
-        package static var realTimeMinimum: Int32 { 34 }
-        package static var realTimeMaximum: Int32 { 64 }
+    // No real-time signals here: glibc's numbers on Linux, which the configuration is written for.
+    package static var realTimeMinimum: Int32 { 34 }
+    package static var realTimeMaximum: Int32 { 64 }
     #endif
 
     package static func name(of signal: Int32) -> String {

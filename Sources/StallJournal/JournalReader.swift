@@ -1,7 +1,11 @@
+#if STALLMON_LINUX
 import CSystemd
+#endif
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
 #endif
 
 /// One entry read from the journal.
@@ -51,6 +55,7 @@ public struct JournalEntry: Sendable, Hashable {
     }
 }
 
+#if STALLMON_LINUX
 /// Reads the system journal through libsystemd's `sd_journal` API.
 ///
 /// - Important: Not thread-safe; use one reader from one thread.
@@ -298,3 +303,4 @@ public final class JournalReader {
             monotonicMicroseconds: bootID.isEmpty ? 0 : monotonic)
     }
 }
+#endif  // STALLMON_LINUX

@@ -1,13 +1,18 @@
+#if STALLMON_LINUX
 import CSystemd
+#endif
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
 #endif
 
 /// Sends structured entries to the systemd journal.
 ///
 /// The corresponding C function is `sd_journal_sendv` (`sd_journal_send` is variadic and cannot be
-/// called from Swift).
+/// called from Swift). There is no journal but on Linux: elsewhere ``isAvailable`` is false and
+/// ``send(_:)`` throws `ENOSYS`.
 public struct JournalWriter: Sendable {
     /// Where ``isAvailable`` looks for journald. ``send(_:)`` always goes to libsystemd's own
     /// choice, `/run/systemd/journal/socket`.
@@ -23,12 +28,18 @@ public struct JournalWriter: Sendable {
     /// journald that has since exited refuses every entry (`ECONNREFUSED`). Both read as unavailable.
     /// Under systemd the socket belongs to PID 1, so a journald that restarts stays available.
     public var isAvailable: Bool {
+        #if STALLMON_LINUX
         let descriptor = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard descriptor >= 0 else { return false }
         defer { close(descriptor) }
         let connected = Self.withSocketAddress(socketPath) { connect(descriptor, $0, $1) }
         return connected == 0
+        #else
+        false
+        #endif
     }
+
+    #if STALLMON_LINUX
 
     /// Calls `body` with `path` as a Unix socket address; `nil` when the path does not fit one.
     package static func withSocketAddress<Result>(
@@ -45,6 +56,7 @@ public struct JournalWriter: Sendable {
             }
         }
     }
+    #endif
 
     /// Checks an entry before it is sent, whoever sends it: fields whose names journald would
     /// silently drop are rejected, and so are values that no reader would accept: a
@@ -73,6 +85,7 @@ public struct JournalWriter: Sendable {
     public func send(_ fields: [JournalField]) throws {
         try Self.validate(fields)
         guard !fields.isEmpty else { return }
+        #if STALLMON_LINUX
         // All fields in one buffer; each iovec points at its NAME=value slice.
         var buffer = [UInt8]()
         var ranges = [Range<Int>]()
@@ -89,5 +102,8 @@ public struct JournalWriter: Sendable {
             return vectors.withUnsafeBufferPointer { sd_journal_sendv($0.baseAddress, Int32($0.count)) }
         }
         try SystemdError.check("sd_journal_sendv", result)
+        #else
+        throw SystemdError(function: "sd_journal_sendv", errno: ENOSYS)
+        #endif
     }
 }

@@ -1,5 +1,5 @@
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// CLOCK_MONOTONIC: the one clock of stallmon's intervals and timestamps, for Swift code. The

@@ -1,5 +1,7 @@
 #if canImport(Glibc)
-    import Glibc
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
 #endif
 
 /// A libsystemd call that failed. libsystemd returns `-errno`; ``check(_:_:)`` turns that

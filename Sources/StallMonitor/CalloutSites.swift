@@ -1,3 +1,4 @@
+#if STALLMON_LINUX
 import CStallCapture
 import CoreFoundation
 import Synchronization
@@ -80,3 +81,4 @@ enum CalloutSites {
             + (mainQueueCallback == nil ? [.mainQueue] : [])
     }
 }
+#endif  // STALLMON_LINUX

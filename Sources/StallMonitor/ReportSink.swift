@@ -116,10 +116,13 @@ public struct MonitorDescription: Sendable, Hashable {
     /// The signal used for sampling, `nil` when none was free (reports then carry no stack).
     public var signal: Int32?
 
+    /// `STALL_LOOP` of the cooperative pool's stalls.
+    package static let cooperativePoolLoop = "cooperative-pool"
+
     /// `monitoring main run loop (tid 1234): threshold 250 ms, sample interval 20 ms, signal SIGRTMAX-4`.
     public var message: String {
         let loopName =
-            loop == EventLoopWatchdog.poolLoopName
+            loop == MonitorDescription.cooperativePoolLoop
             ? "the cooperative pool" : loop == "main" ? "main run loop" : "run loop of thread \(loop)"
         let signalName = signal.map(SignalName.name(of:)) ?? "none (no stacks)"
         return "monitoring \(loopName) (tid \(threadID)): threshold \(configuration.threshold.milliseconds) ms, "

@@ -1,3 +1,4 @@
+#if STALLMON_LINUX
 import CStallCapture
 import Dispatch
 import StallJournal
@@ -434,3 +435,4 @@ struct RateLimiter {
         return summaries.sorted { $0.fingerprint < $1.fingerprint }
     }
 }
+#endif  // STALLMON_LINUX

@@ -1,8 +1,9 @@
+#if STALLMON_LINUX
 import CoreFoundation
 import Synchronization
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// A CFRunLoop as a ``LoopSource``: a thread's own run loop, or the main run loop an async main
@@ -63,3 +64,4 @@ final class RunLoopSource: LoopSource, @unchecked Sendable {
         return !CFRunLoopContainsObserver(runLoop, observer.observer, mode)
     }
 }
+#endif  // STALLMON_LINUX

@@ -11,6 +11,7 @@ public struct SampledStack: Sendable, Hashable {
         self.count = count
     }
 
+    #if STALLMON_LINUX
     /// Symbolicates the captured stacks (the symbolicator caches per address, so the stacks the
     /// reporter ranked cost nothing more), heaviest first.
     static func symbolicate(_ stacks: [(stack: [UInt], count: Int)], symbolicator: Symbolicator) -> [SampledStack] {
@@ -19,6 +20,7 @@ public struct SampledStack: Sendable, Hashable {
             .map { SampledStack(frames: symbolicator.symbolicate($0.element.stack), count: $0.element.count) }
             .filter { !$0.frames.isEmpty }
     }
+    #endif
 }
 
 extension SampledStacks {

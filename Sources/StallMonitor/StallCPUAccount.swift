@@ -1,8 +1,9 @@
+#if STALLMON_LINUX
 import CStallCapture
 import StallJournal
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// One reading of the monitored thread's clocks at a `CLOCK_MONOTONIC` time.
@@ -174,3 +175,4 @@ struct StallCPUAccount {
         return min(span - min(counted, span), max(late, stopped > counted ? stopped - counted : 0))
     }
 }
+#endif  // STALLMON_LINUX

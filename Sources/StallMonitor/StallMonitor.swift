@@ -123,12 +123,26 @@ public final class StallMonitor: Sendable {
     /// The longest ``stop()`` waits for queued reports to reach the sinks.
     public static let stopTimeout: Duration = .seconds(2)
 
+    /// Whether the monitor works on this platform: on Linux. Elsewhere (a developer's Mac) the API
+    /// is all there and does nothing: ``start(_:)`` logs one `.debug` line and returns, the monitor
+    /// never runs, ``stop()`` has nothing to stop, ``statistics`` stay zero, ``allowingStall(_:)``
+    /// just runs its body and ``status`` says that monitoring is unsupported.
+    public static var isSupported: Bool {
+        #if STALLMON_LINUX
+        true
+        #else
+        false
+        #endif
+    }
+
     /// Starts monitoring a run loop, and Swift's cooperative pool too when
-    /// ``Configuration/cooperativePool`` is on.
+    /// ``Configuration/cooperativePool`` is on. Where ``isSupported`` is false it logs one `.debug`
+    /// line and returns: nothing runs.
     /// - Important: With ``Target/currentThread``, call this on the thread that runs the loop.
     /// - Throws: ``StallMonitorError`` when the monitor already runs, its signal is taken, or the
     ///   pool's hook cannot be set.
     public func start(_ target: Target = .mainThread) throws(StallMonitorError) {
+        #if STALLMON_LINUX
         try state.withLock { (session: inout Session?) throws(StallMonitorError) in
             guard session == nil else { throw StallMonitorError.alreadyRunning() }
             let started = try Session(target: target, monitor: self)
@@ -144,6 +158,9 @@ public final class StallMonitor: Sendable {
             }
             session = started
         }
+        #else
+        logger.debug("stall monitoring is unsupported on this platform (Linux only): the monitor does nothing")
+        #endif
     }
 
     /// Stops monitoring: removes the observers, ends a stall in progress with its report, and
@@ -170,6 +187,7 @@ public final class StallMonitor: Sendable {
     /// time inside never counts; the window starts afresh when `body` returns.
     /// - Important: Call it on the monitored thread; elsewhere it just runs `body`.
     public func allowingStall<Result>(_ body: () throws -> Result) rethrows -> Result {
+        #if STALLMON_LINUX
         // A reference of its own: stop() on another thread may end the session while body blocks.
         guard let loop = state.withLock({ session in session?.loopIfCurrentThread.map { retained($0) } }) else {
             return try body()
@@ -180,11 +198,18 @@ public final class StallMonitor: Sendable {
             stallmon_loop_release(UnsafeRawPointer(loop.pointer))
         }
         return try body()
+        #else
+        return try body()
+        #endif
     }
 
     /// A one-line health summary, e.g. `main loop healthy; 3 stalls in 1h, worst 540 ms`.
     public var status: String {
+        #if STALLMON_LINUX
         state.withLock { $0?.reporter.status.line() } ?? "stall monitor not running"
+        #else
+        "stall monitor not running: unsupported on this platform"
+        #endif
     }
 
     /// Tells the service manager that the service is ready (`READY=1`), with the monitor's
@@ -209,10 +234,14 @@ public final class StallMonitor: Sendable {
     }
 
     private func notifyStatus(prefix: String) -> Bool {
+        #if STALLMON_LINUX
         let board = state.withLock { $0?.reporter.status }
         guard let board else { return ServiceNotifier.notify("\(prefix)STATUS=stall monitor not running") }
         board.noteSent()
         return ServiceNotifier.notify("\(prefix)STATUS=\(board.line())")
+        #else
+        false
+        #endif
     }
 
     public var statistics: Statistics {
@@ -222,20 +251,34 @@ public final class StallMonitor: Sendable {
     /// How long the loop's windows have lasted since ``start(_:)``; `nil` when the monitor does not
     /// run or ``Configuration/loopLatency`` is off. Reads the loop's histogram without a lock.
     public var loopLatency: LoopLatency? {
+        #if STALLMON_LINUX
         state.withLock { $0?.latency?.snapshot() }
+        #else
+        nil
+        #endif
     }
 
     /// Kernel id of the watchdog thread, for measurements (0 when not running).
     public var watchdogThreadID: Int32 {
+        #if STALLMON_LINUX
         state.withLock { $0?.watchdog.threadID ?? 0 }
+        #else
+        0
+        #endif
     }
 
     /// Kernel id of the cooperative pool's watchdog thread, for measurements (0 when it does not run).
     package var poolWatchdogThreadID: Int32 {
+        #if STALLMON_LINUX
         state.withLock { $0?.pool?.watchdogThreadID ?? 0 }
+        #else
+        0
+        #endif
     }
 
     // MARK: - Session
+
+    #if STALLMON_LINUX
 
     fileprivate struct LoopPointer: @unchecked Sendable {
         let pointer: OpaquePointer
@@ -585,6 +628,16 @@ public final class StallMonitor: Sendable {
             return signal
         }
     }
+
+    #else
+
+    /// Monitoring is unsupported here: no session is ever made.
+    fileprivate final class Session: Sendable {
+        private init() {}
+        var statistics: Statistics { Statistics(stalls: 0, suppressedReports: 0, droppedReports: 0) }
+        func stop() {}
+    }
+    #endif
 
     fileprivate final class StateBox: Sendable {
         private struct State {

@@ -80,6 +80,7 @@ public struct StallReport: Sendable, Hashable {
             "__CFRUNLOOP_IS_CALLING_OUT_TO_A_BLOCK__": .performBlock,
         ]
 
+        #if STALLMON_LINUX
         /// The innermost callout on a stack (frames innermost first): by the names of
         /// CoreFoundation's callout functions, or, where its local symbols are missing, by the
         /// call sites the probe run learned (``CalloutSites``). A main-queue callout that runs a
@@ -94,6 +95,7 @@ public struct StallReport: Sendable, Hashable {
             }
             return recognizeEventLoopWork(frames) ?? .unknown
         }
+        #endif
     }
 
     /// How the reported stack was taken.

@@ -1,9 +1,10 @@
+#if STALLMON_LINUX
 import CStallCapture
 import CSymbolize
 import StallJournal
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// Turns captured addresses into ``StallFrame``s through libdw, with demangled names, inline
@@ -106,3 +107,4 @@ final class Symbolicator {
         return nil
     }
 }
+#endif  // STALLMON_LINUX

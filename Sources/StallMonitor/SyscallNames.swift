@@ -4,11 +4,11 @@
 enum SyscallNames {
     static func name(_ number: Int) -> String {
         #if arch(x86_64)
-            name(number, in: x86_64)
+        name(number, in: x86_64)
         #elseif arch(arm64)
-            name(number, in: aarch64)
+        name(number, in: aarch64)
         #else
-            "syscall \(number)"
+        "syscall \(number)"
         #endif
     }
 

@@ -1,7 +1,8 @@
+#if STALLMON_LINUX
 import CStallCapture
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// The kernel's view of one thread of this process, read from `/proc/self/task/<tid>/`.
@@ -167,3 +168,4 @@ final class RunQueueClock: @unchecked Sendable {
         }
     }
 }
+#endif  // STALLMON_LINUX

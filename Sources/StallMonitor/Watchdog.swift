@@ -1,3 +1,4 @@
+#if STALLMON_LINUX
 import CStallCapture
 import CoreFoundation
 import Dispatch
@@ -507,3 +508,4 @@ final class Watchdog: @unchecked Sendable {
         now < startedAt + UInt64(configuration.startupGracePeriod.nanoseconds)
     }
 }
+#endif  // STALLMON_LINUX

@@ -85,6 +85,7 @@ public final class NIOStallMonitor: Sendable {
     ///   created without ``metricsDelegate``: `.eventLoopCountsNoTicks`), or no sampler slot or
     ///   signal is free.
     public func start(_ group: MultiThreadedEventLoopGroup) throws(StallMonitorError) {
+        #if STALLMON_LINUX
         try state.withLock { (session: inout EventLoopGroupSession?) throws(StallMonitorError) in
             guard session == nil else { throw StallMonitorError.alreadyRunning() }
             let signal = try EventLoopGroupSession.samplingSignal(configuration, logger: logger)
@@ -120,6 +121,9 @@ public final class NIOStallMonitor: Sendable {
                 configuration: configuration, sinks: sinks, logger: logger, loops: loops, signal: signal,
                 metricsFactory: metricsFactory)
         }
+        #else
+        logger.debug("stall monitoring is unsupported on this platform (Linux only): the monitor does nothing")
+        #endif
     }
 
     /// The future's value once it completes, or `nil` after a second (a stalled loop).
@@ -179,6 +183,8 @@ public final class NIOStallMonitor: Sendable {
 /// Counts ticks into the state its loop thread was bound to.
 struct TickCounter: NIOEventLoopMetricsDelegate {
     func processedTick(info: NIOEventLoopTickInfo) {
+        #if STALLMON_LINUX
         stallmon_tick(info.startTime.uptimeNanoseconds, info.endTime.uptimeNanoseconds)
+        #endif
     }
 }

@@ -34,7 +34,7 @@ import StallmonFixtureKit
 import Synchronization
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 @main

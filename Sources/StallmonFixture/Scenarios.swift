@@ -5,7 +5,7 @@ import StallMonitor
 import StallmonFixtureKit
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// One scenario per way a loop can stall (or must not be reported as stalled).

@@ -1,5 +1,5 @@
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// Makes `membarrier(2)` fail with ENOSYS in every thread of the process from now on, as a seccomp
@@ -7,11 +7,11 @@
 /// before it starts) or to polling (installed after).
 enum MembarrierDenial {
     #if arch(x86_64)
-        static let membarrier: UInt32 = 324
-        static let seccomp = 317
+    static let membarrier: UInt32 = 324
+    static let seccomp = 317
     #elseif arch(arm64)
-        static let membarrier: UInt32 = 283
-        static let seccomp = 277
+    static let membarrier: UInt32 = 283
+    static let seccomp = 277
     #endif
 
     /// One BPF instruction (`struct sock_filter`).

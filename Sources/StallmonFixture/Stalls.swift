@@ -3,7 +3,7 @@ import Foundation
 import StallmonFixtureKit
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// The ways the fixture blocks its loop. Each is its own non-inlined function, so that tests can

@@ -2,7 +2,7 @@ import Foundation
 import StallmonFixtureKit
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// Stalls inside one system call that a signal handler would end with EINTR (signal(7): these

@@ -14,7 +14,7 @@ import StallMonitor
 import StallmonFixtureKit
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 struct Options {

@@ -6,7 +6,7 @@ import StallJournal
 import StallMonitor
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 public enum Fixture {

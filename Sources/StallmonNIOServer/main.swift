@@ -23,7 +23,7 @@ import StallMonitorNIO
 import Synchronization
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 struct Options {

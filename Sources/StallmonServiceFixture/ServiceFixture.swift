@@ -21,7 +21,7 @@ import StallmonFixtureKit
 import UnixSignals
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 @main

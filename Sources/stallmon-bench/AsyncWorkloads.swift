@@ -4,7 +4,7 @@ import Foundation
 import StallMonitor
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// Workloads of an async service: main-actor hops and tiny tasks on the cooperative pool, under the

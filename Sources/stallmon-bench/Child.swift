@@ -4,7 +4,7 @@ import Foundation
 import StallMonitor
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// What a child process runs on its main thread.

@@ -1,7 +1,7 @@
 import CStallCapture
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// What the kernel accounts for this process and its threads, read from `/proc` and its clocks.

@@ -3,7 +3,7 @@ import Dispatch
 import Foundation
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// Workloads whose throughput on the main run loop is compared across variants. Each counts

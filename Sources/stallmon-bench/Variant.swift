@@ -3,7 +3,7 @@ import Foundation
 import StallMonitor
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// What watches the main run loop while a workload runs.

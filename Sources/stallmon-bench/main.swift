@@ -10,7 +10,7 @@
 import Foundation
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 let arguments = Array(CommandLine.arguments.dropFirst())

@@ -6,7 +6,7 @@ import StallJournal
 import StallMonitor
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// Runs a small service on the main run loop under the monitor, stalls it three ways, and prints

@@ -2,7 +2,7 @@ import CoreFoundation
 import Foundation
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// The demo's service: three pieces of main-thread work that stall its loop in three ways.

@@ -3,7 +3,7 @@ import Foundation
 import StallJournal
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// Prints stall reports as they reach the journal.

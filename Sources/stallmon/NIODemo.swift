@@ -4,7 +4,7 @@ import StallJournal
 import Synchronization
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// `stallmon demo --nio`: runs the SwiftNIO HTTP server (StallmonNIOServer, built next to stallmon,

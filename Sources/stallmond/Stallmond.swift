@@ -7,7 +7,7 @@ import StallJournal
 import StallMonitor
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// The host's stall collector: follows the journal for stall reports from every unit, keeps

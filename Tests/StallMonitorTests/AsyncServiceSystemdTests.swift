@@ -2,7 +2,7 @@ import Foundation
 import Testing
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// An async `@main` service (Sources/StallmonAsyncFixture) under a real systemd with `WatchdogSec=`:

@@ -4,7 +4,7 @@ import StallJournal
 import Testing
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// The collector against hostile journal entries and a hostile file system: every local user can

@@ -5,7 +5,7 @@ import StallJournal
 import Testing
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// `stallmon report --flamegraph FILE.svg` and `--folded`: the sampled stacks of stalls, weighted

@@ -10,7 +10,7 @@ import Testing
 @testable import stallmond
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 extension Serial {

@@ -4,7 +4,7 @@ import StallJournal
 import Testing
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 extension Serial {

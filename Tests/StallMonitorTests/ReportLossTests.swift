@@ -3,7 +3,7 @@ import StallJournal
 import Testing
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 extension Serial {

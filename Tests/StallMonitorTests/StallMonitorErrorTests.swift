@@ -7,7 +7,7 @@ import Testing
 @testable import StallMonitor
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// Callers match a failed start on its code, never on its text. The monitors run in this process.

@@ -29,9 +29,9 @@ struct SyscallNamesTests {
         }
         #expect(SyscallNames.name(410, in: SyscallNames.aarch64) == "syscall 410", "a 32-bit-only number")
         #if arch(x86_64)
-            #expect(SyscallNames.name(232) == "epoll_wait")
+        #expect(SyscallNames.name(232) == "epoll_wait")
         #elseif arch(arm64)
-            #expect(SyscallNames.name(22) == "epoll_pwait")
+        #expect(SyscallNames.name(22) == "epoll_pwait")
         #endif
     }
 }

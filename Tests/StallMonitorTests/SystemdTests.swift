@@ -3,7 +3,7 @@ import StallCollector
 import Testing
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// The units, the watchdog and stallmond under a real systemd (PID 1 of a private PID and mount

@@ -8,9 +8,18 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+// The Linux implementation. Elsewhere (and under STALLMON_PRETEND_NON_LINUX, with which CI builds
+// on Linux as on other platforms: see Package.swift) this header declares only what the portable
+// Swift code calls, and the sources compile to (nearly) nothing.
+#if defined(__linux__) && !defined(STALLMON_PRETEND_NON_LINUX)
+#define STALLMON_LINUX 1
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+#if defined(STALLMON_LINUX)
 
 // MARK: - Loop state, written by the observer callouts on the monitored thread
 
@@ -115,9 +124,15 @@ void stallmon_loop_allow_begin(stallmon_loop *loop);
 void stallmon_loop_allow_end(stallmon_loop *loop);
 uint32_t stallmon_loop_allowed(const stallmon_loop *loop);
 
-/// SIGRTMIN and SIGRTMAX of this process (glibc reserves the lowest real-time signals).
+#endif  // STALLMON_LINUX
+
+/// SIGRTMIN and SIGRTMAX of this process (glibc reserves the lowest real-time signals). Where there
+/// are no real-time signals, glibc's on Linux (34 and 64): configuration names them as the Linux
+/// service it is written for will.
 int stallmon_sigrtmin(void);
 int stallmon_sigrtmax(void);
+
+#if defined(STALLMON_LINUX)
 
 /// CLOCK_MONOTONIC in nanoseconds.
 uint64_t stallmon_now_ns(void);
@@ -307,6 +322,8 @@ void stallmon_async_main_drain_attach(stallmon_loop *loop);
 /// Call them on the thread that runs the loop.
 void stallmon_loop_drain_window_start(stallmon_loop *loop);
 void stallmon_loop_drain_window_end(stallmon_loop *loop);
+
+#endif  // STALLMON_LINUX
 
 #ifdef __cplusplus
 }

@@ -4,6 +4,14 @@
 // Swift's cooperative pool (the global concurrent executor): each job a pool thread runs is timed,
 // so that a job that holds its thread past a threshold is reported like a stalled loop.
 
+// The Linux implementation (see stallcapture.h): elsewhere, and under STALLMON_PRETEND_NON_LINUX,
+// this header declares nothing.
+#if defined(__linux__) && !defined(STALLMON_PRETEND_NON_LINUX)
+#define STALLMON_LINUX 1
+#endif
+
+#if defined(STALLMON_LINUX)
+
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -77,5 +85,7 @@ void stallmon_pool_wake(void);
 #ifdef __cplusplus
 }
 #endif
+
+#endif  // STALLMON_LINUX
 
 #endif

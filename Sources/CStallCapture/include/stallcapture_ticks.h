@@ -9,9 +9,18 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+// The Linux implementation. Elsewhere (and under STALLMON_PRETEND_NON_LINUX, with which CI builds
+// on Linux as on other platforms: see Package.swift) this header declares only what the portable
+// Swift code calls, and the sources compile to (nearly) nothing.
+#if defined(__linux__) && !defined(STALLMON_PRETEND_NON_LINUX)
+#define STALLMON_LINUX 1
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+#if defined(STALLMON_LINUX)
 
 /// What the loop thread publishes at the end of every tick; read by the watchdog.
 typedef struct stallmon_ticks stallmon_ticks;
@@ -83,6 +92,8 @@ int stallmon_watch_wait(stallmon_watch *watch, uint64_t timeout_ns, uint64_t *ke
 int stallmon_eventfd_create(void);
 /// Makes the eventfd readable.
 void stallmon_eventfd_signal(int fd);
+
+#endif  // STALLMON_LINUX
 
 #ifdef __cplusplus
 }

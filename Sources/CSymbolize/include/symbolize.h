@@ -8,9 +8,18 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+// The Linux implementation. Elsewhere (and under STALLMON_PRETEND_NON_LINUX, with which CI builds
+// on Linux as on other platforms: see Package.swift) this header declares only what the portable
+// Swift code calls, and the sources compile to (nearly) nothing.
+#if defined(__linux__) && !defined(STALLMON_PRETEND_NON_LINUX)
+#define STALLMON_LINUX 1
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+#if defined(STALLMON_LINUX)
 
 typedef struct stallmon_symbolizer stallmon_symbolizer;
 
@@ -55,6 +64,8 @@ int stallmon_symbolizer_find_function(stallmon_symbolizer *symbolizer, const cha
 char *stallmon_demangle_swift(const char *name);
 /// Demangles an Itanium C++ symbol. Returns a malloc'd string or NULL.
 char *stallmon_demangle_cxx(const char *name);
+
+#endif  // STALLMON_LINUX
 
 #ifdef __cplusplus
 }

@@ -1,3 +1,4 @@
+#if STALLMON_LINUX
 import CStallCapture
 import CoreMetrics
 import Dispatch
@@ -5,7 +6,7 @@ import Logging
 import Synchronization
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// The monitor of Swift's cooperative pool, from start to stop: the runtime's
@@ -136,3 +137,4 @@ final class CooperativePoolSession: @unchecked Sendable {
         return wanted.filter { stallmon_pool_knows_priority(UInt32($0)) == 0 }
     }
 }
+#endif  // STALLMON_LINUX

@@ -1,9 +1,10 @@
+#if STALLMON_LINUX
 import CStallCapture
 import CoreMetrics
 import Logging
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// The monitor of one group of event loops, from start to stop: a reporter per loop (each with its
@@ -162,6 +163,20 @@ package final class EventLoopGroupSession: @unchecked Sendable {
         pthread_sigmask(SIG_UNBLOCK, &set, nil)
     }
 }
+#else
+
+/// Event loops are watched on Linux only: elsewhere no session is ever made, and
+/// `NIOStallMonitor.start(_:)` does nothing (``StallMonitor/isSupported``).
+package final class EventLoopGroupSession: Sendable {
+    private init() {}
+    package func stop() {}
+    package var statistics: StallMonitor.Statistics { .zero }
+    package var status: String { "stall monitor not running: unsupported on this platform" }
+    package var watchdogWakeups: Int { 0 }
+    package var watchdogThreadID: Int32 { 0 }
+    package var loopLatency: [LoopLatency] { [] }
+}
+#endif  // STALLMON_LINUX
 
 extension StallMonitor.Statistics {
     /// No stalls, nothing suppressed or dropped.

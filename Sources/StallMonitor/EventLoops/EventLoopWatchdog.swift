@@ -1,9 +1,10 @@
+#if STALLMON_LINUX
 import CStallCapture
 import Foundation
 import Synchronization
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// One watchdog thread for a group of epoll event loops that count their ticks (SwiftNIO's, through
@@ -85,7 +86,7 @@ package final class EventLoopWatchdog: @unchecked Sendable {
     /// The pool watchdog thread's name.
     package static let poolThreadName = "stallmon-pool"
     /// `STALL_LOOP` of the cooperative pool's stalls.
-    package static let poolLoopName = "cooperative-pool"
+    package static let poolLoopName = MonitorDescription.cooperativePoolLoop
 
     /// - Parameters:
     ///   - loops: The loops to watch, with their tick state (from ``makeTickState()``), bound on
@@ -677,3 +678,4 @@ extension EventLoopWatchdog.Loop: LoopSource {
     var loopName: String { name }
     func idleTest() -> IdleTest { .never }
 }
+#endif  // STALLMON_LINUX

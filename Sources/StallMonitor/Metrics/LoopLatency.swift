@@ -39,7 +39,10 @@ public struct LoopLatency: Sendable, Hashable {
         }
         return buckets.last?.upperBound
     }
+}
 
+#if STALLMON_LINUX
+extension LoopLatency {
     init(loop: String, counts: [UInt64], sum: UInt64) {
         self.loop = loop
         buckets = counts.indices.compactMap { index in
@@ -129,3 +132,4 @@ final class LoopLatencyExporter: @unchecked Sendable {
         return (counts, sum)
     }
 }
+#endif  // STALLMON_LINUX

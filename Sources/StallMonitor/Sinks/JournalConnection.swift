@@ -1,8 +1,9 @@
+#if STALLMON_LINUX
 import StallJournal
 import Synchronization
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// A datagram socket of our own to journald, speaking its native protocol, with every send bounded.
@@ -135,3 +136,26 @@ final class JournalConnection: Sendable {
         return datagram
     }
 }
+#else
+import StallJournal
+
+/// No journald here: every send fails, so a ``JournalSink`` hands each entry to its fallback (the
+/// default sinks' standard error) or counts it as lost.
+final class JournalConnection: Sendable {
+    struct Failure: Error, CustomStringConvertible {
+        var description: String { "there is no journald on this platform" }
+    }
+
+    let path: String
+
+    init(path: String, timeout: Duration) {
+        self.path = path
+    }
+
+    func send(_ datagram: [UInt8]) throws(Failure) {
+        throw Failure()
+    }
+
+    static func encode(_ fields: [JournalField]) -> [UInt8] { [] }
+}
+#endif  // STALLMON_LINUX

@@ -98,7 +98,8 @@ public struct JournalSink: ReportSink {
     /// `the main run loop`, `the cooperative pool` or `thread NIO-ELT-0-#0`.
     private static func monitored(_ loop: String) -> String {
         loop == "main"
-            ? "the main run loop" : loop == EventLoopWatchdog.poolLoopName ? "the cooperative pool" : "thread \(loop)"
+            ? "the main run loop"
+            : loop == MonitorDescription.cooperativePoolLoop ? "the cooperative pool" : "thread \(loop)"
     }
 
     private static func lifecycleFields(

@@ -1,5 +1,7 @@
 #if canImport(Glibc)
-    import Glibc
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
 #endif
 
 /// Writes reports to standard error in a readable form: the fallback where no journal exists.

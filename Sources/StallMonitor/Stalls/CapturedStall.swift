@@ -1,3 +1,4 @@
+#if STALLMON_LINUX
 import StallJournal
 
 /// A stall as the watchdog saw it: raw addresses and kernel views, before symbolication.
@@ -74,3 +75,4 @@ extension StallSamples {
         (stacks.all, stacks.sources)
     }
 }
+#endif  // STALLMON_LINUX

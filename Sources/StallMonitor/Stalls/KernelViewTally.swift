@@ -1,3 +1,4 @@
+#if STALLMON_LINUX
 /// Where the kernel had a thread waiting, as one sample saw it.
 struct KernelWait: Hashable {
     var syscall: String?
@@ -59,3 +60,4 @@ struct KernelViewTally {
         }?.key ?? "?"
     }
 }
+#endif  // STALLMON_LINUX

@@ -1,5 +1,6 @@
+#if STALLMON_LINUX
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// What a kind of loop gives the watchdog that watches it: the thread it runs on, its name in the
@@ -31,3 +32,4 @@ enum IdleTest {
         addresses.prefix(4).contains { function.contains($0) || function.contains($0 &- 1) }
     }
 }
+#endif  // STALLMON_LINUX

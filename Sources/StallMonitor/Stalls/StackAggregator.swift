@@ -1,3 +1,4 @@
+#if STALLMON_LINUX
 /// Counts the stacks seen during one stall. Stacks are keyed by their return addresses (frames
 /// 1…), so a thread busy in one function counts as one stack wherever its program counter is; the
 /// reporter merges further, by symbolicated frames.
@@ -38,3 +39,4 @@ struct StackAggregator {
         }
     }
 }
+#endif  // STALLMON_LINUX

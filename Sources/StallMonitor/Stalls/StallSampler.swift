@@ -1,9 +1,10 @@
+#if STALLMON_LINUX
 import CStallCapture
 import Logging
 import StallJournal
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// What the samples of one stall saw: their counts, the kernel's view, the stacks and, when there is
@@ -197,3 +198,4 @@ final class StallSampler {
         )
     }
 }
+#endif  // STALLMON_LINUX

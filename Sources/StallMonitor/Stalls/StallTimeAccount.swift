@@ -1,3 +1,4 @@
+#if STALLMON_LINUX
 /// The CPU time and the stopped time of one stall: the thread's ``StallCPUAccount``, kept from
 /// readings of its clocks after every wait and every sample, so that each stop falls between two
 /// readings (right after a sample, the thread has just run, and its runnable time is up to date).
@@ -47,3 +48,4 @@ struct StallTimeAccount {
         account?.used(until: end, sleptSinceEnd: sleptSinceEnd) ?? 0
     }
 }
+#endif  // STALLMON_LINUX

@@ -1,3 +1,4 @@
+#if STALLMON_LINUX
 import CStallCapture
 import StallJournal
 
@@ -83,3 +84,4 @@ final class StopDetector {
         return now - start
     }
 }
+#endif  // STALLMON_LINUX

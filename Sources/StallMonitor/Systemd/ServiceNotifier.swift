@@ -1,10 +1,9 @@
+#if STALLMON_LINUX
 import CSystemd
-
-#if canImport(Glibc)
-    import Glibc
 #endif
 
-/// Talks to the service manager through `$NOTIFY_SOCKET`. Without a socket every call does nothing.
+/// Talks to the service manager through `$NOTIFY_SOCKET`. Without a socket every call does nothing,
+/// as it does on every platform but Linux.
 ///
 /// The corresponding C functions are `sd_notify` and `sd_watchdog_enabled` (`sd_notifyf` is
 /// variadic and cannot be called from Swift; the state string is formatted in Swift instead).
@@ -12,15 +11,23 @@ enum ServiceNotifier {
     /// Sends newline-separated `KEY=value` assignments. Returns whether anything was sent.
     @discardableResult
     static func notify(_ state: String) -> Bool {
+        #if STALLMON_LINUX
         sd_notify(0, state) > 0
+        #else
+        false
+        #endif
     }
 
     /// The service's watchdog interval (`WatchdogSec=`, from `$WATCHDOG_USEC` when `$WATCHDOG_PID`
     /// is this process), or `nil` when the service manager expects no pings.
     static func watchdogInterval() -> UInt64? {
+        #if STALLMON_LINUX
         var microseconds: UInt64 = 0
         guard sd_watchdog_enabled(0, &microseconds) > 0, microseconds > 0 else { return nil }
         return microseconds * 1_000
+        #else
+        nil
+        #endif
     }
 }
 

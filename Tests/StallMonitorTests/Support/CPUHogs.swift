@@ -2,7 +2,7 @@ import Foundation
 import Synchronization
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// One thread per CPU that spins for `busy` seconds out of every `period`, at a real-time priority

@@ -1,7 +1,7 @@
 import Foundation
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// The project's own executables, next to the test bundle in the build folder.

@@ -1,7 +1,7 @@
 import Foundation
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// One run of the fixture service (Sources/StallmonFixture) as a child process, and what it printed.

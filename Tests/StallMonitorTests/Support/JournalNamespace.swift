@@ -2,7 +2,7 @@ import Foundation
 import StallJournal
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// A journald of the test's own: `/lib/systemd/systemd-journald NAMESPACE` (what `LogNamespace=`

@@ -3,7 +3,7 @@ import StallJournal
 import Synchronization
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// A real journald for the tests: the one that listens, or one started here

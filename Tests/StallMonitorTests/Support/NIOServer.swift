@@ -2,7 +2,7 @@ import Foundation
 import StallJournal
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// The NIO HTTP server fixture (Sources/StallmonNIOServer) as a child process, driven over loopback

@@ -1,7 +1,7 @@
 import Foundation
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// A copy of the libFoundation this process runs with, stripped of its local symbols

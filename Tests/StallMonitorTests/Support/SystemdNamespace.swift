@@ -1,7 +1,7 @@
 import Foundation
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// A real systemd, booted as PID 1 in private namespaces by `Scripts/systemd-namespace.sh`, for tests
