@@ -1,5 +1,7 @@
 #if canImport(Glibc)
 import Glibc
+#elseif canImport(Darwin)
+import Darwin
 #endif
 
 /// CLOCK_MONOTONIC: the one clock of stallmon's intervals and timestamps, for Swift code. The

@@ -1,6 +1,7 @@
 #if STALLMON_LINUX
 import CStallCapture
 import Foundation
+import StallJournal
 import Synchronization
 
 #if canImport(Glibc)
@@ -54,7 +55,7 @@ package final class EventLoopWatchdog: @unchecked Sendable {
     private let reporters: [Reporter]
     private let signal: Int32?
     private let slot: Int32
-    private let startedAt = stallmon_now_ns()
+    private let startedAt = MonotonicClock.now()
     /// Polls of idle loops' epoll descriptors, and of `stopFD`; `nil` where io_uring is unavailable
     /// (then idle loops are looked at once per threshold).
     private let watch: OpaquePointer?
@@ -245,7 +246,7 @@ package final class EventLoopWatchdog: @unchecked Sendable {
             runPool()
             return
         }
-        let now = stallmon_now_ns()
+        let now = MonotonicClock.now()
         for index in loops.indices { examine(index, now: now) }
         var keys = [UInt64](repeating: 0, count: 64)
         while !stopping.load(ordering: .acquiring) {
@@ -264,7 +265,7 @@ package final class EventLoopWatchdog: @unchecked Sendable {
             wakeupCount.add(1, ordering: .relaxed)
             // A cycle started when the loop's descriptor woke the watchdog's poll, which is when
             // the watchdog became runnable: time it then spent waiting for a CPU is the loop's.
-            var woke = stallmon_now_ns()
+            var woke = MonotonicClock.now()
             if let before = queuedBefore, let after = runQueue.waited(), after > before, after - before < woke {
                 woke -= after - before
             }
@@ -275,11 +276,11 @@ package final class EventLoopWatchdog: @unchecked Sendable {
                 guard case .idle = loops[index].phase else { continue }
                 startCycle(index, at: woke)
             }
-            let now = stallmon_now_ns()
+            let now = MonotonicClock.now()
             for index in loops.indices { visit(index, now: now) }
             for exporter in latency { exporter.exportIfDue(now: now) }
         }
-        let end = stallmon_now_ns()
+        let end = MonotonicClock.now()
         for index in loops.indices {
             if case .stalled(let stall) = loops[index].phase { finish(index, stall, end: end) }
         }
@@ -299,7 +300,7 @@ package final class EventLoopWatchdog: @unchecked Sendable {
             earliest = min(earliest ?? next, next)
         }
         guard let earliest else { return UInt64.max }
-        let now = stallmon_now_ns()
+        let now = MonotonicClock.now()
         return earliest > now ? earliest - now : 0
     }
 
@@ -352,7 +353,7 @@ package final class EventLoopWatchdog: @unchecked Sendable {
         // The end of this cycle's tick, however late the watchdog looks: a cycle that outlasted
         // the threshold is a stall even when the watchdog only gets a CPU after it ended.
         stallmon_ticks_watch(state.ticks, sequence)
-        state.cpuBase = (stallmon_thread_cpu_ns(state.loop.threadID), stallmon_now_ns())
+        state.cpuBase = (stallmon_thread_cpu_ns(state.loop.threadID), MonotonicClock.now())
     }
 
     /// Handles what is due for one loop at `now`; a loop that ticked is re-examined up to a quarter
@@ -393,7 +394,7 @@ package final class EventLoopWatchdog: @unchecked Sendable {
             } else if now >= stall.nextSample {
                 takeSample(state, stall)
                 stall.nextSample += sampleInterval
-                let after = stallmon_now_ns()
+                let after = MonotonicClock.now()
                 if stall.nextSample < after { stall.nextSample = after + sampleInterval }
             }
         }
@@ -455,7 +456,7 @@ package final class EventLoopWatchdog: @unchecked Sendable {
         if !stall.suppressed {
             reporters[index].submit(
                 captured(
-                    state, stall, event: .detected, end: stallmon_now_ns(),
+                    state, stall, event: .detected, end: MonotonicClock.now(),
                     stacks: stall.firstStack.isEmpty ? [] : [(stall.firstStack, 1)],
                     sources: stall.firstStack.isEmpty ? [] : [stall.firstSource]))
         }
@@ -470,7 +471,7 @@ package final class EventLoopWatchdog: @unchecked Sendable {
                 captured(state, stall, event: .ended, end: end, stacks: stall.stacks.all, sources: stall.stacks.sources)
             )
         }
-        examine(index, now: stallmon_now_ns())
+        examine(index, now: MonotonicClock.now())
     }
 
     private func captured(
@@ -484,7 +485,7 @@ package final class EventLoopWatchdog: @unchecked Sendable {
             // The share of CPU the thread used since the watchdog first saw this cycle, applied to
             // the whole cycle (which may have begun before, at the end of the previous tick).
             let used = stallmon_thread_cpu_ns(state.loop.threadID)
-            let readAt = stallmon_now_ns()
+            let readAt = MonotonicClock.now()
             guard state.cpuBase.cpu >= 0, used >= state.cpuBase.cpu, readAt > state.cpuBase.time else { return 0 }
             let share = min(1, Double(used - state.cpuBase.cpu) / Double(readAt - state.cpuBase.time))
             return UInt64(share * Double(duration))
@@ -516,15 +517,15 @@ extension EventLoopWatchdog {
     /// A pool busy with short jobs costs one or two wakeups per threshold; an idle pool none.
     private func runPool() {
         while !stopping.load(ordering: .acquiring) {
-            var earliest = visitPool(now: stallmon_now_ns())
+            var earliest = visitPool(now: MonotonicClock.now())
             if earliest == nil, poolRanJobs {
-                earliest = stallmon_now_ns() + threshold / 2
+                earliest = MonotonicClock.now() + threshold / 2
             }
             if earliest == nil {
                 let parked = stallmon_pool_park()
                 // Read every slot again after announcing the park: a job that started before it
                 // is seen here, one that starts after it wakes the watchdog.
-                earliest = visitPool(now: stallmon_now_ns())
+                earliest = visitPool(now: MonotonicClock.now())
                 if earliest == nil, !stopping.load(ordering: .acquiring) {
                     _ = stallmon_pool_wait(parked < 0 ? threshold : UInt64.max)
                     wakeupCount.add(1, ordering: .relaxed)
@@ -533,11 +534,11 @@ extension EventLoopWatchdog {
                 stallmon_pool_unpark()
             }
             guard let earliest, !stopping.load(ordering: .acquiring) else { continue }
-            let now = stallmon_now_ns()
+            let now = MonotonicClock.now()
             if earliest > now { _ = stallmon_pool_wait(earliest - now) }
             wakeupCount.add(1, ordering: .relaxed)
         }
-        let end = stallmon_now_ns()
+        let end = MonotonicClock.now()
         for (index, state) in poolThreads.enumerated() {
             if let state, case .stalled(let stall) = state.phase { finishPoolStall(index, state, stall, end: end) }
         }
@@ -586,7 +587,7 @@ extension EventLoopWatchdog {
                     if now >= stall.nextSample {
                         takeSample(state, stall)
                         stall.nextSample += sampleInterval
-                        let after = stallmon_now_ns()
+                        let after = MonotonicClock.now()
                         if stall.nextSample < after { stall.nextSample = after + sampleInterval }
                     }
                     due(stall.nextSample)
@@ -601,7 +602,7 @@ extension EventLoopWatchdog {
                 // The same job as at the previous look.
             } else {
                 state.phase = .timing(start: job.start_ns, sequence: job.sequence)
-                state.cpuBase = (stallmon_thread_cpu_ns(job.tid), stallmon_now_ns())
+                state.cpuBase = (stallmon_thread_cpu_ns(job.tid), MonotonicClock.now())
             }
             let deadline = job.start_ns + threshold
             if now >= deadline {
@@ -625,7 +626,7 @@ extension EventLoopWatchdog {
             reporters[0].submit(
                 poolStall(
                     captured(
-                        state, stall, event: .detected, end: stallmon_now_ns(),
+                        state, stall, event: .detected, end: MonotonicClock.now(),
                         stacks: stall.firstStack.isEmpty ? [] : [(stall.firstStack, 1)],
                         sources: stall.firstStack.isEmpty ? [] : [stall.firstSource]),
                     state))

@@ -1,5 +1,6 @@
 import CStallCapture
 import CoreMetrics
+import StallJournal
 import Synchronization
 
 /// How long the windows of a monitored loop lasted since the monitor started: a run-loop window
@@ -91,7 +92,7 @@ final class LoopLatencyExporter: @unchecked Sendable {
         gauges = Self.quantiles.map {
             Gauge(label: Self.quantileLabel, dimensions: [("loop", loop), ("quantile", $0.name)], factory: factory)
         }
-        state = Mutex((Array(repeating: 0, count: Int(STALLMON_LATENCY_BUCKETS)), stallmon_now_ns()))
+        state = Mutex((Array(repeating: 0, count: Int(STALLMON_LATENCY_BUCKETS)), MonotonicClock.now()))
     }
 
     /// Everything counted since the monitor started.
@@ -101,13 +102,13 @@ final class LoopLatencyExporter: @unchecked Sendable {
     }
 
     /// Exports when the previous export is at least ``interval`` old.
-    func exportIfDue(now: UInt64 = stallmon_now_ns()) {
+    func exportIfDue(now: UInt64 = MonotonicClock.now()) {
         guard state.withLock({ now &- $0.exportedAt >= Self.interval }) else { return }
         export(now: now)
     }
 
     /// Exports the windows counted since the previous export (none: nothing changes).
-    func export(now: UInt64 = stallmon_now_ns()) {
+    func export(now: UInt64 = MonotonicClock.now()) {
         let (counts, _) = read()
         let delta = state.withLock { state in
             defer { state = (counts, now) }
