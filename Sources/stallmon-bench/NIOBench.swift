@@ -30,7 +30,9 @@ struct NIOBench {
 
     /// One round: both servers start and warm up, then take wrk in turn, `segments` runs each of a
     /// second (the order alternating, so that neighbouring runs share the machine's mood); then the
-    /// monitored server idles, and the stalls run on a server of their own.
+    /// monitored server idles, and the stalls run on a server of their own. The watchdog's wakeups
+    /// under load are counted inside the monitored server's longer warm-up run, away from its start
+    /// and end (a loop that becomes busy or idle costs a wakeup or two that steady load does not).
     func round(_ index: Int, of total: Int) throws -> NIORound {
         var round = NIORound()
         var servers: [Variant: NIOServerChild] = [:]
@@ -42,27 +44,29 @@ struct NIOBench {
             throw ChildRunner.Failure(description: "the monitored server has no stallmon-nio thread")
         }
         usleep(UInt32(plan.settle * 1e6))
-        for server in servers.values { _ = try runWrk(port: server.port, seconds: 1) }
-        var wakeups = 0
-        var busySeconds = 0.0
+        // Both warm up as long.
+        if let unmonitored = servers[.unmonitored] {
+            _ = try runWrk(port: unmonitored.port, seconds: plan.busySeconds + 1)
+        }
+        _ = try runWrk(port: monitored.port, seconds: plan.busySeconds + 1) {
+            usleep(500_000)
+            let before = monitored.voluntarySwitches(ofThread: watchdog)
+            let started = Kernel.now()
+            usleep(UInt32(plan.busySeconds) * 1_000_000)
+            if let before, let after = monitored.voluntarySwitches(ofThread: watchdog) {
+                round.busyWakeupsPerSecond = Double(after - before) / (Double(Kernel.now() - started) / 1e9)
+            }
+        }
         for segment in 0..<plan.segments {
             let order: [Variant] = (index + segment) % 2 == 1 ? [.unmonitored, .stallmon] : [.stallmon, .unmonitored]
             for variant in order {
                 guard let server = servers[variant] else { continue }
-                let switches = server.voluntarySwitches(ofThread: watchdog)
                 let cpu = server.cpuNanoseconds()
-                let started = Kernel.now()
                 var result = try runWrk(port: server.port, seconds: 1)
-                let elapsed = Double(Kernel.now() - started) / 1e9
                 result.cpuSeconds = Double(server.cpuNanoseconds() - cpu) / 1e9
-                if variant == .stallmon, let switches, let after = server.voluntarySwitches(ofThread: watchdog) {
-                    wakeups += after - switches
-                    busySeconds += elapsed
-                }
                 round.segments[variant, default: []].append(result)
             }
         }
-        round.busyWakeupsPerSecond = busySeconds > 0 ? Double(wakeups) / busySeconds : nil
         usleep(UInt32(plan.idleSettle * 1e6))
         let idleBefore = monitored.voluntarySwitches(ofThread: watchdog)
         let idleStarted = Kernel.now()
@@ -123,7 +127,8 @@ struct NIOBench {
         end
         """
 
-    private func runWrk(port: Int, seconds: Int) throws -> WrkResult {
+    /// One wrk run of `seconds`; `meanwhile` runs while it does.
+    private func runWrk(port: Int, seconds: Int, meanwhile: () -> Void = {}) throws -> WrkResult {
         let scriptFile = FileManager.default.temporaryDirectory.appendingPathComponent(
             "stallmon-bench-\(getpid())-wrk.lua")
         try Self.script.write(to: scriptFile, atomically: true, encoding: .utf8)
@@ -139,6 +144,7 @@ struct NIOBench {
         process.standardOutput = output
         process.standardError = output
         try process.run()
+        meanwhile()
         let data = output.fileHandleForReading.readDataToEndOfFile()
         process.waitUntilExit()
         let text = String(decoding: data, as: UTF8.self)
@@ -310,6 +316,8 @@ struct NIOPlan: Sendable {
 
     /// One-second wrk runs of each variant a round.
     var segments: Int { max(1, Int((4 * scale).rounded())) }
+    /// Steady load over which the watchdog's wakeups are counted.
+    var busySeconds: Int { max(1, Int((4 * scale).rounded())) }
     /// After the servers listen, before their warm-up runs.
     var settle: Double { 0.5 }
     var idleSettle: Double { 1 }
