@@ -14,7 +14,6 @@ let package = Package(
         .library(name: "StallMonitorServiceLifecycle", targets: ["StallMonitorServiceLifecycle"]),
         .executable(name: "stallmon", targets: ["stallmon"]),
         .executable(name: "stallmond", targets: ["stallmond"]),
-        .executable(name: "stallmon-bench", targets: ["stallmon-bench"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),

@@ -1,17 +1,24 @@
 // An HTTP/1.1 server on SwiftNIO whose handlers stall on request, monitored by NIOStallMonitor:
 // `stallmon demo --nio`, the tests and the benchmark run it as a child process.
 //
-//   StallmonNIOServer [--port N] [--threads N] [--threshold-ms N] [--no-monitor]
+//   StallmonNIOServer [--port N] [--threads N] [--threshold-ms N] [--no-monitor] [--print-reports]
+//                     [--deny-io-uring]
 //
 // It prints `listening on <port>` once ready and serves:
-//   /hello            a short answer
+//   /hello            `hello`, and nothing else: the benchmark's request
 //   /cpu?ms=N         spins on the CPU for N ms inside the handler
 //   /sleep?ms=N       blocks in nanosleep for N ms (a blocking system call)
 //   /lock?ms=N        waits N ms for a mutex another thread holds
 //   /task?ms=N, /scheduled?ms=N, /future?ms=N
 //                     spin N ms in an `execute` task, a scheduled task or a future's callback
 //   /stats            the monitor's counters: watchdog wakeups, stalls
-// Stalling handlers answer with the time the handler itself measured: `{"handler":…,"truth_us":…}`.
+// Stalling handlers answer with the time the handler itself measured, and when it began (CLOCK_MONOTONIC):
+// `{"handler":…,"truth_us":…,"start_ns":…,"loop":…}`.
+// With --print-reports, the monitor's reports go to standard output instead of the journal, one line
+// each, as the benchmark reads them: `report <event> start_ns=N duration_ns=N threshold_ns=N emitted_ns=N`.
+// --deny-io-uring makes io_uring_setup fail with ENOSYS (a seccomp filter, as a service's own could):
+// the watchdog then falls back to looking at idle loops once per threshold. valgrind needs it, since it
+// holds its lock while a thread waits in io_uring_enter and the whole process hangs.
 // SIGTERM or SIGINT stops the monitor (every report written) and exits.
 import CStallCapture
 import Dispatch
@@ -31,6 +38,8 @@ struct Options {
     var threads = 2
     var thresholdMilliseconds: Int?
     var monitor = true
+    var printReports = false
+    var denyIOUring = false
 
     static func parse(_ arguments: [String]) -> Options {
         var options = Options()
@@ -47,6 +56,8 @@ struct Options {
             case "--threads": options.threads = max(1, value())
             case "--threshold-ms": options.thresholdMilliseconds = value()
             case "--no-monitor": options.monitor = false
+            case "--print-reports": options.printReports = true
+            case "--deny-io-uring": options.denyIOUring = true
             default: fail("unknown argument \(argument)")
             }
         }
@@ -175,13 +186,16 @@ final class StallHandler: ChannelInboundHandler, Sendable {
     /// Runs the handler the path names, inside the channel read of the request's end.
     private func respond(context: ChannelHandlerContext, head: HTTPRequestHead) {
         let (path, milliseconds) = Self.route(head.uri)
-        let loop = ThreadName.current()
+        if path == "/hello" {
+            Self.send(context: context, head: head, path: path, body: "hello")
+            return
+        }
         // CPU stalls in other kinds of loop work: an `execute` task, a scheduled task, a future's callback.
         let bound = NIOLoopBound(context, eventLoop: context.eventLoop)
         let later: @Sendable (String) -> Void = { kind in
             Self.send(
                 context: bound.value, head: head, path: path,
-                body: Self.answer(kind, stallOnCPU(milliseconds: milliseconds), loop))
+                body: Self.timed(kind) { stallOnCPU(milliseconds: milliseconds) })
         }
         switch path {
         case "/task":
@@ -199,15 +213,15 @@ final class StallHandler: ChannelInboundHandler, Sendable {
         }
         var body: String
         switch path {
-        case "/cpu": body = Self.answer("cpu", stallOnCPU(milliseconds: milliseconds), loop)
-        case "/sleep": body = Self.answer("sleep", stallInSleep(milliseconds: milliseconds), loop)
-        case "/lock": body = Self.answer("lock", stallOnLock(milliseconds: milliseconds), loop)
+        case "/cpu": body = Self.timed("cpu") { stallOnCPU(milliseconds: milliseconds) }
+        case "/sleep": body = Self.timed("sleep") { stallInSleep(milliseconds: milliseconds) }
+        case "/lock": body = Self.timed("lock") { stallOnLock(milliseconds: milliseconds) }
         case "/stats":
             let statistics = monitor?.statistics
             body =
                 "{\"wakeups\":\(monitor?.watchdogWakeups ?? 0),\"stalls\":\(statistics?.stalls ?? 0),"
                 + "\"interruptions\":\(interruptions.load(ordering: .relaxed))}"
-        default: body = "hello from \(loop)"
+        default: body = "hello from \(ThreadName.current())"
         }
         Self.send(context: context, head: head, path: path, body: body)
     }
@@ -243,8 +257,13 @@ final class StallHandler: ChannelInboundHandler, Sendable {
         return (path, milliseconds)
     }
 
-    static func answer(_ handler: String, _ nanoseconds: UInt64, _ loop: String) -> String {
-        "{\"handler\":\"\(handler)\",\"truth_us\":\(nanoseconds / 1000),\"loop\":\"\(loop)\"}"
+    /// Runs a stalling handler; its answer says how long it took by its own clock and when it began.
+    static func timed(_ handler: String, _ stall: () -> UInt64) -> String {
+        let loop = ThreadName.current()
+        let start = stallmon_now_ns()
+        let nanoseconds = stall()
+        return "{\"handler\":\"\(handler)\",\"truth_us\":\(nanoseconds / 1000),\"start_ns\":\(start),"
+            + "\"loop\":\"\(loop)\"}"
     }
 }
 
@@ -258,6 +277,74 @@ enum ThreadName {
         let count = read(descriptor, &bytes, bytes.count)
         guard count > 0 else { return "?" }
         return String(decoding: bytes[0..<count].prefix { $0 != UInt8(ascii: "\n") }, as: UTF8.self)
+    }
+}
+
+// MARK: - Reports on standard output
+
+/// With --print-reports: each stall report as one line on standard output, stamped when it reached
+/// the sink, for the benchmark's detection latency.
+struct PrintingSink: ReportSink {
+    func emit(_ event: StallMonitorEvent) {
+        let emitted = stallmon_now_ns()
+        guard let report = event.report else { return }
+        let name: String
+        switch event.kind {
+        case .stallDetected: name = "detected"
+        case .stallEnded: name = "ended"
+        default: return
+        }
+        FileHandleOutput.standardOutput(
+            "report \(name) start_ns=\(report.startNanoseconds) duration_ns=\(Self.nanoseconds(report.duration)) "
+                + "threshold_ns=\(Self.nanoseconds(report.threshold)) emitted_ns=\(emitted)\n")
+    }
+
+    static func nanoseconds(_ duration: Duration) -> Int64 {
+        let (seconds, attoseconds) = duration.components
+        return seconds * 1_000_000_000 + attoseconds / 1_000_000_000
+    }
+}
+
+// MARK: - io_uring denied
+
+/// Makes `io_uring_setup(2)` fail with ENOSYS in every thread from now on.
+enum IOUringDenial {
+    static let ioUringSetup: UInt32 = 425
+
+    /// One BPF instruction (`struct sock_filter`).
+    struct Instruction {
+        var code: UInt16
+        var jumpIfTrue: UInt8
+        var jumpIfFalse: UInt8
+        var value: UInt32
+    }
+
+    /// `struct sock_fprog`.
+    struct Program {
+        var count: UInt16
+        var instructions: UnsafePointer<Instruction>
+    }
+
+    /// Call it before any other thread starts: valgrind has no seccomp(2), and prctl's filter
+    /// applies to the calling thread and those it starts.
+    static func install() {
+        let program: [Instruction] = [
+            Instruction(code: 0x20, jumpIfTrue: 0, jumpIfFalse: 0, value: 0),  // ld [nr]
+            Instruction(code: 0x15, jumpIfTrue: 0, jumpIfFalse: 1, value: ioUringSetup),  // jeq io_uring_setup
+            Instruction(code: 0x06, jumpIfTrue: 0, jumpIfFalse: 0, value: 0x0005_0000 | UInt32(ENOSYS)),  // ret errno
+            Instruction(code: 0x06, jumpIfTrue: 0, jumpIfFalse: 0, value: 0x7fff_0000),  // ret allow
+        ]
+        // prctl and syscall are variadic, which Swift cannot call: through plain C pointers.
+        typealias Prctl = @convention(c) (Int32, UInt, UInt, UInt, UInt) -> Int32
+        guard let prctl = dlsym(nil, "prctl").map({ unsafeBitCast($0, to: Prctl.self) }) else { fail("no prctl") }
+        guard prctl(38 /* PR_SET_NO_NEW_PRIVS */, 1, 0, 0, 0) == 0 else { fail("PR_SET_NO_NEW_PRIVS: errno \(errno)") }
+        let result = program.withUnsafeBufferPointer { instructions in
+            var filter = Program(count: UInt16(instructions.count), instructions: instructions.baseAddress!)
+            return withUnsafePointer(to: &filter) {
+                prctl(22 /* PR_SET_SECCOMP */, 2 /* SECCOMP_MODE_FILTER */, UInt(bitPattern: $0), 0, 0)
+            }
+        }
+        guard result == 0 else { fail("PR_SET_SECCOMP: errno \(errno)") }
     }
 }
 
@@ -281,6 +368,7 @@ nonisolated func installStopHandlers(monitor: NIOStallMonitor?) {
 }
 
 let options = Options.parse(CommandLine.arguments)
+if options.denyIOUring { IOUringDenial.install() }
 pthread_mutex_init(&sharedMutex, nil)
 signal(SIGPIPE, SIG_IGN)
 
@@ -293,7 +381,8 @@ do {
             configuration.threshold = .milliseconds(threshold)
             configuration.sampleInterval = min(configuration.sampleInterval, configuration.threshold)
         }
-        let created = try NIOStallMonitor(configuration: configuration)
+        let created = try NIOStallMonitor(
+            configuration: configuration, sinks: options.printReports ? [PrintingSink()] : nil)
         group = try created.makeEventLoopGroup(numberOfThreads: options.threads)
         monitor = created
     } else {

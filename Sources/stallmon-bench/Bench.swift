@@ -18,6 +18,8 @@ struct Bench {
     func run() throws -> Int32 {
         let started = Kernel.now()
         defer { runner.removeLog() }
+        let nio = try options.nio ? makeNIOBench() : nil
+        if options.nioOnly, let nio { return try runNIOOnly(nio, started: started) }
         progress(
             "stallmon-bench: \(options.rounds) round\(options.rounds == 1 ? "" : "s") at scale \(Report.format(options.scale)); "
                 + "work pass hashes \(plan.workBytes) bytes (about 50 µs)"
@@ -70,6 +72,7 @@ struct Bench {
                 "[\(round)/\(options.rounds)] sample pause: p50 \(Report.format(pause["p50_us"] ?? .nan)) µs, "
                     + "p99 \(Report.format(pause["p99_us"] ?? .nan)) µs"
             )
+            if let nio { results.nio = try nio.round(round, of: options.rounds) }
             rounds.append(results)
         }
 
@@ -91,6 +94,11 @@ struct Bench {
             )
         } else if options.callgrind == true {
             progress("valgrind not found: no instruction counts (apt-get install -y valgrind)")
+        }
+        if let nio, let counts = countNIOInstructions(nio) {
+            var all = instructions ?? InstructionCounts()
+            all.nioPerRequest = counts
+            instructions = all
         }
 
         let figures = Figures.compute(
@@ -118,7 +126,7 @@ struct Bench {
 
     private var loopParameters: [String: String] { options.cfRunLoop ? ["loop": "cf"] : [:] }
 
-    private func progress(_ line: String) {
+    func progress(_ line: String) {
         FileHandle.standardError.write(Data((line + "\n").utf8))
     }
 }

@@ -39,6 +39,8 @@ struct Figure: Sendable {
 /// What one round measured: each child's result, by workload and variant.
 struct RoundResults: Sendable {
     var results: [Workload: [Variant: [String: Double]]] = [:]
+    /// The SwiftNIO benchmark's round (`nil` with --no-nio).
+    var nio: NIORound?
 
     subscript(workload: Workload, variant: Variant) -> [String: Double]? {
         get { results[workload]?[variant] }
@@ -139,6 +141,17 @@ enum Figures {
             if let value = firstStall?[key] { figure.values = [value] }
             figures.append(figure)
         }
+        // The SwiftNIO server under wrk (not with --no-nio).
+        if rounds.contains(where: { $0.nio != nil }) {
+            add("nio_requests_ratio", .atLeast(0.99)) { $0.nio?.requestsRatio }
+            add("nio_requests_cpu_ratio") { $0.nio?.requestsCPURatio }
+            add("nio_p99_latency_ratio", .atMost(1.02)) { $0.nio?.p99LatencyRatio }
+            add("nio_idle_wakeups_per_s", .atMost(0)) { $0.nio?.idleWakeupsPerSecond }
+            add("nio_busy_wakeups_per_s", .atMost(8)) { $0.nio?.busyWakeupsPerSecond }
+            add("nio_detection_latency_p50_ms") { $0.nio?.stalls?.latencyP50 }
+            add("nio_detection_latency_p99_ms", .atMost(2)) { $0.nio?.stalls?.latencyP99 }
+            add("nio_stalls_undetected", .atMost(0)) { $0.nio?.stalls.map { Double($0.count - $0.detected) } }
+        }
         // Only when counted (not in a quick run, nor without valgrind).
         if let instructions {
             for variant in Variant.allCases {
@@ -194,6 +207,12 @@ enum Figures {
             {
                 var figure = Figure("callgrind_pool_job_cost_instructions")
                 figure.values = [trampoline + enqueue - runtime]
+                figures.append(figure)
+            }
+            for variant in NIOInstructionCounts.variants {
+                guard let value = instructions.nioPerRequest[variant] else { continue }
+                var figure = Figure("callgrind_nio_instructions_per_request_\(variant.rawValue)")
+                figure.values = [value]
                 figures.append(figure)
             }
         }

@@ -32,6 +32,8 @@ struct InstructionCounts: Sendable {
     var poolTrampoline: Double?
     var poolEnqueue: Double?
     var runtimeEnqueue: Double?
+    /// Per `/hello` request of the SwiftNIO server, whole process (``NIOInstructionCounts``).
+    var nioPerRequest: [Variant: Double] = [:]
 
     static func valgrindPath() -> String? {
         let path = ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin"
@@ -228,7 +230,7 @@ struct InstructionCounts: Sendable {
 
     /// Copies `executable` without its debug sections (`objcopy --strip-debug`); the original when
     /// objcopy is missing.
-    private static func strip(_ executable: String, to copy: String) throws -> String {
+    static func strip(_ executable: String, to copy: String) throws -> String {
         let objcopy = Process()
         objcopy.executableURL = URL(fileURLWithPath: "/usr/bin/objcopy")
         objcopy.arguments = ["--strip-debug", executable, copy]
@@ -238,7 +240,7 @@ struct InstructionCounts: Sendable {
     }
 
     /// The `summary:` (or `totals:`) line of a callgrind output file: instructions of the whole run.
-    private static func total(in file: URL) throws -> Double {
+    static func total(in file: URL) throws -> Double {
         let text = try String(contentsOf: file, encoding: .utf8)
         for line in text.split(separator: "\n") where line.hasPrefix("summary:") || line.hasPrefix("totals:") {
             if let value = Double(line.split(separator: " ").last ?? "") { return value }

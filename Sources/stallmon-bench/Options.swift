@@ -8,10 +8,13 @@ struct Options: Sendable {
     var quick = false
     /// Whether the children run their loop with CFRunLoopRun() rather than RunLoop.main.run().
     var cfRunLoop = false
+    /// Whether the SwiftNIO benchmark runs (wrk against StallmonNIOServer), and whether only it does.
+    var nio = true
+    var nioOnly = false
 
     static let usage = """
         USAGE: stallmon-bench [--rounds N] [--scale X] [--quick] [--json] [--callgrind | --no-callgrind]
-                              [--cf-run-loop]
+                              [--cf-run-loop] [--no-nio | --nio-only]
 
         Measures stallmon's cost against an unmonitored loop, a no-op observer and the blog design.
         Each workload runs in a fresh child process; the variants alternate in every round.
@@ -25,6 +28,10 @@ struct Options: Sendable {
           --no-callgrind   Skips the instruction counts.
           --cf-run-loop    Runs the loops with CFRunLoopRun() instead of RunLoop.main.run(), which
                            leaves and re-enters the loop after every source it handles.
+          --no-nio         Skips the SwiftNIO benchmark (wrk against StallmonNIOServer, which must
+                           be built next to stallmon-bench: swift build -c release --product
+                           StallmonNIOServer).
+          --nio-only       Runs the SwiftNIO benchmark alone.
           -h, --help       Shows this help.
         """
 
@@ -53,9 +60,12 @@ struct Options: Sendable {
             case "--callgrind": callgrind = true
             case "--no-callgrind": callgrind = false
             case "--cf-run-loop": cfRunLoop = true
+            case "--no-nio": nio = false
+            case "--nio-only": nioOnly = true
             default: throw UsageError(description: "unknown argument '\(argument)'")
             }
         }
+        if nioOnly && !nio { throw UsageError(description: "--nio-only and --no-nio exclude each other") }
         if quick {
             rounds = 1
             scale = 0.05

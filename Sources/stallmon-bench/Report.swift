@@ -156,10 +156,11 @@ enum Report {
                 )
             }
         }
+        lines += NIOBench.reportLines(rounds: rounds, instructions: instructions)
         return lines.joined(separator: "\n") + "\n"
     }
 
-    private static func row(_ key: String, _ median: String, _ range: String, _ target: String, _ verdict: String)
+    static func row(_ key: String, _ median: String, _ range: String, _ target: String, _ verdict: String)
         -> String
     {
         key.padding(toLength: 30, withPad: " ", startingAt: 0) + median.leftPadded(10) + "  "
