@@ -13,7 +13,7 @@
 // the frame pointer of that frame is recovered from its function's prologue (push rbp; mov rbp,
 // rsp; pushes; sub rsp, N gives rbp = sp + 8·pushes + N) or, failing that, by scanning the frame for
 // a saved-rbp/return-address pair; either is accepted only when the return address follows a call
-// instruction. From there CFI restores rbp frame by frame, and the unwind goes on.
+// instruction inside code that the unwind tables cover. From there CFI restores rbp frame by frame, and the unwind goes on.
 //
 // This runs on the watchdog thread, never in a signal handler: it may lock and allocate.
 
@@ -268,13 +268,24 @@ static int follows_call(unwind_state *state, uintptr_t address) {
     return 0;
 }
 
+/// Whether `address` returns into a function: it follows a call instruction, and the call lies in
+/// code that unwind tables cover. Bytes of data that happen to look like a call (a stale word that
+/// points into type metadata, say) have no FDE.
+static int returns_into_function(unwind_state *state, uintptr_t address) {
+    if (!follows_call(state, address)) return 0;
+    unw_proc_info_t info;
+    memset(&info, 0, sizeof info);
+    return find_proc_info(address_space, (unw_word_t)(address - 1), &info, 0, state) == 0 &&
+           info.start_ip <= address - 1 && address - 1 < info.end_ip;
+}
+
 /// Whether `bp` holds a saved frame pointer and a return address above `sp`.
 static int plausible_frame(unwind_state *state, uintptr_t sp, uintptr_t bp) {
     if (bp < sp || bp - sp > (1u << 20) || (bp & 7) != 0) return 0;
     uintptr_t saved[2];
     if (read_memory(state, bp, saved, sizeof saved) != 0) return 0;
     if (saved[0] != 0 && saved[0] <= bp) return 0;
-    return saved[1] != 0 && follows_call(state, saved[1]);
+    return saved[1] != 0 && returns_into_function(state, saved[1]);
 }
 
 /// Frame size from the function's prologue: [endbr64] push rbp; mov rbp,rsp; push …; [sub rsp,N].

@@ -1,6 +1,7 @@
 #if STALLMON_LINUX
 import CStallCapture
 import Dispatch
+import Logging
 import StallJournal
 import Synchronization
 
@@ -89,6 +90,17 @@ final class Reporter: @unchecked Sendable {
 
     func emit(_ event: StallMonitorEvent) {
         queue.async { self.send(event) }
+    }
+
+    /// Emits the `stopped` event and waits for every report, at most ``StallMonitor/stopTimeout``;
+    /// `logger` hears when some are still queued then.
+    func finish(_ description: MonitorDescription, _ statistics: StallMonitor.Statistics, logger: Logger) {
+        emit(.stopped(description, statistics))
+        if !drain(timeout: StallMonitor.stopTimeout) {
+            logger.warning(
+                "stallmon stopped with reports still queued",
+                metadata: ["stallmon.timeout": "\(StallMonitor.stopTimeout)"])
+        }
     }
 
     /// Emits pending suppression summaries, then waits until everything submitted so far is out or

@@ -508,12 +508,7 @@ public final class StallMonitor: Sendable {
             watchdog.stop()
             latency?.export()
             let statistics = loopStatistics
-            reporter.emit(.stopped(description, statistics))
-            if !reporter.drain(timeout: StallMonitor.stopTimeout) {
-                logger.warning(
-                    "stallmon stopped with reports still queued",
-                    metadata: ["stallmon.timeout": "\(StallMonitor.stopTimeout)"])
-            }
+            reporter.finish(description, statistics, logger: logger)
             stallmon_sampler_slot_release(slot)
             releaseLoopState()
             logger.debug("stallmon stopped", metadata: ["stallmon.stalls": "\(statistics.stalls)"])

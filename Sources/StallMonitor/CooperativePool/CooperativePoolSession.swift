@@ -101,12 +101,7 @@ final class CooperativePoolSession: @unchecked Sendable {
     func stop() {
         stallmon_pool_uninstall()
         watchdog.stop()
-        reporter.emit(.stopped(description, statistics))
-        if !reporter.drain(timeout: StallMonitor.stopTimeout) {
-            logger.warning(
-                "stallmon stopped with reports still queued",
-                metadata: ["stallmon.timeout": "\(StallMonitor.stopTimeout)"])
-        }
+        reporter.finish(description, statistics, logger: logger)
         stallmon_sampler_slot_release(slot)
         Self.watching.store(false, ordering: .releasing)
     }

@@ -93,12 +93,7 @@ package final class EventLoopGroupSession: @unchecked Sendable {
                 stalls: 0, suppressedReports: reporter.suppressedReports.load(),
                 droppedReports: reporter.droppedReports.load(), lostReports: reporter.lostReports.load()
             )
-            reporter.emit(.stopped(description, statistics))
-            if !reporter.drain(timeout: StallMonitor.stopTimeout) {
-                logger.warning(
-                    "stallmon stopped with reports still queued",
-                    metadata: ["stallmon.timeout": "\(StallMonitor.stopTimeout)"])
-            }
+            reporter.finish(description, statistics, logger: logger)
         }
         stallmon_sampler_slot_release(slot)
         logger.debug("stallmon stopped", metadata: ["stallmon.stalls": "\(total.stalls)"])
