@@ -137,6 +137,7 @@ let package = Package(
             dependencies: [
                 "StallMonitor",
                 "StallMonitorNIO",
+                "StallmonFixtureKit",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),

@@ -27,6 +27,7 @@ import NIOHTTP1
 import NIOPosix
 import StallMonitor
 import StallMonitorNIO
+import StallmonFixtureKit
 import Synchronization
 
 #if canImport(Glibc)
@@ -307,44 +308,14 @@ struct PrintingSink: ReportSink {
 
 // MARK: - io_uring denied
 
-/// Makes `io_uring_setup(2)` fail with ENOSYS in every thread from now on.
+/// Makes `io_uring_setup(2)` (425 on x86_64 and arm64 alike) fail with ENOSYS from now on. Call it
+/// before any other thread starts: valgrind has no seccomp(2), and prctl's filter applies to the
+/// calling thread and those it starts.
 enum IOUringDenial {
     static let ioUringSetup: UInt32 = 425
 
-    /// One BPF instruction (`struct sock_filter`).
-    struct Instruction {
-        var code: UInt16
-        var jumpIfTrue: UInt8
-        var jumpIfFalse: UInt8
-        var value: UInt32
-    }
-
-    /// `struct sock_fprog`.
-    struct Program {
-        var count: UInt16
-        var instructions: UnsafePointer<Instruction>
-    }
-
-    /// Call it before any other thread starts: valgrind has no seccomp(2), and prctl's filter
-    /// applies to the calling thread and those it starts.
     static func install() {
-        let program: [Instruction] = [
-            Instruction(code: 0x20, jumpIfTrue: 0, jumpIfFalse: 0, value: 0),  // ld [nr]
-            Instruction(code: 0x15, jumpIfTrue: 0, jumpIfFalse: 1, value: ioUringSetup),  // jeq io_uring_setup
-            Instruction(code: 0x06, jumpIfTrue: 0, jumpIfFalse: 0, value: 0x0005_0000 | UInt32(ENOSYS)),  // ret errno
-            Instruction(code: 0x06, jumpIfTrue: 0, jumpIfFalse: 0, value: 0x7fff_0000),  // ret allow
-        ]
-        // prctl and syscall are variadic, which Swift cannot call: through plain C pointers.
-        typealias Prctl = @convention(c) (Int32, UInt, UInt, UInt, UInt) -> Int32
-        guard let prctl = dlsym(nil, "prctl").map({ unsafeBitCast($0, to: Prctl.self) }) else { fail("no prctl") }
-        guard prctl(38 /* PR_SET_NO_NEW_PRIVS */, 1, 0, 0, 0) == 0 else { fail("PR_SET_NO_NEW_PRIVS: errno \(errno)") }
-        let result = program.withUnsafeBufferPointer { instructions in
-            var filter = Program(count: UInt16(instructions.count), instructions: instructions.baseAddress!)
-            return withUnsafePointer(to: &filter) {
-                prctl(22 /* PR_SET_SECCOMP */, 2 /* SECCOMP_MODE_FILTER */, UInt(bitPattern: $0), 0, 0)
-            }
-        }
-        guard result == 0 else { fail("PR_SET_SECCOMP: errno \(errno)") }
+        if let failure = SyscallDenial.install(denying: ioUringSetup, .thisThreadAndItsChildren) { fail(failure) }
     }
 }
 
