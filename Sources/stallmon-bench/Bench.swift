@@ -108,12 +108,7 @@ struct Bench {
             figures: figures, rounds: rounds, memory: memory, instructions: instructions, plan: plan, options: options,
             elapsed: elapsed
         )
-        if options.json {
-            FileHandle.standardError.write(Data(table.utf8))
-            print(Report.json(figures))
-        } else {
-            print(table, terminator: "")
-        }
+        Report.emit(table: table, figures: figures, json: options.json)
         return 0
     }
 

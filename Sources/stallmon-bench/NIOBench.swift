@@ -391,12 +391,7 @@ extension Bench {
         }
         lines += NIOBench.reportLines(rounds: rounds, instructions: instructions)
         let table = lines.joined(separator: "\n") + "\n"
-        if options.json {
-            FileHandle.standardError.write(Data(table.utf8))
-            print(Report.json(figures))
-        } else {
-            print(table, terminator: "")
-        }
+        Report.emit(table: table, figures: figures, json: options.json)
         return 0
     }
 }

@@ -23,6 +23,17 @@ enum Report {
     }
 
     /// One JSON object: each figure's median, in the figures' order (`null` if it was not measured).
+    /// The run's output: with `--json`, the table on standard error and the figures as JSON on
+    /// standard output; otherwise the table on standard output.
+    static func emit(table: String, figures: [Figure], json: Bool) {
+        if json {
+            FileHandle.standardError.write(Data(table.utf8))
+            print(Self.json(figures))
+        } else {
+            print(table, terminator: "")
+        }
+    }
+
     static func json(_ figures: [Figure]) -> String {
         let members = figures.map { figure in
             "  \"\(figure.key)\": \(figure.median.map(format) ?? "null")"
