@@ -513,9 +513,10 @@ public struct StallAggregator: Sendable {
         var earliest: UInt64?
         for stall in state.recent[recentStart...] {
             for length in lengths where stall.time >= (now > length ? now - length : 0) {
-                // Counted while it is at most `length` old.
-                let leaves = stall.time + length + 1
-                if leaves < earliest ?? .max { earliest = leaves }
+                // Counted while it is at most `length` old. A time near the end of the clock (a
+                // hostile journal's) never leaves: it must not overflow.
+                let (leaves, overflow) = stall.time.addingReportingOverflow(length + 1)
+                if !overflow, leaves < earliest ?? .max { earliest = leaves }
             }
         }
         return earliest

@@ -107,6 +107,10 @@ struct CollectorTests {
         #expect(later.contains(#"stallmon_window_stalls{unit="foo.service",window="1m"} 0"#))
         #expect(later.contains(#"stallmon_window_stalls{unit="foo.service",window="10m"} 2"#))
         #expect(aggregator.nextWindowExpiry(windows: windows, now: 1_630_000_001) == nil)
+        // A hostile timestamp at the end of the clock counts in every window and never leaves.
+        aggregator.ingest(Self.entry(time: .max - 5, cursor: "3"))
+        #expect(aggregator.stallsPerUnit(windows: windows, now: 1_630_000_001)[0]["foo.service"] == 1)
+        #expect(aggregator.nextWindowExpiry(windows: windows, now: 1_630_000_001) == nil)
     }
 
     @Test func fingerprintCardinalityIsBoundedAndCountersNeverShrink() {
