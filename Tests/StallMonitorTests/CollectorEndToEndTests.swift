@@ -24,9 +24,12 @@ extension Serial {
                 try writeConfiguration(extra: extra)
             }
 
+            /// The unit limit is the largest allowed: stallmond reads this machine's whole journal, and
+            /// where earlier runs left more than the default 500 units there, this test's unit would
+            /// be folded into `(other units)`.
             func writeConfiguration(extra: String = "") throws {
                 let json =
-                    #"{"metrics_path": "\#(metrics)", "state_directory": "\#(directory)/state", "metrics_interval_s": 1\#(extra)}"#
+                    #"{"metrics_path": "\#(metrics)", "state_directory": "\#(directory)/state", "metrics_interval_s": 1, "max_units": 100000\#(extra)}"#
                 try json.write(toFile: configuration, atomically: true, encoding: .utf8)
             }
 
