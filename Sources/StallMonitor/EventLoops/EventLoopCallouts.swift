@@ -7,20 +7,24 @@ extension StallReport.Callout {
             // The function's name only, as the backtrace shows it (`closure #1 in
             // SelectableEventLoop._prepareToSchedule<A>`): parameter and closure types
             // (`promise: EventLoopPromise<A>`) tell nothing.
-            guard let name = frame.function ?? frame.symbol.map(SwiftSymbolName.simplify),
-                let symbol = name.split(separator: "(", maxSplits: 1).first
-            else { continue }
-            if let kind = eventLoopPatterns.first(where: { pattern in
-                pattern.needles.contains { symbol.contains($0) }
-            })?.kind {
-                return kind
+            guard let name = frame.function ?? frame.symbol.map(SwiftSymbolName.simplify) else { continue }
+            var utf8 = name.utf8[...]
+            if let parenthesis = utf8.firstIndex(of: UInt8(ascii: "(")) { utf8 = utf8[..<parenthesis] }
+            // On the bytes: every report runs this over every frame, and a frame's name is searched
+            // for twenty needles; `String.contains` took most of a report's making (0.2–0.3 ms).
+            let kind = utf8.withContiguousStorageIfAvailable { symbol in
+                eventLoopPatterns.first { pattern in pattern.needles.contains { symbol.contains($0) } }?.kind
+            } ?? Array(utf8).withUnsafeBufferPointer { symbol in
+                eventLoopPatterns.first { pattern in pattern.needles.contains { symbol.contains($0) } }?.kind
             }
+            if let kind { return kind }
         }
         return nil
     }
 
     /// Checked in this order on each frame, innermost frame first.
-    private static let eventLoopPatterns: [(kind: Self, needles: [String])] = [
+    private static let eventLoopPatterns: [(kind: Self, needles: [[UInt8]])] = ([
+
         (.futureCallback, ["CallbackList._run", "EventLoopFuture.", "EventLoopPromise."]),
         (
             .channelWrite,
@@ -38,5 +42,23 @@ extension StallReport.Callout {
         ),
         (.scheduledTask, ["_prepareToSchedule", "scheduleTask", "ScheduledTask", "scheduleRepeated"]),
         (.executeTask, ["SelectableEventLoop.run", "SelectableEventLoop.execute"]),
-    ]
+    ] as [(kind: Self, needles: [String])]).map { ($0.kind, $0.needles.map { Array($0.utf8) }) }
+}
+
+extension UnsafeBufferPointer<UInt8> {
+    /// Whether `needle` occurs in these bytes.
+    fileprivate func contains(_ needle: [UInt8]) -> Bool {
+        guard let first = needle.first, needle.count <= count else { return needle.isEmpty }
+        var start = 0
+        let last = count - needle.count
+        while start <= last {
+            if self[start] == first {
+                var matched = 1
+                while matched < needle.count, self[start + matched] == needle[matched] { matched += 1 }
+                if matched == needle.count { return true }
+            }
+            start += 1
+        }
+        return false
+    }
 }
