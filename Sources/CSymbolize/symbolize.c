@@ -63,11 +63,26 @@ typedef struct {
     Dwarf_Off die_offset;
 } cu_range;
 
+/// A function symbol a lookup found: `dwfl_module_addrinfo` searches the whole symbol table
+/// (about 1–2 ms in a large Swift image), and the samples of a stall that burns CPU land at a new
+/// address of the same few functions each time.
 typedef struct {
-    Dwarf *dwarf;
+    Dwarf_Addr low;
+    Dwarf_Addr high;
+    const char *name;  // in the module's string table: valid while the module is
+} function_range;
+
+enum { FUNCTION_CACHE_COUNT = 64 };
+
+/// What the symbolizer keeps of a module (its libdwfl userdata), made on first use.
+typedef struct {
+    int embedded;  // the module's own file carries DWARF (has_embedded_dwarf)
+    Dwarf *dwarf;  // with it, the address ranges of its compile units
     Dwarf_Addr bias;
     cu_range *ranges;
     size_t count;
+    function_range functions[FUNCTION_CACHE_COUNT];
+    unsigned next_function;  // the entry the next function found replaces
 } cu_index;
 
 static int compare_ranges(const void *lhs, const void *rhs) {
@@ -75,9 +90,13 @@ static int compare_ranges(const void *lhs, const void *rhs) {
     return a->low < b->low ? -1 : a->low > b->low ? 1 : 0;
 }
 
+static int has_embedded_dwarf(Dwfl_Module *module);
+
 static cu_index *build_index(Dwfl_Module *module) {
     cu_index *index = calloc(1, sizeof *index);
     if (index == NULL) return NULL;
+    index->embedded = has_embedded_dwarf(module);
+    if (!index->embedded) return index;
     index->dwarf = dwfl_module_getdwarf(module, &index->bias);
     if (index->dwarf == NULL) return index;
     size_t capacity = 0;
@@ -155,6 +174,28 @@ static cu_index *module_index(Dwfl_Module *module) {
     if (userdata == NULL) return NULL;
     if (*userdata == NULL) *userdata = build_index(module);
     return *userdata;
+}
+
+/// The symbol of the function at `address` (module-absolute), from the functions found before or
+/// else from the symbol table; `offset` is the address's offset in it.
+static const char *function_symbol(Dwfl_Module *module, cu_index *index, Dwarf_Addr address, GElf_Off *offset) {
+    if (index != NULL) {
+        for (int i = 0; i < FUNCTION_CACHE_COUNT; i++) {
+            function_range *range = &index->functions[i];
+            if (range->name != NULL && address >= range->low && address < range->high) {
+                *offset = address - range->low;
+                return range->name;
+            }
+        }
+    }
+    GElf_Sym elf_symbol;
+    const char *name = dwfl_module_addrinfo(module, address, offset, &elf_symbol, NULL, NULL, NULL);
+    if (name != NULL && index != NULL && GELF_ST_TYPE(elf_symbol.st_info) == STT_FUNC && elf_symbol.st_size > 0 &&
+        *offset < elf_symbol.st_size) {
+        index->functions[index->next_function++ % FUNCTION_CACHE_COUNT] =
+            (function_range){address - *offset, address - *offset + elf_symbol.st_size, name};
+    }
+    return name;
 }
 
 static int free_module_index(Dwfl_Module *module, void **userdata, const char *name, Dwarf_Addr base, void *arg) {
@@ -283,16 +324,15 @@ int stallmon_symbolize(stallmon_symbolizer *symbolizer, uintptr_t address, int i
     const char *module_name = dwfl_module_info(module, NULL, &start, NULL, NULL, NULL, &module_path, NULL);
     if (module_path == NULL) module_path = module_name;
 
+    cu_index *index = module_index(module);
     GElf_Off offset = 0;
-    GElf_Sym elf_symbol;
-    const char *symbol = dwfl_module_addrinfo(module, lookup, &offset, &elf_symbol, NULL, NULL, NULL);
+    const char *symbol = function_symbol(module, index, lookup, &offset);
 
     const char *file = NULL;
     int line = 0, column = 0;
     Dwarf_Die *cudie = NULL;
     Dwarf_Die found_cu;
     Dwarf_Addr bias = 0;
-    cu_index *index = has_embedded_dwarf(module) ? module_index(module) : NULL;
     if (index != NULL && index->dwarf != NULL && find_cu(index, lookup - index->bias, &found_cu)) {
         cudie = &found_cu;
         bias = index->bias;
