@@ -46,6 +46,18 @@ enum {
     SLOT_ABANDONED = 5, // watchdog stopped waiting
 };
 
+/// What the watchdog last saw of one thread out of blocking calls (see may_signal).
+typedef struct {
+    int known;
+    pid_t tid;
+    uint64_t runs;
+    int switches_known;
+    uint64_t switches;
+} quiet_t;
+
+/// Threads of one slot with a quiet entry of their own: the loops of a large event loop group.
+enum { QUIET_COUNT = 64 };
+
 typedef struct {
     _Atomic int state;
     _Atomic uint64_t generation;
@@ -76,15 +88,10 @@ typedef struct {
         int max_frames, count, truncated, recovered;
         uintptr_t frames[STALLMON_MAX_FRAMES];
     } kernel;
-    // The target's run count and voluntary context switches, read just before a look that saw it
-    // running.
-    struct {
-        int known;
-        pid_t tid;
-        uint64_t runs;
-        int switches_known;
-        uint64_t switches;
-    } quiet;
+    // For each thread the slot samples (the loops of a group share their watchdog's slot): its
+    // run count and voluntary context switches, read just before a look that saw it running.
+    quiet_t quiet[QUIET_COUNT];
+    unsigned quiet_next;  // the entry a thread not yet in the table replaces
 } slot_t;
 
 static slot_t slots[SLOT_COUNT];
@@ -244,7 +251,8 @@ void stallmon_sampler_slot_release(int index) {
     while (atomic_load(&slot->state) == SLOT_WRITING) sched_yield();
     while (sem_trywait(&slot->done) == 0) {}
     slot->kernel.valid = 0;
-    slot->quiet.known = 0;
+    memset(slot->quiet, 0, sizeof slot->quiet);
+    slot->quiet_next = 0;
     atomic_store(&slot->state, SLOT_FREE);
 }
 
@@ -345,15 +353,29 @@ static void pause_microseconds(long microseconds) {
 ///     signal to land in the next one: it is not signalled.
 /// The counters are read before each look. Returns 1 (send), 0 (do not send) or 2 (blocked in a
 /// system call now: `view`).
+/// The thread's quiet entry in the slot; with `create`, a new one (replacing the oldest) when it
+/// has none.
+static quiet_t *quiet_entry(slot_t *slot, pid_t tid, int create) {
+    for (int i = 0; i < QUIET_COUNT; i++) {
+        if (slot->quiet[i].known && slot->quiet[i].tid == tid) return &slot->quiet[i];
+    }
+    if (!create) return NULL;
+    quiet_t *entry = &slot->quiet[slot->quiet_next++ % QUIET_COUNT];
+    memset(entry, 0, sizeof *entry);
+    entry->tid = tid;
+    return entry;
+}
+
 static int may_signal(slot_t *slot, pid_t tid, long view[9]) {
-    int known = slot->quiet.known && slot->quiet.tid == tid;
+    quiet_t *quiet = quiet_entry(slot, tid, 0);
+    int known = quiet != NULL;
     // Without schedstat (no CONFIG_SCHED_INFO), runs read as 0 and only the switches decide.
     uint64_t runs = 0, switches = 0;
     int have_runs = 0, ran_throughout = 0, state = -1, on_cpu = 0;
     for (int attempt = 0; attempt < 3 && !on_cpu; attempt++) {
         if (attempt > 0) pause_microseconds(100);
         have_runs = read_runs(tid, &runs) == 0;
-        ran_throughout = have_runs && known && runs == slot->quiet.runs;
+        ran_throughout = have_runs && known && runs == quiet->runs;
         on_cpu = look(tid, view, &state);
         if (state == 1) return 2;
         if (state != 0) return 1;  // no /proc view: nothing more to go on
@@ -367,8 +389,8 @@ static int may_signal(slot_t *slot, pid_t tid, long view[9]) {
     on_cpu = look(tid, view, &state) || on_cpu;
     if (state == 1) return 2;
     if (state != 0) return 1;
-    if (known && slot->quiet.switches_known && switches == slot->quiet.switches) {
-        slot->quiet.runs = runs;  // only preempted since a look that saw it out of blocking calls
+    if (known && quiet->switches_known && switches == quiet->switches) {
+        quiet->runs = runs;  // only preempted since a look that saw it out of blocking calls
         return 1;
     }
     // It blocked since (or there was no such look): watch it. It is out of that call once it has
@@ -382,11 +404,11 @@ static int may_signal(slot_t *slot, pid_t tid, long view[9]) {
     if (state == 1) return 2;
     int ran_since = have_runs && later_runs != runs;
     if (later != switches || state != 0 || !(ran_since || on_cpu)) return 0;
-    slot->quiet.known = 1;
-    slot->quiet.tid = tid;
-    slot->quiet.runs = later_runs;
-    slot->quiet.switches_known = 1;
-    slot->quiet.switches = later;
+    quiet = quiet_entry(slot, tid, 1);
+    quiet->known = 1;
+    quiet->runs = later_runs;
+    quiet->switches_known = 1;
+    quiet->switches = later;
     return 1;
 }
 
@@ -398,11 +420,11 @@ void stallmon_sampler_note_running(int index, pid_t tid) {
     if (read_voluntary_switches(tid, &switches) != 0) return;
     if (read_runs(tid, &runs) != 0) runs = 0;
     if (read_syscall_view(tid, view) != 0) return;
-    slot->quiet.known = 1;
-    slot->quiet.tid = tid;
-    slot->quiet.runs = runs;
-    slot->quiet.switches_known = 1;
-    slot->quiet.switches = switches;
+    quiet_t *quiet = quiet_entry(slot, tid, 1);
+    quiet->known = 1;
+    quiet->runs = runs;
+    quiet->switches_known = 1;
+    quiet->switches = switches;
 }
 
 /// Unwinds a thread that blocks in the system call `view` shows, from the kernel's sp and pc.

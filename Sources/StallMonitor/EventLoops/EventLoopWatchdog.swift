@@ -354,6 +354,10 @@ package final class EventLoopWatchdog: @unchecked Sendable {
         // the threshold is a stall even when the watchdog only gets a CPU after it ended.
         stallmon_ticks_watch(state.ticks, sequence)
         state.cpuBase = (stallmon_thread_cpu_ns(state.loop.threadID), MonotonicClock.now())
+        // Seen out of blocking calls now, a loop that has not blocked since by the threshold may
+        // be signalled at once, without the 200 µs watch of its first sample (most of the time
+        // from the deadline to the detected report).
+        stallmon_sampler_note_running(slot, state.loop.threadID)
     }
 
     /// Handles what is due for one loop at `now`; a loop that ticked is re-examined up to a quarter
