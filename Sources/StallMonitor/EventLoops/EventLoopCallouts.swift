@@ -12,19 +12,19 @@ extension StallReport.Callout {
             if let parenthesis = utf8.firstIndex(of: UInt8(ascii: "(")) { utf8 = utf8[..<parenthesis] }
             // On the bytes: every report runs this over every frame, and a frame's name is searched
             // for twenty needles; `String.contains` took most of a report's making (0.2–0.3 ms).
-            let kind = utf8.withContiguousStorageIfAvailable { symbol in
-                eventLoopPatterns.first { pattern in pattern.needles.contains { symbol.contains($0) } }?.kind
-            } ?? Array(utf8).withUnsafeBufferPointer { symbol in
-                eventLoopPatterns.first { pattern in pattern.needles.contains { symbol.contains($0) } }?.kind
-            }
+            let kind =
+                utf8.withContiguousStorageIfAvailable(kind(named:)) ?? Array(utf8).withUnsafeBufferPointer(kind(named:))
             if let kind { return kind }
         }
         return nil
     }
 
-    /// Checked in this order on each frame, innermost frame first.
-    private static let eventLoopPatterns: [(kind: Self, needles: [[UInt8]])] = ([
+    private static func kind(named name: UnsafeBufferPointer<UInt8>) -> Self? {
+        eventLoopPatterns.first { pattern in pattern.needles.contains { name.contains($0) } }?.kind
+    }
 
+    /// Checked in this order on each frame, innermost frame first.
+    private static let eventLoopNames: [(kind: Self, needles: [String])] = [
         (.futureCallback, ["CallbackList._run", "EventLoopFuture.", "EventLoopPromise."]),
         (
             .channelWrite,
@@ -42,7 +42,12 @@ extension StallReport.Callout {
         ),
         (.scheduledTask, ["_prepareToSchedule", "scheduleTask", "ScheduledTask", "scheduleRepeated"]),
         (.executeTask, ["SelectableEventLoop.run", "SelectableEventLoop.execute"]),
-    ] as [(kind: Self, needles: [String])]).map { ($0.kind, $0.needles.map { Array($0.utf8) }) }
+    ]
+
+    /// The same, as bytes.
+    private static let eventLoopPatterns = eventLoopNames.map {
+        (kind: $0.kind, needles: $0.needles.map { Array($0.utf8) })
+    }
 }
 
 extension UnsafeBufferPointer<UInt8> {
