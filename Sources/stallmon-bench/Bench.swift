@@ -97,7 +97,8 @@ struct Bench {
         }
         if let nio, let counts = countNIOInstructions(nio) {
             var all = instructions ?? InstructionCounts()
-            all.nioPerRequest = counts
+            all.nioPerRequest = counts.process
+            all.nioLoopPerRequest = counts.loop
             instructions = all
         }
 

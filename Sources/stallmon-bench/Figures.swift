@@ -210,10 +210,15 @@ enum Figures {
                 figures.append(figure)
             }
             for variant in NIOInstructionCounts.variants {
-                guard let value = instructions.nioPerRequest[variant] else { continue }
-                var figure = Figure("callgrind_nio_instructions_per_request_\(variant.rawValue)")
-                figure.values = [value]
-                figures.append(figure)
+                for (key, counts) in [
+                    ("callgrind_nio_instructions_per_request", instructions.nioPerRequest),
+                    ("callgrind_nio_loop_instructions_per_request", instructions.nioLoopPerRequest),
+                ] {
+                    guard let value = counts[variant] else { continue }
+                    var figure = Figure("\(key)_\(variant.rawValue)")
+                    figure.values = [value]
+                    figures.append(figure)
+                }
             }
         }
         return figures

@@ -32,8 +32,10 @@ struct InstructionCounts: Sendable {
     var poolTrampoline: Double?
     var poolEnqueue: Double?
     var runtimeEnqueue: Double?
-    /// Per `/hello` request of the SwiftNIO server, whole process (``NIOInstructionCounts``).
+    /// Per `/hello` request of the SwiftNIO server (``NIOInstructionCounts``): the whole process,
+    /// and its event loop thread alone.
     var nioPerRequest: [Variant: Double] = [:]
+    var nioLoopPerRequest: [Variant: Double] = [:]
 
     static func valgrindPath() -> String? {
         let path = ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin"

@@ -346,7 +346,7 @@ extension Bench {
 
     /// Instructions per request, unless a quick run, --no-callgrind or no valgrind; `nil` with a
     /// note when the server cannot run under valgrind.
-    func countNIOInstructions(_ nio: NIOBench) -> [Variant: Double]? {
+    func countNIOInstructions(_ nio: NIOBench) -> NIOInstructionCounts.PerRequest? {
         guard options.callgrind ?? true, let valgrind = InstructionCounts.valgrindPath() else { return nil }
         do {
             return try NIOInstructionCounts.measure(server: nio.server, valgrind: valgrind, progress: progress)
@@ -368,7 +368,8 @@ extension Bench {
         var instructions: InstructionCounts?
         if let counts = countNIOInstructions(nio) {
             instructions = InstructionCounts()
-            instructions?.nioPerRequest = counts
+            instructions?.nioPerRequest = counts.process
+            instructions?.nioLoopPerRequest = counts.loop
         }
         let figures = Figures.compute(rounds: rounds, memory: nil, instructions: instructions).filter {
             $0.key.hasPrefix("nio_") || $0.key.hasPrefix("callgrind_nio_")
@@ -430,10 +431,14 @@ extension NIOBench {
             let cells = NIOInstructionCounts.variants.map { variant in
                 "\(variant.rawValue) \(instructions.nioPerRequest[variant].map(Report.grouped) ?? "n/a")"
             }
+            let loopCells = NIOInstructionCounts.variants.map { variant in
+                "\(variant.rawValue) \(instructions.nioLoopPerRequest[variant].map(Report.grouped) ?? "n/a")"
+            }
             lines.append(
-                "callgrind instructions per /hello request, whole server process, io_uring denied "
+                "callgrind instructions per /hello request, io_uring denied "
                     + "(\(NIOInstructionCounts.requests.long) − \(NIOInstructionCounts.requests.short) requests on one "
-                    + "connection): " + cells.joined(separator: ", "))
+                    + "connection): whole server process " + cells.joined(separator: ", ") + "; its event loop thread "
+                    + loopCells.joined(separator: ", "))
         }
         return lines
     }
