@@ -47,6 +47,17 @@ extension Dictionary where Key == String, Value == Any {
         if let number = self[key] as? NSNumber { return number.doubleValue }
         return Double(self[key] as? String ?? "") ?? .nan
     }
+    /// Whether a report's samples got stacks of their own, all but a few. A sample that finds the
+    /// thread inside a system call it has finished but not yet left (it waits for a CPU: on a
+    /// loaded machine, at the end of a blocked stall) does not signal it, and the previous stack
+    /// stands in, counted in `STALL_SAMPLES_UNANSWERED`: one in twenty samples, or one, may be so.
+    /// Sampling that does not work leaves most of them unanswered.
+    var samplesMostlyAnswered: Bool {
+        let samples = number("STALL_SAMPLES")
+        let unanswered = number("STALL_SAMPLES_UNANSWERED")
+        return samples > 0 && unanswered >= 0 && unanswered <= Swift.max(1, (samples / 20).rounded(.down))
+    }
+
     /// Milliseconds from a `STALL_*_USEC` field.
     func milliseconds(_ key: String) -> Double { number(key) / 1000 }
     var frames: [[String: Any]] { self["frames"] as? [[String: Any]] ?? [] }
