@@ -119,6 +119,37 @@ extension Serial {
             #expect(wakeups <= 2 * 2 / 0.1, "\(wakeups) watchdog wakeups per second under load")
         }
 
+        /// A process stopped (SIGSTOP, a debugger) in the middle of a short request is no stall:
+        /// the time nothing ran is not the loop's.
+        @Test func aServerStoppedInTheMiddleOfAShortRequestIsNotReportedStalled() throws {
+            try #require(Journald.ensureRunning(), "journald is not running and cannot be started")
+            let server = try NIOServer(threads: 1)
+            defer { server.stop() }
+            let before = try server.stats()
+            var stoppedInside = 0
+            for _ in 0..<3 {
+                // An 80 ms handler (the threshold is 100 ms), the process stopped 40 ms in for 400 ms.
+                let answer = Answers()
+                let done = DispatchSemaphore(value: 0)
+                DispatchQueue.global().async {
+                    answer.append(Result { try server.stall("/cpu?ms=80") })
+                    done.signal()
+                }
+                usleep(40_000)
+                kill(server.processID, SIGSTOP)
+                usleep(400_000)
+                kill(server.processID, SIGCONT)
+                done.wait()
+                let stall = try #require(answer.all.first).get()
+                // The handler spins on the wall clock: it took the stop in only if it ran that long.
+                if stall.truthMilliseconds >= 400 { stoppedInside += 1 }
+            }
+            try #require(stoppedInside > 0, "no stop landed inside a handler")
+            #expect(try server.stats()["stalls"] == before["stalls"])
+            #expect(try server.entries(MessageID.stallDetected, atLeast: 1, timeout: 1).isEmpty)
+            #expect(try server.entries(MessageID.stallEnded, atLeast: 1, timeout: 0.5).isEmpty)
+        }
+
         @Test func aStalledLoopDoesNotHideAStallOnAnotherLoop() throws {
             try #require(Journald.ensureRunning(), "journald is not running and cannot be started")
             let server = try NIOServer()

@@ -67,7 +67,11 @@ package final class EventLoopWatchdog: @unchecked Sendable {
     private let wakeupCount = Atomic<Int>(0)
     private let stallCount = Atomic<Int>(0)
     private let watchdogThreadID = Atomic<Int32>(0)
-    private let runQueue = RunQueueClock()
+    /// Tells a stop of the process (SIGSTOP and SIGCONT, a debugger) from a late wakeup: time the
+    /// process spent stopped is no loop's stall.
+    private lazy var stops = StopDetector(
+        threshold: threshold, sampleTimeout: UInt64(configuration.sampleTimeout.nanoseconds))
+    private var runQueue: RunQueueClock { stops.runQueue }
     /// The loops' tick-duration histograms, handed to the metrics backend while the watchdog is awake anyway.
     private let latency: [LoopLatencyExporter]
     /// Whether the watched threads are the cooperative pool's rather than `loops`.
@@ -252,17 +256,22 @@ package final class EventLoopWatchdog: @unchecked Sendable {
         while !stopping.load(ordering: .acquiring) {
             let queuedBefore = runQueue.waited()
             let timeout = nextTimeout()
-            let count: Int32
-            if let watch {
-                count = keys.withUnsafeMutableBufferPointer {
-                    stallmon_watch_wait(watch, timeout, $0.baseAddress, Int32($0.count))
+            let deadline = timeout == UInt64.max ? nil : MonotonicClock.now() &+ timeout
+            var count: Int32 = 0
+            stops.measuringWait {
+                if let watch {
+                    count = keys.withUnsafeMutableBufferPointer {
+                        stallmon_watch_wait(watch, timeout, $0.baseAddress, Int32($0.count))
+                    }
+                } else {
+                    _ = stopWaiter.wait(
+                        timeout: timeout == UInt64.max ? .distantFuture : .now() + .nanoseconds(Int(timeout)))
                 }
-            } else {
-                _ = stopWaiter.wait(
-                    timeout: timeout == UInt64.max ? .distantFuture : .now() + .nanoseconds(Int(timeout)))
-                count = 0
             }
             wakeupCount.add(1, ordering: .relaxed)
+            if stops.wasStopped(wokeAt: MonotonicClock.now(), deadline: deadline ?? UInt64.max) {
+                restartCyclesAfterStop(now: MonotonicClock.now())
+            }
             // A cycle started when the loop's descriptor woke the watchdog's poll, which is when
             // the watchdog became runnable: time it then spent waiting for a CPU is the loop's.
             var woke = MonotonicClock.now()
@@ -283,6 +292,19 @@ package final class EventLoopWatchdog: @unchecked Sendable {
         let end = MonotonicClock.now()
         for index in loops.indices {
             if case .stalled(let stall) = loops[index].phase { finish(index, stall, end: end) }
+        }
+    }
+
+    /// The process was stopped while the watchdog waited: the cycles it was timing count from now,
+    /// as a run loop's window does, or their loops would be reported stalled for the time nothing
+    /// ran. (A stall already being sampled keeps its start: its report includes the stop.)
+    private func restartCyclesAfterStop(now: UInt64) {
+        for index in loops.indices {
+            switch loops[index].phase {
+            case .timing: startCycle(index, at: now)
+            case .unknown: loops[index].phase = .unknown(since: now)
+            case .idle, .stalled: break
+            }
         }
     }
 
