@@ -94,9 +94,17 @@ final class Reporter: @unchecked Sendable {
     }
 
     /// Emits the `stopped` event and waits for every report, at most ``StallMonitor/stopTimeout``;
-    /// `logger` hears when some are still queued then.
+    /// `logger` hears when some are still queued then. The event counts this reporter's
+    /// suppressed, dropped and lost reports as they stand once the reports queued before it are
+    /// out: one still queued when the monitor stopped may yet be lost.
     func finish(_ description: MonitorDescription, _ statistics: StallMonitor.Statistics, logger: Logger) {
-        emit(.stopped(description, statistics))
+        queue.async {
+            var statistics = statistics
+            statistics.suppressedReports = self.suppressedReports.load()
+            statistics.droppedReports = self.droppedReports.load()
+            statistics.lostReports = self.lostReports.load()
+            self.send(.stopped(description, statistics))
+        }
         if !drain(timeout: StallMonitor.stopTimeout) {
             logger.warning(
                 "stallmon stopped with reports still queued",
@@ -337,7 +345,7 @@ final class ReportingThread: Sendable {
     /// The thread's name, in the kernel (at most 15 bytes).
     static let threadName = "stallmon-report"
 
-    private struct Timer {
+    private struct ScheduledJob {
         var deadline: UInt64
         var job: @Sendable () -> Void
     }
@@ -345,7 +353,7 @@ final class ReportingThread: Sendable {
     private struct State {
         var jobs: [@Sendable () -> Void] = []
         /// Ordered by deadline, the earliest first; equal deadlines in the order they were set.
-        var timers: [Timer] = []
+        var timers: [ScheduledJob] = []
         /// Whether the thread waits (or is about to) for `wake`.
         var waiting = false
     }
@@ -387,7 +395,7 @@ final class ReportingThread: Sendable {
         let deadline = MonotonicClock.now() + nanoseconds
         let signal = state.withLock { state in
             let index = state.timers.firstIndex { $0.deadline > deadline } ?? state.timers.endIndex
-            state.timers.insert(Timer(deadline: deadline, job: job), at: index)
+            state.timers.insert(ScheduledJob(deadline: deadline, job: job), at: index)
             // A new earliest deadline shortens the thread's wait.
             return index == 0 && Self.takeWaiter(&state)
         }
