@@ -13,6 +13,7 @@
 #include <string.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 // Exported by libswiftCore; declared here because no public header carries it.
@@ -69,7 +70,8 @@ typedef struct {
 typedef struct {
     Dwarf_Addr low;
     Dwarf_Addr high;
-    const char *name;  // in the module's string table: valid while the module is
+    const char *name;  // in the module's string table (valid while the module is), or `owned`
+    char *owned;       // a name read from the file, freed with the entry
 } function_range;
 
 enum { FUNCTION_CACHE_COUNT = 64 };
@@ -127,6 +129,7 @@ static cu_index *build_index(Dwfl_Module *module) {
 
 static void free_index(cu_index *index) {
     if (index == NULL) return;
+    for (int i = 0; i < FUNCTION_CACHE_COUNT; i++) free(index->functions[i].owned);
     free(index->ranges);
     free(index);
 }
@@ -176,6 +179,133 @@ static cu_index *module_index(Dwfl_Module *module) {
     return *userdata;
 }
 
+// MARK: - Function symbols read from the file
+//
+// libdwfl finds the symbol of an address by a linear pass over the whole symbol table that also
+// reads every symbol's name: both tables come into the resident set, 2.5 MB for libFoundation's.
+// The pass below reads the symbol table through a small buffer with pread (the page cache holds
+// it, the process does not) and then only the one name it needs.
+
+enum { SYMBOL_BATCH = 512 };
+
+/// The file holding `elf` (the module's main file or its separate debug file), opened for reading
+/// when it still is the image libelf mapped (same size); -1 otherwise.
+static int open_symbol_file(Dwfl_Module *module, Elf *elf) {
+    const char *main_file = NULL, *debug_file = NULL;
+    dwfl_module_info(module, NULL, NULL, NULL, NULL, NULL, &main_file, &debug_file);
+    Dwarf_Addr main_bias = 0;
+    const char *path = elf == dwfl_module_getelf(module, &main_bias) ? main_file : debug_file;
+    size_t image_size = 0;
+    if (path == NULL || elf_rawfile(elf, &image_size) == NULL) return -1;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    struct stat status;
+    if (fstat(fd, &status) != 0 || (size_t)status.st_size != image_size) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/// The NUL-terminated string at `offset` of the file (at most 64 KiB), in a new allocation.
+static char *read_string(int fd, off_t offset, off_t limit) {
+    size_t capacity = 0, length = 0;
+    char *text = NULL;
+    while (offset + (off_t)length < limit && length < 65536) {
+        if (length + 512 > capacity) {
+            capacity = capacity ? capacity * 2 : 512;
+            char *grown = realloc(text, capacity);
+            if (grown == NULL) break;
+            text = grown;
+        }
+        size_t want = capacity - length;
+        if ((off_t)want > limit - offset - (off_t)length) want = (size_t)(limit - offset - (off_t)length);
+        ssize_t got = pread(fd, text + length, want, offset + (off_t)length);
+        if (got <= 0) break;
+        char *end = memchr(text + length, '\0', (size_t)got);
+        if (end != NULL) return text;
+        length += (size_t)got;
+    }
+    free(text);
+    return NULL;
+}
+
+static int binding_rank(unsigned char binding) {
+    return binding == STB_GLOBAL ? 2 : binding == STB_WEAK ? 1 : 0;
+}
+
+/// The sized function symbol containing `address` (module-absolute), read from the file of the
+/// module's symbol table: 1 and `*range` when found, 0 when not (then libdwfl's lookup answers).
+static int file_function_symbol(Dwfl_Module *module, Dwarf_Addr address, function_range *range) {
+    if (dwfl_module_getsymtab(module) < 2) return 0;
+    GElf_Sym first;
+    GElf_Addr first_address;
+    Elf *elf = NULL;
+    Dwarf_Addr bias = 0;
+    if (dwfl_module_getsym_info(module, 1, &first, &first_address, NULL, &elf, &bias) == NULL || elf == NULL ||
+        gelf_getclass(elf) != ELFCLASS64) {
+        return 0;
+    }
+    GElf_Ehdr header;
+    if (gelf_getehdr(elf, &header) == NULL || header.e_type == ET_REL) return 0;
+    // The symbol table libdwfl reads: .symtab when the file has one, else .dynsym.
+    GElf_Shdr symbols = {0}, strings = {0};
+    Elf_Scn *section = NULL;
+    int found = 0;
+    while ((section = elf_nextscn(elf, section)) != NULL) {
+        GElf_Shdr candidate;
+        if (gelf_getshdr(section, &candidate) == NULL) continue;
+        if (candidate.sh_type == SHT_SYMTAB || (candidate.sh_type == SHT_DYNSYM && !found)) {
+            Elf_Scn *linked = elf_getscn(elf, candidate.sh_link);
+            if (linked == NULL || gelf_getshdr(linked, &strings) == NULL) continue;
+            symbols = candidate;
+            found = candidate.sh_type == SHT_SYMTAB ? 2 : 1;
+        }
+    }
+    if (!found || symbols.sh_entsize != sizeof(Elf64_Sym) || strings.sh_type != SHT_STRTAB) return 0;
+    int fd = open_symbol_file(module, elf);
+    if (fd < 0) return 0;
+    Dwarf_Addr target = address - bias;
+    Elf64_Sym best = {0};
+    int have_best = 0;
+    Elf64_Sym batch[SYMBOL_BATCH];
+    size_t total = symbols.sh_size / sizeof(Elf64_Sym);
+    for (size_t done = 0; done < total;) {
+        size_t want = total - done < SYMBOL_BATCH ? total - done : SYMBOL_BATCH;
+        ssize_t got = pread(fd, batch, want * sizeof(Elf64_Sym), (off_t)(symbols.sh_offset + done * sizeof(Elf64_Sym)));
+        if (got <= 0) break;
+        size_t count = (size_t)got / sizeof(Elf64_Sym);
+        if (count == 0) break;
+        for (size_t i = 0; i < count; i++) {
+            Elf64_Sym *symbol = &batch[i];
+            unsigned char type = ELF64_ST_TYPE(symbol->st_info);
+            if ((type != STT_FUNC && type != STT_GNU_IFUNC) || symbol->st_shndx == SHN_UNDEF ||
+                symbol->st_size == 0 || target < symbol->st_value || target - symbol->st_value >= symbol->st_size) {
+                continue;
+            }
+            // The innermost symbol, and of aliases the global one, as libdwfl prefers.
+            if (!have_best || symbol->st_value > best.st_value ||
+                (symbol->st_value == best.st_value &&
+                 binding_rank(ELF64_ST_BIND(symbol->st_info)) > binding_rank(ELF64_ST_BIND(best.st_info)))) {
+                best = *symbol;
+                have_best = 1;
+            }
+        }
+        done += count;
+    }
+    char *name = have_best && best.st_name < strings.sh_size
+                     ? read_string(fd, (off_t)(strings.sh_offset + best.st_name),
+                                   (off_t)(strings.sh_offset + strings.sh_size))
+                     : NULL;
+    close(fd);
+    if (name == NULL || name[0] == '\0') {
+        free(name);
+        return 0;
+    }
+    *range = (function_range){best.st_value + bias, best.st_value + bias + best.st_size, name, name};
+    return 1;
+}
+
 /// The symbol of the function at `address` (module-absolute), from the functions found before or
 /// else from the symbol table; `offset` is the address's offset in it.
 static const char *function_symbol(Dwfl_Module *module, cu_index *index, Dwarf_Addr address, GElf_Off *offset) {
@@ -187,13 +317,22 @@ static const char *function_symbol(Dwfl_Module *module, cu_index *index, Dwarf_A
                 return range->name;
             }
         }
+        function_range found;
+        if (file_function_symbol(module, address, &found)) {
+            function_range *slot = &index->functions[index->next_function++ % FUNCTION_CACHE_COUNT];
+            free(slot->owned);
+            *slot = found;
+            *offset = address - found.low;
+            return found.name;
+        }
     }
     GElf_Sym elf_symbol;
     const char *name = dwfl_module_addrinfo(module, address, offset, &elf_symbol, NULL, NULL, NULL);
     if (name != NULL && index != NULL && GELF_ST_TYPE(elf_symbol.st_info) == STT_FUNC && elf_symbol.st_size > 0 &&
         *offset < elf_symbol.st_size) {
-        index->functions[index->next_function++ % FUNCTION_CACHE_COUNT] =
-            (function_range){address - *offset, address - *offset + elf_symbol.st_size, name};
+        function_range *slot = &index->functions[index->next_function++ % FUNCTION_CACHE_COUNT];
+        free(slot->owned);
+        *slot = (function_range){address - *offset, address - *offset + elf_symbol.st_size, name, NULL};
     }
     return name;
 }
@@ -527,7 +666,17 @@ static void release_pages(Elf *elf) {
 
 static void trim_module(Dwfl_Module *module) {
     Dwarf_Addr bias = 0;
-    release_pages(dwfl_module_getelf(module, &bias));
+    Elf *main_elf = dwfl_module_getelf(module, &bias);
+    release_pages(main_elf);
+    // The separate debug file that holds the symbol table, when that is where it is.
+    GElf_Sym symbol;
+    GElf_Addr address;
+    Elf *symbol_elf = NULL;
+    if (dwfl_module_getsymtab(module) > 1 &&
+        dwfl_module_getsym_info(module, 1, &symbol, &address, NULL, &symbol_elf, NULL) != NULL &&
+        symbol_elf != NULL && symbol_elf != main_elf) {
+        release_pages(symbol_elf);
+    }
     void **userdata = NULL;
     dwfl_module_info(module, &userdata, NULL, NULL, NULL, NULL, NULL, NULL);
     cu_index *index = userdata != NULL ? *userdata : NULL;

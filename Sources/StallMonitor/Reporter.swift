@@ -1,15 +1,16 @@
 #if STALLMON_LINUX
 import CStallCapture
 import Dispatch
+import Foundation
 import Logging
 import StallJournal
 import Synchronization
 
 /// Turns captured stalls into reports off the monitored thread: symbolicates them, applies the
-/// rate limit and hands them to the sinks, on one serial queue. Submitting never blocks: past the
-/// queue's capacity, reports are dropped and counted.
+/// rate limit and hands them to the sinks, in order, on the process's reporting thread. Submitting
+/// never blocks: past the queue's capacity, reports are dropped and counted.
 final class Reporter: @unchecked Sendable {
-    private let queue = DispatchQueue(label: "stallmon.reporter", qos: .utility)
+    private let queue = ReportingThread.shared
     private let sinks: [any ReportSink]
     private let configuration: StallMonitor.Configuration
     private let loopName: String
@@ -22,7 +23,7 @@ final class Reporter: @unchecked Sendable {
     /// The same counts, and every stall, in the application's metrics backend.
     private let metrics: StallMetrics?
 
-    // Confined to `queue`.
+    // Confined to the reporting thread.
     private var limiter: RateLimiter
     private var decisions: [String: Decision] = [:]
     private var flushScheduled = false
@@ -83,8 +84,8 @@ final class Reporter: @unchecked Sendable {
     /// systemd kills the service moments later.
     func submitNow(_ stall: CapturedStall) {
         queue.sync {
-            let report = SharedSymbolicator.shared.withSymbolicator { makeReport(stall, symbolicator: $0) }
-            send(.watchdogStall(report))
+            let report = SharedSymbolicator.shared.withSymbolicator { self.makeReport(stall, symbolicator: $0) }
+            self.send(.watchdogStall(report))
         }
     }
 
@@ -93,9 +94,17 @@ final class Reporter: @unchecked Sendable {
     }
 
     /// Emits the `stopped` event and waits for every report, at most ``StallMonitor/stopTimeout``;
-    /// `logger` hears when some are still queued then.
+    /// `logger` hears when some are still queued then. The event counts this reporter's
+    /// suppressed, dropped and lost reports as they stand once the reports queued before it are
+    /// out: one still queued when the monitor stopped may yet be lost.
     func finish(_ description: MonitorDescription, _ statistics: StallMonitor.Statistics, logger: Logger) {
-        emit(.stopped(description, statistics))
+        queue.async {
+            var statistics = statistics
+            statistics.suppressedReports = self.suppressedReports.load()
+            statistics.droppedReports = self.droppedReports.load()
+            statistics.lostReports = self.lostReports.load()
+            self.send(.stopped(description, statistics))
+        }
         if !drain(timeout: StallMonitor.stopTimeout) {
             logger.warning(
                 "stallmon stopped with reports still queued",
@@ -172,7 +181,7 @@ final class Reporter: @unchecked Sendable {
         guard !flushScheduled, let next = limiter.nextExpiry else { return }
         flushScheduled = true
         let delay = next > MonotonicClock.now() ? next - MonotonicClock.now() : 0
-        queue.asyncAfter(deadline: .now() + .nanoseconds(Int(delay) + 1_000_000)) {
+        queue.after(nanoseconds: delay + 1_000_000) {
             self.flushScheduled = false
             self.flushSuppressions(all: false)
             self.scheduleFlush()
@@ -325,6 +334,106 @@ final class StatusBoard: Sendable {
     }
 }
 
+/// The thread that runs every reporter's work, in the order it was queued, and their timers (the
+/// rate limiter's flushes, the symbolicator's trim). One long-lived thread of its own rather than
+/// libdispatch workers: reports are built on one thread, so their allocations come from one malloc
+/// arena instead of one per worker that a burst happens to wake. With nothing queued and no timer
+/// set, it waits without a timeout: no wakeups while idle.
+final class ReportingThread: Sendable {
+    static let shared = ReportingThread()
+
+    /// The thread's name, in the kernel (at most 15 bytes).
+    static let threadName = "stallmon-report"
+
+    private struct ScheduledJob {
+        var deadline: UInt64
+        var job: @Sendable () -> Void
+    }
+
+    private struct State {
+        var jobs: [@Sendable () -> Void] = []
+        /// Ordered by deadline, the earliest first; equal deadlines in the order they were set.
+        var timers: [ScheduledJob] = []
+        /// Whether the thread waits (or is about to) for `wake`.
+        var waiting = false
+    }
+
+    private let state = Mutex(State())
+    private let wake = DispatchSemaphore(value: 0)
+
+    private init() {
+        let thread = Thread { [self] in
+            stallmon_set_thread_name(Self.threadName)
+            run()
+        }
+        thread.name = Self.threadName
+        thread.stackSize = 1024 * 1024
+        thread.start()
+    }
+
+    /// Runs `job` on the thread after the jobs queued before it.
+    func async(_ job: @escaping @Sendable () -> Void) {
+        let signal = state.withLock { state in
+            state.jobs.append(job)
+            return Self.takeWaiter(&state)
+        }
+        if signal { wake.signal() }
+    }
+
+    /// Runs `job` on the thread and returns once it ran. Never call it from the thread itself.
+    func sync(_ job: @escaping @Sendable () -> Void) {
+        let done = DispatchSemaphore(value: 0)
+        async {
+            job()
+            done.signal()
+        }
+        done.wait()
+    }
+
+    /// Runs `job` on the thread once `nanoseconds` have passed.
+    func after(nanoseconds: UInt64, _ job: @escaping @Sendable () -> Void) {
+        let deadline = MonotonicClock.now() + nanoseconds
+        let signal = state.withLock { state in
+            let index = state.timers.firstIndex { $0.deadline > deadline } ?? state.timers.endIndex
+            state.timers.insert(ScheduledJob(deadline: deadline, job: job), at: index)
+            // A new earliest deadline shortens the thread's wait.
+            return index == 0 && Self.takeWaiter(&state)
+        }
+        if signal { wake.signal() }
+    }
+
+    /// Whether the caller must signal `wake` (once: it clears `waiting`).
+    private static func takeWaiter(_ state: inout State) -> Bool {
+        guard state.waiting else { return false }
+        state.waiting = false
+        return true
+    }
+
+    private func run() {
+        while true {
+            let now = MonotonicClock.now()
+            let (jobs, wait) = state.withLock { state -> ([@Sendable () -> Void], UInt64?) in
+                var jobs = state.jobs
+                state.jobs = []
+                let due = state.timers.prefix { $0.deadline <= now }.count
+                jobs += state.timers.prefix(due).map(\.job)
+                state.timers.removeFirst(due)
+                state.waiting = jobs.isEmpty
+                return (jobs, state.timers.first?.deadline)
+            }
+            guard jobs.isEmpty else {
+                for job in jobs { job() }
+                continue
+            }
+            if let wait {
+                _ = wake.wait(timeout: .now() + .nanoseconds(Int(clamping: wait - min(wait, now))))
+            } else {
+                wake.wait()
+            }
+        }
+    }
+}
+
 /// The process's one symbolicator: libdw is not thread-safe, and its caches are worth sharing
 /// between monitors. A second after its last use, the pages of the image files it read (symbol
 /// tables, DWARF: several megabytes) leave the resident set until the next report.
@@ -356,7 +465,7 @@ final class SharedSymbolicator: Sendable {
     private func scheduleTrim(_ state: inout State, after delay: UInt64) {
         guard !state.trimScheduled else { return }
         state.trimScheduled = true
-        DispatchQueue.global(qos: .utility).asyncAfter(deadline: .now() + .nanoseconds(Int(delay))) {
+        ReportingThread.shared.after(nanoseconds: delay) {
             self.state.withLock { state in
                 state.trimScheduled = false
                 let idle = MonotonicClock.now() - state.lastUse

@@ -24,6 +24,12 @@ enum Kernel {
         contents(of: "/proc/self/status").flatMap { field("VmRSS", in: $0) }
     }
 
+    /// The anonymous part of the resident set (`RssAnon`: heap, malloc arenas, stacks), in KiB:
+    /// unlike file pages, no reclaim and re-fault of library code moves it.
+    static func anonymousResidentKiB() -> Int? {
+        contents(of: "/proc/self/status").flatMap { field("RssAnon", in: $0) }
+    }
+
     /// CPU time thread `tid` of this process has used, in nanoseconds.
     static func threadCPU(_ tid: Int32) -> UInt64? {
         let value = stallmon_thread_cpu_ns(tid)

@@ -17,7 +17,10 @@ enum StallWorkloads {
     /// - `delivery_p50_ms`, `delivery_p99_ms`: the reporting queue's part, from capture to the sink;
     /// - `duration_error_p99_ms`: |reported ended duration − duration timed around the stalling code|;
     /// - `detected`, `ended`: reports that reached the sink;
-    /// - `rss_growth_kib`: VmRSS at the end − VmRSS after `baseline` stalls.
+    /// - `rss_growth_kib`: VmRSS at the end − VmRSS after `baseline` stalls;
+    /// - `rss_anon_growth_kib`: the same for its anonymous part (`RssAnon`: heap, arenas, stacks),
+    ///   which pages of library code that the kernel reclaimed and the process faulted back in
+    ///   (hundreds of KiB from run to run on a busy host) do not move.
     static func startRepeatedStalls(_ request: ChildRequest) throws {
         var configuration = StallMonitor.Configuration()
         configuration.threshold = .milliseconds(request.int("threshold-ms", default: 20))
@@ -112,6 +115,7 @@ final class RepeatedStalls: @unchecked Sendable {
     private var index = 0
     private var truths: [(start: UInt64, end: UInt64)] = []
     private var baselineKiB: Int?
+    private var baselineAnonymousKiB: Int?
     private let debug = ProcessInfo.processInfo.environment["STALLMON_BENCH_DEBUG"] != nil
 
     init(
@@ -147,7 +151,10 @@ final class RepeatedStalls: @unchecked Sendable {
     }
 
     private func stallOnce() {
-        if index == baseline { baselineKiB = Kernel.residentKiB() }
+        if index == baseline {
+            baselineKiB = Kernel.residentKiB()
+            baselineAnonymousKiB = Kernel.anonymousResidentKiB()
+        }
         if debug, index % 250 == 0 {
             let info = mallinfo2()
             FileHandle.standardError.write(
@@ -171,12 +178,16 @@ final class RepeatedStalls: @unchecked Sendable {
 
     private func finish() {
         let endKiB = Kernel.residentKiB()
+        let endAnonymousKiB = Kernel.anonymousResidentKiB()
         installed.stallMonitor?.stop()
         var result: [String: Double] = [
             "detected": Double(sink.detectedReports.count), "ended": Double(sink.endedReports.count),
             "stalls": Double(installed.stallMonitor?.statistics.stalls ?? 0),
         ]
         if let baselineKiB, let endKiB { result["rss_growth_kib"] = Double(endKiB - baselineKiB) }
+        if let baselineAnonymousKiB, let endAnonymousKiB {
+            result["rss_anon_growth_kib"] = Double(endAnonymousKiB - baselineAnonymousKiB)
+        }
         let allLatencies = sink.detectedReports.map { report in
             (Double(report.emitted) - Double(report.start + report.threshold)) / 1e6
         }
