@@ -78,7 +78,9 @@ struct Bench {
 
         progress("memory: \(plan.memory["count"] ?? "?") stalls of 12 ms at a 10 ms threshold")
         let memory = try child(.stallmon, .stalls, plan.memory)
-        progress("memory: VmRSS grew \(Report.format(memory["rss_growth_kib"] ?? .nan)) KiB")
+        progress(
+            "memory: VmRSS grew \(Report.format(memory["rss_growth_kib"] ?? .nan)) KiB, its anonymous part "
+                + "\(Report.format(memory["rss_anon_growth_kib"] ?? .nan)) KiB")
 
         progress("first stall: one 300 ms stall after the monitor settled")
         let firstStall = try child(.stallmon, .firstStall, [:])

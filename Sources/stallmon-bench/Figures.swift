@@ -129,6 +129,11 @@ enum Figures {
         var memoryFigure = Figure("rss_growth_kib_10k_stalls", .atMost(512))
         if let growth = memory?["rss_growth_kib"] { memoryFigure.values = [growth] }
         figures.append(memoryFigure)
+        // Its anonymous part (heap, arenas, stacks): without the library code pages the kernel
+        // reclaims and the process faults back in, which move VmRSS by hundreds of KiB.
+        var anonymousFigure = Figure("rss_anon_growth_kib_10k_stalls", .atMost(512))
+        if let growth = memory?["rss_anon_growth_kib"] { anonymousFigure.values = [growth] }
+        figures.append(anonymousFigure)
         // By the main thread's CPU time instead of wall time: steadier on a shared machine.
         add("floor_busy_cpu_ratio") { $0.cpuRatio(.busy, .noopObserver, over: .unmonitored) }
         add("busy_over_floor_cpu_ratio") { $0.cpuRatio(.busy, .stallmon, over: .noopObserver) }
