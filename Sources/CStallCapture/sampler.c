@@ -46,12 +46,11 @@ enum {
     SLOT_ABANDONED = 5, // watchdog stopped waiting
 };
 
-/// What the watchdog last saw of one thread out of blocking calls (see may_signal).
+/// What the watchdog last saw of one thread out of blocking calls (see may_signal): its run count
+/// and voluntary context switches, read just before a look that saw it running. `tid` 0: no entry.
 typedef struct {
-    int known;
     pid_t tid;
     uint64_t runs;
-    int switches_known;
     uint64_t switches;
 } quiet_t;
 
@@ -88,8 +87,7 @@ typedef struct {
         int max_frames, count, truncated, recovered;
         uintptr_t frames[STALLMON_MAX_FRAMES];
     } kernel;
-    // For each thread the slot samples (the loops of a group share their watchdog's slot): its
-    // run count and voluntary context switches, read just before a look that saw it running.
+    // For each thread the slot samples (the loops of a group share their watchdog's slot).
     quiet_t quiet[QUIET_COUNT];
     unsigned quiet_next;  // the entry a thread not yet in the table replaces
 } slot_t;
@@ -338,6 +336,23 @@ static void pause_microseconds(long microseconds) {
     while (nanosleep(&pause, &pause) != 0 && errno == EINTR) {}
 }
 
+/// The thread's quiet entry in the slot, or NULL.
+static quiet_t *quiet_entry(slot_t *slot, pid_t tid) {
+    if (tid <= 0) return NULL;
+    for (int i = 0; i < QUIET_COUNT; i++) {
+        if (slot->quiet[i].tid == tid) return &slot->quiet[i];
+    }
+    return NULL;
+}
+
+/// Records that the thread was seen out of blocking calls with these counts (in its entry, or in
+/// a new one that replaces the oldest).
+static void remember_quiet(slot_t *slot, pid_t tid, uint64_t runs, uint64_t switches) {
+    quiet_t *entry = quiet_entry(slot, tid);
+    if (entry == NULL) entry = &slot->quiet[slot->quiet_next++ % QUIET_COUNT];
+    *entry = (quiet_t){.tid = tid, .runs = runs, .switches = switches};
+}
+
 /// Whether a signal may go to the thread now. /proc says "running" for any runnable thread: one
 /// preempted inside a system call before it sleeps, or woken in one and waiting for a CPU, would
 /// take the signal there. So the thread is looked at with its CPU clock read around the look (up
@@ -353,21 +368,8 @@ static void pause_microseconds(long microseconds) {
 ///     signal to land in the next one: it is not signalled.
 /// The counters are read before each look. Returns 1 (send), 0 (do not send) or 2 (blocked in a
 /// system call now: `view`).
-/// The thread's quiet entry in the slot; with `create`, a new one (replacing the oldest) when it
-/// has none.
-static quiet_t *quiet_entry(slot_t *slot, pid_t tid, int create) {
-    for (int i = 0; i < QUIET_COUNT; i++) {
-        if (slot->quiet[i].known && slot->quiet[i].tid == tid) return &slot->quiet[i];
-    }
-    if (!create) return NULL;
-    quiet_t *entry = &slot->quiet[slot->quiet_next++ % QUIET_COUNT];
-    memset(entry, 0, sizeof *entry);
-    entry->tid = tid;
-    return entry;
-}
-
 static int may_signal(slot_t *slot, pid_t tid, long view[9]) {
-    quiet_t *quiet = quiet_entry(slot, tid, 0);
+    quiet_t *quiet = quiet_entry(slot, tid);
     int known = quiet != NULL;
     // Without schedstat (no CONFIG_SCHED_INFO), runs read as 0 and only the switches decide.
     uint64_t runs = 0, switches = 0;
@@ -389,7 +391,7 @@ static int may_signal(slot_t *slot, pid_t tid, long view[9]) {
     on_cpu = look(tid, view, &state) || on_cpu;
     if (state == 1) return 2;
     if (state != 0) return 1;
-    if (known && quiet->switches_known && switches == quiet->switches) {
+    if (known && switches == quiet->switches) {
         quiet->runs = runs;  // only preempted since a look that saw it out of blocking calls
         return 1;
     }
@@ -404,11 +406,7 @@ static int may_signal(slot_t *slot, pid_t tid, long view[9]) {
     if (state == 1) return 2;
     int ran_since = have_runs && later_runs != runs;
     if (later != switches || state != 0 || !(ran_since || on_cpu)) return 0;
-    quiet = quiet_entry(slot, tid, 1);
-    quiet->known = 1;
-    quiet->runs = later_runs;
-    quiet->switches_known = 1;
-    quiet->switches = later;
+    remember_quiet(slot, tid, later_runs, later);
     return 1;
 }
 
@@ -420,11 +418,7 @@ void stallmon_sampler_note_running(int index, pid_t tid) {
     if (read_voluntary_switches(tid, &switches) != 0) return;
     if (read_runs(tid, &runs) != 0) runs = 0;
     if (read_syscall_view(tid, view) != 0) return;
-    quiet_t *quiet = quiet_entry(slot, tid, 1);
-    quiet->known = 1;
-    quiet->runs = runs;
-    quiet->switches_known = 1;
-    quiet->switches = switches;
+    remember_quiet(slot, tid, runs, switches);
 }
 
 /// Unwinds a thread that blocks in the system call `view` shows, from the kernel's sp and pc.
