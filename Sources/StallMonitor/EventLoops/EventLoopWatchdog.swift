@@ -71,7 +71,6 @@ package final class EventLoopWatchdog: @unchecked Sendable {
     /// process spent stopped is no loop's stall.
     private lazy var stops = StopDetector(
         threshold: threshold, sampleTimeout: UInt64(configuration.sampleTimeout.nanoseconds))
-    private var runQueue: RunQueueClock { stops.runQueue }
     /// The loops' tick-duration histograms, handed to the metrics backend while the watchdog is awake anyway.
     private let latency: [LoopLatencyExporter]
     /// Whether the watched threads are the cooperative pool's rather than `loops`.
@@ -165,9 +164,9 @@ package final class EventLoopWatchdog: @unchecked Sendable {
         Watchdog.startThread(named: watchesPool ? Self.poolThreadName : Self.threadName) { [self] in
             watchdogThreadID.store(stallmon_gettid(), ordering: .releasing)
         } body: { [self] in
-            runQueue.open()
+            stops.runQueue.open()
             run()
-            runQueue.close()
+            stops.runQueue.close()
             finished.signal()
         }
     }
@@ -254,7 +253,6 @@ package final class EventLoopWatchdog: @unchecked Sendable {
         for index in loops.indices { examine(index, now: now) }
         var keys = [UInt64](repeating: 0, count: 64)
         while !stopping.load(ordering: .acquiring) {
-            let queuedBefore = runQueue.waited()
             let timeout = nextTimeout()
             let deadline = timeout == UInt64.max ? nil : MonotonicClock.now() &+ timeout
             var count: Int32 = 0
@@ -269,15 +267,14 @@ package final class EventLoopWatchdog: @unchecked Sendable {
                 }
             }
             wakeupCount.add(1, ordering: .relaxed)
-            if stops.wasStopped(wokeAt: MonotonicClock.now(), deadline: deadline ?? UInt64.max) {
-                restartCyclesAfterStop(now: MonotonicClock.now())
+            let awake = MonotonicClock.now()
+            if stops.wasStopped(wokeAt: awake, deadline: deadline ?? UInt64.max) {
+                restartCyclesAfterStop(now: awake)
             }
             // A cycle started when the loop's descriptor woke the watchdog's poll, which is when
             // the watchdog became runnable: time it then spent waiting for a CPU is the loop's.
-            var woke = MonotonicClock.now()
-            if let before = queuedBefore, let after = runQueue.waited(), after > before, after - before < woke {
-                woke -= after - before
-            }
+            let queued = stops.lastWaitQueued
+            let woke = queued < awake ? awake - queued : awake
             for key in keys.prefix(Int(max(0, count))) where key != UInt64.max {
                 let index = Int(key)
                 guard loops.indices.contains(index) else { continue }
