@@ -306,6 +306,13 @@ static int file_function_symbol(Dwfl_Module *module, Dwarf_Addr address, functio
     return 1;
 }
 
+/// Keeps `range` among the module's functions found, in place of the oldest.
+static void remember_function(cu_index *index, function_range range) {
+    function_range *slot = &index->functions[index->next_function++ % FUNCTION_CACHE_COUNT];
+    free(slot->owned);
+    *slot = range;
+}
+
 /// The symbol of the function at `address` (module-absolute), from the functions found before or
 /// else from the symbol table; `offset` is the address's offset in it.
 static const char *function_symbol(Dwfl_Module *module, cu_index *index, Dwarf_Addr address, GElf_Off *offset) {
@@ -319,9 +326,7 @@ static const char *function_symbol(Dwfl_Module *module, cu_index *index, Dwarf_A
         }
         function_range found;
         if (file_function_symbol(module, address, &found)) {
-            function_range *slot = &index->functions[index->next_function++ % FUNCTION_CACHE_COUNT];
-            free(slot->owned);
-            *slot = found;
+            remember_function(index, found);
             *offset = address - found.low;
             return found.name;
         }
@@ -330,9 +335,7 @@ static const char *function_symbol(Dwfl_Module *module, cu_index *index, Dwarf_A
     const char *name = dwfl_module_addrinfo(module, address, offset, &elf_symbol, NULL, NULL, NULL);
     if (name != NULL && index != NULL && GELF_ST_TYPE(elf_symbol.st_info) == STT_FUNC && elf_symbol.st_size > 0 &&
         *offset < elf_symbol.st_size) {
-        function_range *slot = &index->functions[index->next_function++ % FUNCTION_CACHE_COUNT];
-        free(slot->owned);
-        *slot = (function_range){address - *offset, address - *offset + elf_symbol.st_size, name, NULL};
+        remember_function(index, (function_range){address - *offset, address - *offset + elf_symbol.st_size, name, NULL});
     }
     return name;
 }
