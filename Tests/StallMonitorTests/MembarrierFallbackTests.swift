@@ -28,36 +28,12 @@ extension Serial {
             var wakeups: Int?
             let run = try FixtureRun.run("idle", arguments: ["--seconds", "3", "--deny-membarrier", when]) { pid in
                 usleep(1_000_000)
-                guard let watchdog = Self.thread(named: "stallmon-watch", of: pid),
-                    let before = Self.contextSwitches(pid, watchdog)
-                else { return }
-                usleep(1_000_000)
-                wakeups = Self.contextSwitches(pid, watchdog).map { $0 - before }
+                wakeups = NamedThread(named: "stallmon-watch", in: pid)?.wakeups(over: 1_000_000)
             }
             #expect(run.exitStatus == 0)
             #expect(run.detected.isEmpty)
             let measured = try #require(wakeups, "no watchdog thread found")
             #expect(expected.contains(measured), "\(measured) watchdog wakeups in 1 s of idle")
-        }
-
-        static func thread(named name: String, of pid: pid_t) -> String? {
-            let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []
-            return tasks.first { task in
-                let comm = try? String(contentsOfFile: "/proc/\(pid)/task/\(task)/comm", encoding: .utf8)
-                return comm?.trimmingCharacters(in: .newlines) == name
-            }
-        }
-
-        static func contextSwitches(_ pid: pid_t, _ task: String) -> Int? {
-            guard let status = try? String(contentsOfFile: "/proc/\(pid)/task/\(task)/status", encoding: .utf8)
-            else { return nil }
-            var total = 0
-            for line in status.split(separator: "\n")
-            where line.hasPrefix("voluntary_ctxt_switches") || line.hasPrefix("nonvoluntary_ctxt_switches") {
-                guard let value = Int(line.split(separator: "\t").last ?? "") else { return nil }
-                total += value
-            }
-            return total
         }
     }
 }

@@ -14,11 +14,7 @@ extension Serial {
             var wakeups: Int?
             let run = try FixtureRun.run("idle", arguments: ["--seconds", "5"]) { pid in
                 usleep(2_500_000)
-                guard let thread = MembarrierFallbackTests.thread(named: "stallmon-report", of: pid),
-                    let before = MembarrierFallbackTests.contextSwitches(pid, thread)
-                else { return }
-                usleep(1_500_000)
-                wakeups = MembarrierFallbackTests.contextSwitches(pid, thread).map { $0 - before }
+                wakeups = NamedThread(named: "stallmon-report", in: pid)?.wakeups(over: 1_500_000)
             }
             #expect(run.exitStatus == 0, "fixture failed: \(run.standardError)")
             let measured = try #require(wakeups, "no reporting thread found")
