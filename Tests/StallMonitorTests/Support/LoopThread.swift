@@ -16,14 +16,17 @@ final class LoopThread: @unchecked Sendable {
         let thread = Thread { [self] in
             runLoop = CFRunLoopGetCurrent()
             setUp()
-            started.signal()
             if turning {
-                // A timer keeps the loop running; CFRunLoopStop ends it.
+                // A timer keeps the loop running; CFRunLoopStop ends it. `started` is signalled from
+                // inside the running loop: CFRunLoopStop does nothing to a loop that is not running
+                // yet, so a stop() that came before CFRunLoopRun would be lost.
                 let timer = Timer(timeInterval: 3600, repeats: true) { _ in }
                 RunLoop.current.add(timer, forMode: .default)
+                CFRunLoopPerformBlock(runLoop, kCFRunLoopCommonModes) { [started] in started.signal() }
                 CFRunLoopRun()
                 timer.invalidate()
             } else {
+                started.signal()
                 release.wait()
             }
             finished.signal()
