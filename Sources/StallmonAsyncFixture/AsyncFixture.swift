@@ -19,6 +19,8 @@
 //              cooperative pool blocked in usleep, a blocking read, DispatchSemaphore.wait and on the CPU
 //   pool-idle  the same, and nothing happens for --seconds
 //   pool-off   start(.asyncMain) with cooperative_pool off, and a pool job blocked in usleep
+//   pool-busy  the same as pool-stalls, with two tasks running pool jobs of 40 ms of CPU time back to
+//              back for --seconds (the tests stop the process in the middle of them)
 //   hops       measures main-actor hops from the global pool (--hops N, --drain D): D is dispatch (the
 //              runtime's dispatch_main drain), run-loop or light (the main run loop or the light drain
 //              without a monitor), monitored (start(.asyncMain), the light drain) or monitored-run-loop
@@ -125,6 +127,27 @@ enum AsyncFixture {
             await PoolWork.stall("pool-semaphore") { PoolWork.waitForSemaphore(milliseconds: 400) }
             try await Task.sleep(for: .milliseconds(300))
             await PoolWork.stall("pool-cpu") { PoolWork.crunch(milliseconds: 400) }
+        case "pool-busy":
+            let end = started + UInt64(options.seconds * 1e9)
+            let longest = await withTaskGroup(of: (jobs: Int, longest: UInt64).self) { group in
+                for _ in 0..<2 {
+                    group.addTask {
+                        var (jobs, longest): (Int, UInt64) = (0, 0)
+                        while Fixture.now() < end {
+                            let start = Fixture.now()
+                            PoolWork.crunch(cpuMilliseconds: 40)
+                            (jobs, longest) = (jobs + 1, max(longest, Fixture.now() - start))
+                            // The task's next job.
+                            await Task.yield()
+                        }
+                        return (jobs, longest)
+                    }
+                }
+                var total: (jobs: Int, longest: UInt64) = (0, 0)
+                for await task in group { total = (total.jobs + task.jobs, max(total.longest, task.longest)) }
+                return total
+            }
+            Fixture.print(["type": "pool-busy", "jobs": longest.jobs, "longest_ns": Int(longest.longest)])
         case "pool-off":
             PoolWork.printHook("running")
             try await Task.sleep(for: .milliseconds(500))
@@ -371,6 +394,23 @@ enum PoolWork {
             semaphore.signal()
         }
         semaphore.wait()
+    }
+
+    /// Busy until the thread has used `cpuMilliseconds` of CPU time: a stop of the process lengthens
+    /// it by the time stopped.
+    @inline(never)
+    static func crunch(cpuMilliseconds: Int) {
+        func cpuNanoseconds() -> UInt64 {
+            var time = timespec()
+            clock_gettime(CLOCK_THREAD_CPUTIME_ID, &time)
+            return UInt64(time.tv_sec) * 1_000_000_000 + UInt64(time.tv_nsec)
+        }
+        let end = cpuNanoseconds() + UInt64(cpuMilliseconds) * 1_000_000
+        var hash: UInt64 = 0x2325_cbf2_9ce4_8422
+        while cpuNanoseconds() < end {
+            for byte in 0..<UInt64(4096) { hash = (hash ^ byte) &* 0x100_0000_01b3 }
+        }
+        AsyncWork.blackHole(hash)
     }
 
     /// Busy on the CPU (FNV hashing).

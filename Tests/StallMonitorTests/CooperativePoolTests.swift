@@ -3,6 +3,10 @@ import StallJournal
 import StallMonitor
 import Testing
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 extension Serial {
     /// Swift's cooperative pool, watched with `cooperative_pool` on, in the async fixture service
     /// (Sources/StallmonAsyncFixture) as a child process: jobs that hold a pool thread in `usleep`, a
@@ -97,6 +101,30 @@ extension Serial {
             #expect(Self.poolReports(run.lines).isEmpty)
             #expect(!run.lines.contains { $0.string("type") == "pool-switches" })
             #expect(run.detected.isEmpty && run.ended.isEmpty)
+        }
+
+        /// A stop of the process (SIGSTOP, a debugger) in the middle of pool jobs is no stall: the
+        /// time nothing ran is no job's. Jobs of 40 ms of CPU time under a 200 ms threshold, the
+        /// process stopped three times for 400 ms.
+        @Test func aStopOfTheProcessInTheMiddleOfPoolJobsIsNotAStall() throws {
+            let run = try FixtureRun.run(
+                "pool-busy", arguments: ["--seconds", "3.5", "--threshold-ms", "200"], executable: .asyncFixture
+            ) { pid in
+                for _ in 0..<3 {
+                    usleep(500_000)
+                    kill(pid, SIGSTOP)
+                    usleep(400_000)
+                    kill(pid, SIGCONT)
+                }
+            }
+            #expect(run.exitStatus == 0, "\(run.standardError)")
+            let busy = try #require(run.lines.first { $0.string("type") == "pool-busy" })
+            #expect(busy.number("jobs") >= 20)
+            // A job took the stop in only if it lasted that long.
+            try #require(busy.number("longest_ns") >= 400e6, "no stop landed inside a job: \(busy)")
+            let reports = Self.poolReports(run.detected + run.ended)
+            #expect(reports.isEmpty, "\(reports.map { $0.string("MESSAGE") })")
+            #expect(run.lines.first { $0.string("type") == "statistics" }?.number("stalls") == 0)
         }
 
         @Test func idlePoolCostsItsWatchdogNoWakeups() throws {

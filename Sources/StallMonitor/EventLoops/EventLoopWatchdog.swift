@@ -80,6 +80,8 @@ package final class EventLoopWatchdog: @unchecked Sendable {
     /// Each slot's job count at the previous look, and whether any had changed at the latest.
     private var poolSequences: [UInt64] = []
     private var poolRanJobs = false
+    /// When the watchdog woke after the latest stop of the process: jobs count from then at the earliest.
+    private var poolResumed: UInt64 = 0
     /// The untimed job priority the latest queue probe was sent for.
     private var probedPriority: UInt32 = 0
     private lazy var sampler = StallSampler(
@@ -550,21 +552,30 @@ extension EventLoopWatchdog {
                 // is seen here, one that starts after it wakes the watchdog.
                 earliest = visitPool(now: MonotonicClock.now())
                 if earliest == nil, !stopping.load(ordering: .acquiring) {
-                    _ = stallmon_pool_wait(parked < 0 ? threshold : UInt64.max)
-                    wakeupCount.add(1, ordering: .relaxed)
+                    waitForPool(timeout: parked < 0 ? threshold : UInt64.max)
                     continue
                 }
                 stallmon_pool_unpark()
             }
             guard let earliest, !stopping.load(ordering: .acquiring) else { continue }
             let now = MonotonicClock.now()
-            if earliest > now { _ = stallmon_pool_wait(earliest - now) }
-            wakeupCount.add(1, ordering: .relaxed)
+            if earliest > now { waitForPool(timeout: earliest - now) }
         }
         let end = MonotonicClock.now()
         for (index, state) in poolThreads.enumerated() {
             if let state, case .stalled(let stall) = state.phase { finishPoolStall(index, state, stall, end: end) }
         }
+    }
+
+    /// Waits for the pool's next job or for `timeout` (`UInt64.max`: none), then notes whether the
+    /// process was stopped meanwhile: a job it was timing, or one that started before the stop, is
+    /// timed from now, as a loop's cycle is (a stall already being sampled keeps its start).
+    private func waitForPool(timeout: UInt64) {
+        let deadline = timeout == UInt64.max ? UInt64.max : MonotonicClock.now() &+ timeout
+        stops.measuringWait { _ = stallmon_pool_wait(timeout) }
+        wakeupCount.add(1, ordering: .relaxed)
+        let awake = MonotonicClock.now()
+        if stops.wasStopped(wokeAt: awake, deadline: deadline) { poolResumed = awake }
     }
 
     /// Handles what is due for every pool thread at `now`; returns the earliest time something is
@@ -627,9 +638,10 @@ extension EventLoopWatchdog {
                 state.phase = .timing(start: job.start_ns, sequence: job.sequence)
                 state.cpuBase = (stallmon_thread_cpu_ns(job.tid), MonotonicClock.now())
             }
-            let deadline = job.start_ns + threshold
+            let start = max(job.start_ns, poolResumed)
+            let deadline = start + threshold
             if now >= deadline {
-                beginPoolStall(index, state, job: job, now: now)
+                beginPoolStall(index, state, job: job, start: start, now: now)
                 if case .stalled(let stall) = state.phase { due(stall.nextSample) }
             } else {
                 due(deadline)
@@ -638,10 +650,12 @@ extension EventLoopWatchdog {
         return earliest
     }
 
-    private func beginPoolStall(_ index: Int, _ state: LoopState, job: stallmon_pool_job, now: UInt64) {
+    private func beginPoolStall(
+        _ index: Int, _ state: LoopState, job: stallmon_pool_job, start: UInt64, now: UInt64
+    ) {
         stallmon_pool_watch(Int32(index), job.sequence)
         let stall = StallInProgress(
-            start: job.start_ns, sequence: job.sequence, suppressed: isSuppressed(now),
+            start: start, sequence: job.sequence, suppressed: isSuppressed(now),
             nextSample: now + sampleInterval, capacity: configuration.maximumStacks)
         state.phase = .stalled(stall)
         takeSample(state, stall)
