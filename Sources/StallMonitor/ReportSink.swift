@@ -1,8 +1,10 @@
 import Synchronization
 
-/// Receives what a ``StallMonitor`` reports. Sinks run on the monitor's reporting queue, never
-/// on a monitored thread; a slow sink delays later reports (which are queued, then dropped and
-/// counted past ``StallMonitor/Configuration/reportQueueCapacity``), never the monitored loop.
+/// Receives what a ``StallMonitor`` reports. Sinks run on the process's one reporting thread
+/// (`stallmon-report`), which every monitor shares, never on a monitored thread. A slow sink delays
+/// later reports of every monitor in the process (they are queued, then dropped and counted past
+/// ``StallMonitor/Configuration/reportQueueCapacity``), never a monitored loop. A sink must not
+/// wait for another monitor's reports, nor stop a monitor: those wait for the reporting thread.
 public protocol ReportSink: Sendable {
     /// Delivers one event.
     /// - Throws: When the event did not reach its destination: the monitor counts it as lost

@@ -268,7 +268,7 @@ extension Reporter {
 }
 
 /// The monitor's health, kept for `STATUS=`: stalls that ended in the last hour and the one in
-/// progress. Updated on the reporting queue, read from anywhere without waiting for it.
+/// progress. Updated on the reporting thread, read from anywhere without waiting for it.
 final class StatusBoard: Sendable {
     private struct Stalls {
         var recent: [(end: UInt64, duration: UInt64)] = []
