@@ -249,9 +249,14 @@ private final class MonitoredLoopThread: @unchecked Sendable {
             }
             runLoop.withLock { $0 = CFRunLoopGetCurrent() }
             started.signal()
+            // A mode with no source or timer (observers do not count) does not wait: the loop
+            // would spin a core. The timer lets it sleep until a block or the deadline.
+            let timer = Timer(timeInterval: 3600, repeats: true) { _ in }
+            RunLoop.current.add(timer, forMode: .default)
             while !stopping.load(ordering: .acquiring) {
                 _ = RunLoop.current.run(mode: .default, before: Date() + 0.05)
             }
+            timer.invalidate()
             // Stopped on its own thread: the loop state is released here at once.
             monitor.stop()
             finished.signal()

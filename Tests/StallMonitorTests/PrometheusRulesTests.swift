@@ -269,24 +269,36 @@ enum ExternalTool {
         var output: String
     }
 
-    /// Runs `tool` with standard output and error together, killed after `timeout` seconds.
+    /// Runs `tool` with standard output and error together; after `timeout` seconds, or once it
+    /// exits, its process group is killed. The output goes to a file, not a pipe: helpers that a tool leaves behind
+    /// (Chromium's) would hold a pipe open, and a read to its end would never return.
     static func run(_ tool: String, _ arguments: [String], directory: String? = nil, timeout: Double = 120) throws
         -> Result
     {
+        let outputPath = FileManager.default.temporaryDirectory
+            .appendingPathComponent("stallmon-tool-\(getpid())-\(UInt32.random(in: 0...UInt32.max))").path
+        guard FileManager.default.createFile(atPath: outputPath, contents: nil),
+            let output = FileHandle(forWritingAtPath: outputPath)
+        else { throw CocoaError(.fileWriteUnknown) }
+        defer { try? FileManager.default.removeItem(atPath: outputPath) }
         let process = Process()
         process.executableURL = URL(fileURLWithPath: tool)
         process.arguments = arguments
         if let directory { process.currentDirectoryURL = URL(fileURLWithPath: directory) }
-        let output = Pipe()
         process.standardOutput = output
         process.standardError = output
         process.standardInput = FileHandle.nullDevice
         try process.run()
-        let killer = DispatchWorkItem { if process.isRunning { process.terminate() } }
+        try? output.close()
+        let pid = process.processIdentifier
+        // Foundation starts the tool in a process group of its own.
+        let killer = DispatchWorkItem { kill(-pid, SIGKILL) }
         DispatchQueue.global().asyncAfter(deadline: .now() + timeout, execute: killer)
-        let data = output.fileHandleForReading.readDataToEndOfFile()
         process.waitUntilExit()
         killer.cancel()
+        // What the tool left behind in its group, if anything.
+        kill(-pid, SIGKILL)
+        let data = FileManager.default.contents(atPath: outputPath) ?? Data()
         return Result(status: process.terminationStatus, output: String(decoding: data, as: UTF8.self))
     }
 }
