@@ -163,8 +163,7 @@ extension Serial {
             // Nothing malformed: interrupted, it exits 0.
             let clean = try Executable.stallmon.start(["follow", "--namespace", journal.name])
             usleep(500_000)
-            clean.signal(SIGINT)
-            #expect(clean.wait().status == 0)
+            #expect(clean.terminate(signal: SIGINT, grace: 10).status == 0)
         }
 
         @Test func aJournalTheUserMayNotReadIsUnavailableNotEmpty() throws {

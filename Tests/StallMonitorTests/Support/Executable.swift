@@ -79,9 +79,9 @@ struct Executable {
 
         func signal(_ number: Int32) { kill(process.processIdentifier, number) }
 
-        /// SIGTERM, then SIGKILL if it has not exited after `grace` seconds.
-        func terminate(grace: Double = 5) -> Result {
-            signal(SIGTERM)
+        /// `signal` (SIGTERM), then SIGKILL if it has not exited after `grace` seconds.
+        func terminate(signal number: Int32 = SIGTERM, grace: Double = 5) -> Result {
+            signal(number)
             let deadline = Date(timeIntervalSinceNow: grace)
             while process.isRunning, Date() < deadline { usleep(20_000) }
             if process.isRunning { signal(SIGKILL) }
