@@ -80,10 +80,11 @@ final class Reporter: @unchecked Sendable {
         }
     }
 
-    /// Reports a stall that outlasted the service watchdog and returns once the sinks have it:
-    /// systemd kills the service moments later.
-    func submitNow(_ stall: CapturedStall) {
-        queue.sync {
+    /// Reports a stall that outlasted the service watchdog and returns once the sinks have it
+    /// (systemd kills the service moments later), or at `deadline` while the reporting thread is
+    /// still busy with earlier work; the report goes out when its turn comes.
+    func submitNow(_ stall: CapturedStall, waitingUntil deadline: UInt64) {
+        queue.sync(waitingUntil: deadline) {
             let report = SharedSymbolicator.shared.withSymbolicator { self.makeReport(stall, symbolicator: $0) }
             self.send(.watchdogStall(report))
         }
@@ -380,14 +381,19 @@ final class ReportingThread: Sendable {
         if signal { wake.signal() }
     }
 
-    /// Runs `job` on the thread and returns once it ran. Never call it from the thread itself.
-    func sync(_ job: @escaping @Sendable () -> Void) {
+    /// Runs `job` on the thread and returns once it ran, or once the monotonic clock reaches
+    /// `deadline` (the job still runs in its turn); returns whether it ran. Never call it from the
+    /// thread itself.
+    @discardableResult
+    func sync(waitingUntil deadline: UInt64, _ job: @escaping @Sendable () -> Void) -> Bool {
         let done = DispatchSemaphore(value: 0)
         async {
             job()
             done.signal()
         }
-        done.wait()
+        let now = MonotonicClock.now()
+        let left = deadline > now ? deadline - now : 0
+        return done.wait(timeout: .now() + .nanoseconds(Int(clamping: left))) == .success
     }
 
     /// Runs `job` on the thread once `nanoseconds` have passed.

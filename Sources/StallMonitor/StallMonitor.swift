@@ -387,7 +387,7 @@ public final class StallMonitor: Sendable {
             watchdog = Watchdog(
                 configuration: configuration, target: target, loop: pointer, semaphore: semaphore, signal: signal,
                 slot: slot, logger: monitor.logger, deliver: { reporter.submit($0) },
-                deliverNow: { reporter.submitNow($0) },
+                deliverNow: { reporter.submitNow($0, waitingUntil: $1) },
                 notice: { notice in
                     if case .notTurning = notice {
                     } else if reporter.status.noteFirstTurn() {

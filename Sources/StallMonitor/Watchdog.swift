@@ -27,8 +27,9 @@ final class Watchdog: @unchecked Sendable {
     private let sampler: StallSampler
     private let clocks: ThreadClocks
     private let deliver: @Sendable (CapturedStall) -> Void
-    /// Hands a report over and returns once it is written (for the report before a watchdog kill).
-    private let deliverNow: @Sendable (CapturedStall) -> Void
+    /// Hands a report over and returns once it is written, or at the deadline given (for the
+    /// report before a watchdog kill).
+    private let deliverNow: @Sendable (CapturedStall, _ deadline: UInt64) -> Void
     private let logger: Logger
     private let startedAt: UInt64
     private let stopping = Atomic<Bool>(false)
@@ -83,7 +84,8 @@ final class Watchdog: @unchecked Sendable {
     init(
         configuration: StallMonitor.Configuration, target: Target, loop: OpaquePointer, semaphore: DispatchSemaphore,
         signal: Int32?, slot: Int32, logger: Logger, deliver: @escaping @Sendable (CapturedStall) -> Void,
-        deliverNow: @escaping @Sendable (CapturedStall) -> Void, notice: @escaping @Sendable (LoopNotice) -> Void,
+        deliverNow: @escaping @Sendable (CapturedStall, _ deadline: UInt64) -> Void,
+        notice: @escaping @Sendable (LoopNotice) -> Void,
         latency: LoopLatencyExporter? = nil
     ) {
         self.latency = latency
@@ -442,7 +444,9 @@ final class Watchdog: @unchecked Sendable {
                 finalReportWritten = true
                 var report = captured(stall, .watchdog, end: MonotonicClock.now(), stacks: stall.samples.allStacks)
                 report.watchdogInterval = schedule.interval
-                deliverNow(report)
+                // Not past systemd's deadline: should the stall end before it (and the reports
+                // queued before this one not), the pings must resume.
+                deliverNow(report, schedule.deadline)
             }
             if let end = windowEnd(of: stall) { return end }
             if isStopping { return MonotonicClock.now() }

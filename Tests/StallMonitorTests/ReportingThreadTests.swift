@@ -1,5 +1,9 @@
 import Foundation
+import StallJournal
+import Synchronization
 import Testing
+
+@testable import StallMonitor
 
 #if canImport(Glibc)
 import Glibc
@@ -19,6 +23,25 @@ extension Serial {
             #expect(run.exitStatus == 0, "fixture failed: \(run.standardError)")
             let measured = try #require(wakeups, "no reporting thread found")
             #expect(measured == 0, "\(measured) reporting thread wakeups in 1.5 s of idle")
+        }
+
+        /// The final report before a watchdog kill waits for the reporting thread until systemd's
+        /// deadline at most: held by a slow sink, the watchdog thread goes on, and the report is
+        /// written in its turn.
+        @Test func aSyncJobWaitsUntilItsDeadlineAtMostAndStillRuns() {
+            let thread = ReportingThread.shared
+            let release = DispatchSemaphore(value: 0)
+            let ran = Atomic<Int>(0)
+            thread.async { release.wait() }
+            let start = MonotonicClock.now()
+            let answered = thread.sync(waitingUntil: start + 100_000_000) { ran.add(1, ordering: .relaxed) }
+            let waited = MonotonicClock.now() - start
+            #expect(!answered)
+            #expect(waited >= 100_000_000 && waited < 2_000_000_000, "waited \(waited) ns")
+            #expect(ran.load(ordering: .relaxed) == 0)
+            release.signal()
+            #expect(thread.sync(waitingUntil: MonotonicClock.now() + 10_000_000_000) {})
+            #expect(ran.load(ordering: .relaxed) == 1)
         }
     }
 }

@@ -46,6 +46,9 @@ struct ServiceWatchdogSchedule {
         self.nextPing = now
     }
 
+    /// When systemd kills the service unless a ping comes first.
+    var deadline: UInt64 { lastPing + interval }
+
     /// When the final stall report must be written: early enough to land before systemd's
     /// deadline (`lastPing + interval`), late enough that the stall has outlasted most of it.
     var finalReportTime: UInt64 {
