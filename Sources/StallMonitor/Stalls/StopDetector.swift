@@ -1,5 +1,6 @@
 #if STALLMON_LINUX
 import CStallCapture
+import Glibc
 import StallJournal
 
 /// Tells for a watchdog thread whether the process was stopped (SIGSTOP and SIGCONT, a debugger)
@@ -17,11 +18,31 @@ final class StopDetector {
     /// Time the watchdog thread waited for a CPU during its latest wait: lateness that is no stop of
     /// the process.
     private(set) var lastWaitQueued: UInt64 = 0
+    /// How far the wall clock stepped back during the latest wait. A timed wait on a
+    /// `DispatchSemaphore` ends at a CLOCK_REALTIME deadline (libdispatch waits with
+    /// `sem_timedwait` on Linux), so a step back of the wall clock (NTP, `date`, a VM's clock
+    /// resync) makes it late by the step: lateness that is no stop either.
+    private(set) var lastWaitClockStep: UInt64 = 0
+    /// CLOCK_REALTIME less CLOCK_MONOTONIC, in nanoseconds.
+    private let wallClockOffset: () -> Int64
 
-    init(threshold: UInt64, sampleTimeout: UInt64) {
+    init(
+        threshold: UInt64, sampleTimeout: UInt64, wallClockOffset: @escaping () -> Int64 = StopDetector.wallClockOffset
+    ) {
         pauseTolerance = max(5_000_000, min(threshold / 2, 25_000_000))
         self.sampleTimeout = sampleTimeout
+        self.wallClockOffset = wallClockOffset
     }
+
+    static func wallClockOffset() -> Int64 {
+        var wall = timespec()
+        clock_gettime(CLOCK_REALTIME, &wall)
+        let monotonic = MonotonicClock.now()
+        return (Int64(wall.tv_sec) &* 1_000_000_000 &+ Int64(wall.tv_nsec)) &- Int64(truncatingIfNeeded: monotonic)
+    }
+
+    /// Lateness of the latest wait that is no stop: its run-queue time and a step back of the wall clock.
+    private var lastWaitExplained: UInt64 { lastWaitQueued &+ lastWaitClockStep }
 
     /// Whether a SIGCONT arrived since the last call.
     func wasContinued() -> Bool {
@@ -30,28 +51,33 @@ final class StopDetector {
         return count != continueCount
     }
 
-    /// Runs a wait of the watchdog thread, noting how long of it the thread waited for a CPU.
+    /// Runs a wait of the watchdog thread, noting how long of it the thread waited for a CPU and how
+    /// far the wall clock stepped back meanwhile.
     func measuringWait(_ wait: () -> Void) {
         let queuedBefore = runQueue.waited()
+        let offsetBefore = wallClockOffset()
         wait()
         lastWaitQueued = queued(since: queuedBefore)
+        let offsetAfter = wallClockOffset()
+        lastWaitClockStep = offsetBefore > offsetAfter ? UInt64(offsetBefore &- offsetAfter) : 0
     }
 
     /// Whether the process was stopped while the watchdog slept: a SIGCONT arrived, or the wakeup
     /// came far later than asked for (a stop the handler could not see, such as a debugger's).
     func wasStopped(wokeAt woke: UInt64, deadline: UInt64) -> Bool {
         if wasContinued() { return true }
-        return woke > deadline && woke - deadline > pauseTolerance &+ lastWaitQueued
+        return woke > deadline && woke - deadline > pauseTolerance &+ lastWaitExplained
     }
 
-    /// How late a wakeup was, less the time the watchdog spent waiting for a CPU (no stop).
+    /// How late a wakeup was, less the time the watchdog spent waiting for a CPU and a step back of
+    /// the wall clock (no stop).
     func lateness(wokeAt woke: UInt64, deadline: UInt64) -> UInt64 {
-        woke > deadline ? (woke - deadline) - min(lastWaitQueued, woke - deadline) : 0
+        woke > deadline ? (woke - deadline) - min(lastWaitExplained, woke - deadline) : 0
     }
 
     /// Whether `time` lies further back from `now` than a wakeup could be late without a stop.
     func isLate(_ now: UInt64, after time: UInt64) -> Bool {
-        now > time && now - time > pauseTolerance &+ lastWaitQueued
+        now > time && now - time > pauseTolerance &+ lastWaitExplained
     }
 
     /// When a sample began, to tell afterwards whether the process was stopped during it.
