@@ -400,14 +400,9 @@ enum PoolWork {
     /// it by the time stopped.
     @inline(never)
     static func crunch(cpuMilliseconds: Int) {
-        func cpuNanoseconds() -> UInt64 {
-            var time = timespec()
-            clock_gettime(CLOCK_THREAD_CPUTIME_ID, &time)
-            return UInt64(time.tv_sec) * 1_000_000_000 + UInt64(time.tv_nsec)
-        }
-        let end = cpuNanoseconds() + UInt64(cpuMilliseconds) * 1_000_000
+        let end = Fixture.threadCPU() + UInt64(cpuMilliseconds) * 1_000_000
         var hash: UInt64 = 0x2325_cbf2_9ce4_8422
-        while cpuNanoseconds() < end {
+        while Fixture.threadCPU() < end {
             for byte in 0..<UInt64(4096) { hash = (hash ^ byte) &* 0x100_0000_01b3 }
         }
         AsyncWork.blackHole(hash)

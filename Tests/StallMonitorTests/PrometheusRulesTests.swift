@@ -270,8 +270,9 @@ enum ExternalTool {
     }
 
     /// Runs `tool` with standard output and error together; after `timeout` seconds, or once it
-    /// exits, its process group is killed. The output goes to a file, not a pipe: helpers that a tool leaves behind
-    /// (Chromium's) would hold a pipe open, and a read to its end would never return.
+    /// exits, its process group is killed. The output goes to a file, not a pipe: helpers that a
+    /// tool leaves behind (Chromium's) would hold a pipe open, and a read to its end would never
+    /// return.
     static func run(_ tool: String, _ arguments: [String], directory: String? = nil, timeout: Double = 120) throws
         -> Result
     {

@@ -50,10 +50,10 @@ struct ServiceWatchdogSchedule {
     var deadline: UInt64 { lastPing + interval }
 
     /// When the final stall report must be written: early enough to land before systemd's
-    /// deadline (`lastPing + interval`), late enough that the stall has outlasted most of it.
+    /// deadline, late enough that the stall has outlasted most of it.
     var finalReportTime: UInt64 {
         let margin = min(max(interval / 4, 100_000_000), 1_000_000_000)
-        return lastPing + interval - min(margin, interval / 2)
+        return deadline - min(margin, interval / 2)
     }
 
     /// Pings when one is due and the loop is healthy; an unhealthy loop leaves the ping overdue,
