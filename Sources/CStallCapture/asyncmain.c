@@ -45,9 +45,16 @@ extern void _dispatch_main_queue_callback_4CF(void *message) __attribute__((weak
 typedef void (*drain_original)(void) __attribute__((swiftcall));
 
 static _Atomic(stallmon_main_loop_fn) main_loop;
+static void (*_Atomic first_suspension)(void);
+
+void stallmon_async_main_on_first_suspension(void (*fn)(void)) {
+    atomic_store_explicit(&first_suspension, fn, memory_order_release);
+}
 
 __attribute__((swiftcall)) static void drain_on_main_run_loop(drain_original original, void *compat_override) {
     (void)compat_override;
+    void (*suspended)(void) = atomic_exchange_explicit(&first_suspension, NULL, memory_order_acq_rel);
+    if (suspended != NULL) suspended();
     stallmon_main_loop_fn run = atomic_load_explicit(&main_loop, memory_order_acquire);
     // Returns only when someone stops the main run loop: the main queue must still be drained, so
     // the runtime's own drain takes over (it never returns).

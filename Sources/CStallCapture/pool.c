@@ -20,8 +20,8 @@
 // loads of the park flag and the watch. No lock, no system call, no allocation (a thread's first
 // job claims a slot with one compare-and-swap per slot it tries).
 //
-// Installing the hook is the service's explicit choice (`cooperative_pool`); linking the library
-// sets nothing.
+// Installing the hook is the monitor's start for an async service (`cooperative_pool`, on there by
+// default) or the service's explicit choice; linking the library sets nothing.
 
 #define _GNU_SOURCE
 #include "stallcapture_pool.h"
@@ -237,6 +237,13 @@ void stallmon_pool_uninstall(void) {
 int stallmon_pool_installed(void) {
     void **hook = hook_address();
     return hook != NULL && __atomic_load_n(hook, __ATOMIC_ACQUIRE) == (void *)enqueue_global;
+}
+
+int stallmon_pool_hook_taken(void) {
+    void **hook = hook_address();
+    if (hook == NULL) return 0;
+    void *current = __atomic_load_n(hook, __ATOMIC_ACQUIRE);
+    return current != NULL && current != (void *)enqueue_global;
 }
 
 // An empty job for stallmon_pool_measure_job_ns: a metadata whose invoke function does nothing.

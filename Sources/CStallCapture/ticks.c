@@ -28,6 +28,8 @@
 struct stallmon_ticks {
     _Atomic uint64_t sequence;
     _Atomic uint64_t end_ns;
+    // Set by the first tick a metrics delegate counts.
+    _Atomic int delegated;
     // Tick durations (NULL when off); set before the loop thread is bound.
     stallmon_latency *latency;
     // Written by the watchdog, rarely: on its own cache line so that the loop's stores above do
@@ -60,10 +62,7 @@ const stallmon_latency *stallmon_ticks_latency(const stallmon_ticks *ticks) { re
 
 void stallmon_ticks_bind(stallmon_ticks *ticks) { bound = ticks; }
 
-void stallmon_tick(uint64_t start_ns, uint64_t end_ns) {
-    stallmon_ticks *ticks = bound;
-    if (ticks == NULL) return;
-    if (ticks->latency != NULL && end_ns >= start_ns) stallmon_latency_add(ticks->latency, end_ns - start_ns);
+static inline void count_tick(stallmon_ticks *ticks, uint64_t end_ns) {
     uint64_t next = atomic_load_explicit(&ticks->sequence, memory_order_relaxed) + 1;
     if (atomic_load_explicit(&ticks->watch_sequence, memory_order_relaxed) == next - 1) {
         // The watchdog waits for the end of this very tick: record it before publishing it.
@@ -71,6 +70,26 @@ void stallmon_tick(uint64_t start_ns, uint64_t end_ns) {
     }
     atomic_store_explicit(&ticks->end_ns, end_ns, memory_order_relaxed);
     atomic_store_explicit(&ticks->sequence, next, memory_order_release);
+}
+
+void stallmon_tick(uint64_t start_ns, uint64_t end_ns) {
+    stallmon_ticks *ticks = bound;
+    if (ticks == NULL) return;
+    if (ticks->latency != NULL && end_ns >= start_ns) stallmon_latency_add(ticks->latency, end_ns - start_ns);
+    if (!atomic_load_explicit(&ticks->delegated, memory_order_relaxed)) {
+        atomic_store_explicit(&ticks->delegated, 1, memory_order_relaxed);
+    }
+    count_tick(ticks, end_ns);
+}
+
+void stallmon_ticks_beat(stallmon_ticks *ticks) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    count_tick(ticks, (uint64_t)now.tv_sec * 1000000000ULL + (uint64_t)now.tv_nsec);
+}
+
+int stallmon_ticks_delegated(const stallmon_ticks *ticks) {
+    return atomic_load_explicit(&ticks->delegated, memory_order_relaxed);
 }
 
 uint64_t stallmon_ticks_sequence(const stallmon_ticks *ticks) {

@@ -55,10 +55,12 @@ extension StallMonitoring {
         public var loopLatency: Bool = false
         /// Whether Swift's cooperative pool (the global concurrent executor) is watched too: a job
         /// that holds a pool thread past ``cooperativePoolThreshold`` is reported like a loop stall
-        /// (`STALL_LOOP=cooperative-pool`). Off by default, and then nothing is installed: on, the
-        /// monitor sets the runtime's `swift_task_enqueueGlobal_hook` while it runs, which costs each
-        /// pool job a few tens of nanoseconds.
-        public var cooperativePool: Bool = false
+        /// (`STALL_LOOP=cooperative-pool`). `nil` (`"auto"`, the default) watches it for an async
+        /// service (the async-main targets and `startService()`), where route handlers run on the
+        /// pool, and not for a run-loop service; `true` and `false` decide for every target. Watched,
+        /// the monitor sets the runtime's `swift_task_enqueueGlobal_hook`, which costs each pool job
+        /// a few tens of nanoseconds.
+        public var cooperativePool: Bool? = nil
         /// How long one job may hold a pool thread before it is a stall. 10 ms to 1 hour.
         public var cooperativePoolThreshold: Duration = .milliseconds(100)
 

@@ -101,7 +101,13 @@ extension StallMonitoring.Configuration {
             reportWhileDebuggerAttached = try value.flag(key: key.rawValue, source: source)
         case .notifyStatus: notifyStatus = try value.flag(key: key.rawValue, source: source)
         case .loopLatency: loopLatency = try value.flag(key: key.rawValue, source: source)
-        case .cooperativePool: cooperativePool = try value.flag(key: key.rawValue, source: source)
+        case .cooperativePool:
+            if value.string == "auto" {
+                cooperativePool = nil
+            } else {
+                guard let flag = value.bool else { throw fail("must be true, false or \"auto\"") }
+                cooperativePool = flag
+            }
         case .cooperativePoolThreshold: cooperativePoolThreshold = try milliseconds()
         case .interruptBlockedThreads:
             interruptBlockedThreads = try value.flag(key: key.rawValue, source: source)
@@ -210,7 +216,7 @@ extension StallMonitoring.Configuration {
         case .reportWhileDebuggerAttached: return "\(reportWhileDebuggerAttached)"
         case .notifyStatus: return "\(notifyStatus)"
         case .loopLatency: return "\(loopLatency)"
-        case .cooperativePool: return "\(cooperativePool)"
+        case .cooperativePool: return cooperativePool.map { "\($0)" } ?? "auto"
         case .cooperativePoolThreshold: return milliseconds(cooperativePoolThreshold)
         case .signal: return signal.map(SignalName.name(of:)) ?? "auto"
         case .interruptBlockedThreads: return "\(interruptBlockedThreads)"

@@ -29,9 +29,9 @@ import Synchronization
 /// ``ReportSink`` you pass.
 public final class StallMonitor: Sendable {
     public let configuration: Configuration
-    private let logger: Logger
-    private let sinks: [any ReportSink]
-    private let metricsFactory: (any MetricsFactory)?
+    package let logger: Logger
+    package let sinks: [any ReportSink]
+    package let metricsFactory: (any MetricsFactory)?
     private let state = StateBox()
 
     /// Which thread's run loop to monitor.
@@ -135,26 +135,36 @@ public final class StallMonitor: Sendable {
         #endif
     }
 
-    /// Starts monitoring a run loop, and Swift's cooperative pool too when
-    /// ``Configuration/cooperativePool`` is on. Where ``isSupported`` is false it logs one `.debug`
-    /// line and returns: nothing runs.
+    /// Starts monitoring a run loop or the main actor, and Swift's cooperative pool too: for the
+    /// async-main targets unless ``Configuration/cooperativePool`` is `false`, for the others when it
+    /// is `true`. Where ``isSupported`` is false it logs one `.debug` line and returns: nothing runs.
+    ///
+    /// For an async target the pool's hook is set when `main()` first suspends, after its
+    /// synchronous setup: a service that makes SwiftNIO's event loops the global executor there
+    /// keeps them, and the monitor warns that the pool goes unwatched (its jobs run on the event
+    /// loops, which `startService()` of StallMonitorNIO watches).
     /// - Important: With ``Target/currentThread``, call this on the thread that runs the loop.
-    /// - Throws: ``StallMonitorError`` when the monitor already runs, its signal is taken, or the
-    ///   pool's hook cannot be set.
+    /// - Throws: ``StallMonitorError`` when the monitor already runs, its signal is taken, the pool's
+    ///   hook cannot be set while `cooperative_pool` is `true`, or ``Target/mainThread`` is started
+    ///   in an async `main()`, whose main thread never runs the main run loop on Linux
+    ///   (`.runLoopTargetInAsyncMain`).
     public func start(_ target: Target = .mainThread) throws(StallMonitorError) {
+        try start(target, eventLoopsWatched: false)
+    }
+
+    /// ``start(_:)``, told whether the monitor also watches the event loops that SwiftNIO's takeover
+    /// of the global executor would run async jobs on (for what the pool's warning says).
+    package func start(_ target: Target, eventLoopsWatched: Bool) throws(StallMonitorError) {
         #if STALLMON_LINUX
+        if target == .mainThread, Self.isAsyncMainBeforeItsDrain { throw StallMonitorError.runLoopTargetInAsyncMain() }
         try state.withLock { (session: inout Session?) throws(StallMonitorError) in
             guard session == nil else { throw StallMonitorError.alreadyRunning() }
             let started = try Session(target: target, monitor: self)
-            if configuration.cooperativePool {
-                do throws(StallMonitorError) {
-                    started.pool = try CooperativePoolSession(
-                        configuration: configuration, sinks: sinks, logger: logger,
-                        metricsFactory: metricsFactory ?? MetricsSystem.factory)
-                } catch {
-                    started.stop()
-                    throw error
-                }
+            do throws(StallMonitorError) {
+                started.pool = try startPool(for: target, eventLoopsWatched: eventLoopsWatched)
+            } catch {
+                started.stop()
+                throw error
             }
             session = started
         }
@@ -162,6 +172,44 @@ public final class StallMonitor: Sendable {
         logger.debug("stall monitoring is unsupported on this platform (Linux only): the monitor does nothing")
         #endif
     }
+
+    #if STALLMON_LINUX
+    /// The cooperative pool's session for `target`, or `nil` where the pool goes unwatched.
+    private func startPool(for target: Target, eventLoopsWatched: Bool) throws(StallMonitorError)
+        -> CooperativePoolSession?
+    {
+        let asyncTarget = target == .asyncMain || target == .asyncMainRunLoop
+        guard configuration.cooperativePool ?? asyncTarget else { return nil }
+        let coverage =
+            eventLoopsWatched
+            ? "with SwiftNIO's event loops as the global executor, async jobs run inside the ticks of "
+                + "MultiThreadedEventLoopGroup.singleton, whose stalls stallmon reports"
+            : "stalls of async jobs on that executor go unreported; with SwiftNIO's event loops as the global "
+                + "executor, startService() of StallMonitorNIO watches the loops they run on"
+        if configuration.cooperativePool == nil, CooperativePoolSession.hookTaken {
+            logger.warning(
+                """
+                stallmon does not watch the cooperative pool: another library has set \
+                swift_task_enqueueGlobal_hook (a custom global executor, such as SwiftNIO's event loops); \(coverage)
+                """,
+                metadata: ["stallmon.loop": "\(MonitorDescription.cooperativePoolLoop)"])
+            return nil
+        }
+        return try CooperativePoolSession(
+            configuration: configuration, sinks: sinks, logger: logger,
+            metricsFactory: metricsFactory ?? MetricsSystem.factory, atFirstSuspension: asyncTarget,
+            coverage: coverage)
+    }
+
+    /// Whether the caller runs on the main thread inside a task while the main run loop does not
+    /// run: an async `main()` (or top-level code with `await`) before its first suspension, or a
+    /// main-actor job of the light drain. A run-loop service that starts the monitor from a
+    /// main-actor task does so inside a run-loop callout.
+    private static var isAsyncMainBeforeItsDrain: Bool {
+        guard stallmon_gettid() == getpid(), withUnsafeCurrentTask(body: { $0 != nil }) else { return false }
+        return CFRunLoopCopyCurrentMode(CFRunLoopGetMain()) == nil
+    }
+    #endif
 
     /// Stops monitoring: removes the observers, ends a stall in progress with its report, and
     /// waits until every report is out, for at most ``stopTimeout`` (2 s). Starting again
@@ -203,10 +251,16 @@ public final class StallMonitor: Sendable {
         #endif
     }
 
-    /// A one-line health summary, e.g. `main loop healthy; 3 stalls in 1h, worst 540 ms`.
+    /// A one-line health summary, e.g. `main loop healthy; 3 stalls in 1h, worst 540 ms`, with a
+    /// part per event loop that ``startService()`` watches.
     public var status: String {
         #if STALLMON_LINUX
-        state.withLock { $0?.reporter.status.line() } ?? "stall monitor not running"
+        state.withLock { session in
+            session.map { session in
+                ([session.reporter.status.line()] + (session.eventLoops.map { [$0.status] } ?? [])).joined(
+                    separator: "; ")
+            }
+        } ?? "stall monitor not running"
         #else
         "stall monitor not running: unsupported on this platform"
         #endif
@@ -267,6 +321,29 @@ public final class StallMonitor: Sendable {
         #endif
     }
 
+    /// Has the running monitor own `eventLoops`: they stop with it, and count in its statistics and
+    /// status. Returns false (and leaves them alone) when the monitor does not run.
+    package func attach(_ eventLoops: EventLoopGroupSession) -> Bool {
+        #if STALLMON_LINUX
+        state.withLock { session in
+            guard let session, session.eventLoops == nil else { return false }
+            session.eventLoops = eventLoops
+            return true
+        }
+        #else
+        false
+        #endif
+    }
+
+    /// The event loops the running monitor owns, for measurements.
+    package var eventLoopSession: EventLoopGroupSession? {
+        #if STALLMON_LINUX
+        state.withLock { $0?.eventLoops }
+        #else
+        nil
+        #endif
+    }
+
     /// Kernel id of the cooperative pool's watchdog thread, for measurements (0 when it does not run).
     package var poolWatchdogThreadID: Int32 {
         #if STALLMON_LINUX
@@ -302,8 +379,10 @@ public final class StallMonitor: Sendable {
         let latency: LoopLatencyExporter?
         /// The light drain of ``Target/asyncMain`` feeds the loop state, not run-loop observers.
         let lightDrain: Bool
-        /// The cooperative pool's monitor, when ``Configuration/cooperativePool`` is on.
+        /// The cooperative pool's monitor, when the pool is watched.
         var pool: CooperativePoolSession?
+        /// The event loops of the service's group, when `startService()` watches them.
+        var eventLoops: EventLoopGroupSession?
 
         init(target kind: Target, monitor: StallMonitor) throws(StallMonitorError) {
             let configuration = monitor.configuration
@@ -464,8 +543,10 @@ public final class StallMonitor: Sendable {
             }
         }
 
-        /// The loop's and the cooperative pool's together.
-        var statistics: Statistics { loopStatistics + (pool?.statistics ?? .zero) }
+        /// The loop's, the cooperative pool's and the event loops' together.
+        var statistics: Statistics {
+            loopStatistics + (pool?.statistics ?? .zero) + (eventLoops?.statistics ?? .zero)
+        }
 
         var loopStatistics: Statistics {
             Statistics(
@@ -500,6 +581,7 @@ public final class StallMonitor: Sendable {
         }
 
         func stop() {
+            eventLoops?.stop()
             pool?.stop()
             if lightDrain { stallmon_async_main_drain_attach(nil) }
             for observer in observers {

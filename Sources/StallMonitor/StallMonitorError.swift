@@ -25,6 +25,7 @@ public struct StallMonitorError: Error, Sendable, Hashable, CustomStringConverti
             case eventLoopDidNotAnswer
             case eventLoopCountsNoTicks
             case cooperativePoolHookUnavailable
+            case runLoopTargetInAsyncMain
         }
 
         private let value: Value
@@ -49,12 +50,16 @@ public struct StallMonitorError: Error, Sendable, Hashable, CustomStringConverti
         public static let asyncMainHookUnavailable = Self(.asyncMainHookUnavailable)
         /// An event loop of the group did not run a task within a second.
         public static let eventLoopDidNotAnswer = Self(.eventLoopDidNotAnswer)
-        /// An event loop counts no ticks: the group was created without the monitor's metrics delegate.
+        /// No longer raised: a group without the monitor's metrics delegate is watched with
+        /// heartbeats. Kept so that code that matches it still compiles.
         public static let eventLoopCountsNoTicks = Self(.eventLoopCountsNoTicks)
         /// The cooperative pool cannot be watched (`cooperative_pool`): the runtime has no
         /// `swift_task_enqueueGlobal_hook`, another library set it, or another monitor of the
         /// process watches the pool already.
         public static let cooperativePoolHookUnavailable = Self(.cooperativePoolHookUnavailable)
+        /// `start()` (the main run loop) was called in an async `main()`, which never runs the main
+        /// run loop on Linux: start the monitor with `.asyncMain`, or `startService()` for a server.
+        public static let runLoopTargetInAsyncMain = Self(.runLoopTargetInAsyncMain)
 
         /// The code's name, e.g. `alreadyRunning`.
         public var description: String { value.rawValue }
@@ -123,11 +128,12 @@ public struct StallMonitorError: Error, Sendable, Hashable, CustomStringConverti
             line: line)
     }
 
-    package static func eventLoopCountsNoTicks(loop: String, file: String = #fileID, line: Int = #line) -> Self {
+    package static func runLoopTargetInAsyncMain(file: String = #fileID, line: Int = #line) -> Self {
         Self(
-            .eventLoopCountsNoTicks,
-            "event loop \(loop) counts no ticks: create the group with "
-                + "MultiThreadedEventLoopGroup(numberOfThreads:metricsDelegate: monitor.metricsDelegate)",
+            .runLoopTargetInAsyncMain,
+            "start() watches the main run loop, which an async main() never runs on Linux: call "
+                + "start(.asyncMain) in main() before its first await, or startService() (StallMonitorNIO) for a "
+                + "server on SwiftNIO, which also watches its event loops",
             file: file, line: line)
     }
 

@@ -13,11 +13,13 @@ import Synchronization
 ///
 /// ```swift
 /// let monitor = try NIOStallMonitor()
-/// let group = MultiThreadedEventLoopGroup(numberOfThreads: 4, metricsDelegate: monitor.metricsDelegate)
-/// try monitor.start(group)
+/// try monitor.start(MultiThreadedEventLoopGroup.singleton)
 /// ```
 ///
-/// Or in one call: `let group = try monitor.makeEventLoopGroup(numberOfThreads: 4)`.
+/// Any group is watched as it is, with heartbeats (see ``start(_:)``). A group made with
+/// ``metricsDelegate`` (`try monitor.makeEventLoopGroup(numberOfThreads: 4)` in one call) has its
+/// stalls timed exactly, for a cost on every tick. An async server watches its main actor, the
+/// cooperative pool and its event loops in one call, `StallMonitor.startService()`.
 ///
 /// Reports are the run-loop monitor's (journald fields, rate limits, symbolication), with
 /// `STALL_LOOP` the loop thread's name (`NIO-ELT-0-#1`), `STALL_ACTIVITY=event-loop-cycle`, and
@@ -60,8 +62,11 @@ public final class NIOStallMonitor: Sendable {
         self.metricsFactory = metricsFactory
     }
 
-    /// Pass this to `MultiThreadedEventLoopGroup(numberOfThreads:metricsDelegate:)`. On the loop
-    /// thread, after every tick, it makes two stores: no lock, no system call, no allocation.
+    /// Pass this to `MultiThreadedEventLoopGroup(numberOfThreads:metricsDelegate:)` for stall
+    /// durations timed exactly, from tick ends, rather than from heartbeats. The cost is SwiftNIO's:
+    /// with any delegate it builds each tick's information and reads the clock twice a tick
+    /// (400–900 instructions a request); the delegate itself makes two stores. No lock, no system
+    /// call, no allocation.
     public var metricsDelegate: any NIOEventLoopMetricsDelegate { TickCounter() }
 
     /// Creates a group whose loops are watched from the start (the delegate and ``start(_:)`` in one call).
@@ -77,49 +82,21 @@ public final class NIOStallMonitor: Sendable {
         return group
     }
 
-    /// Starts watching every loop of `group`, which must have been created with ``metricsDelegate``.
-    /// Runs one short task on each loop to learn its thread (and unblock the sampling signal there).
+    /// Starts watching every loop of `group`: any `MultiThreadedEventLoopGroup`, the frameworks'
+    /// default `MultiThreadedEventLoopGroup.singleton` among them. The watchdog hands each awake loop
+    /// a heartbeat task every eighth of the threshold and knows a stall by a heartbeat left unrun
+    /// (durations within half of that period); a group made with ``metricsDelegate`` counts its
+    /// ticks instead, and its stalls are timed exactly. Runs one short task on each loop to learn
+    /// its thread (and unblock the sampling signal there).
     /// - Important: Call it off the group's loops: it waits for those tasks.
     /// - Throws: `StallMonitorError` when the monitor runs already (`.alreadyRunning`), a loop does
-    ///   not answer within a second (`.eventLoopDidNotAnswer`), the group counts no ticks (it was
-    ///   created without ``metricsDelegate``: `.eventLoopCountsNoTicks`), or no sampler slot or
-    ///   signal is free.
+    ///   not answer within a second (`.eventLoopDidNotAnswer`), or no sampler slot or signal is free.
     public func start(_ group: MultiThreadedEventLoopGroup) throws(StallMonitorError) {
         #if STALLMON_LINUX
         try state.withLock { (session: inout EventLoopGroupSession?) throws(StallMonitorError) in
             guard session == nil else { throw StallMonitorError.alreadyRunning() }
-            let signal = try EventLoopGroupSession.samplingSignal(configuration, logger: logger)
-            var loops: [(EventLoopWatchdog.Loop, EventLoopWatchdog.TickState)] = []
-            for loop in group.makeIterator() {
-                guard let ticks = EventLoopWatchdog.makeTickState() else { throw StallMonitorError.outOfMemory() }
-                // Before the loop thread is bound: it reads the histogram unsynchronized.
-                if configuration.loopLatency, !EventLoopGroupSession.enableLatency(ticks) {
-                    throw StallMonitorError.outOfMemory()
-                }
-                let registered = loop.submit { () -> EventLoopWatchdog.Loop in
-                    stallmon_ticks_bind(ticks.pointer)
-                    if let signal { EventLoopGroupSession.unblockOnCurrentThread(signal) }
-                    return EventLoopWatchdog.Loop.current()
-                }
-                guard let described = try? Self.wait(registered, on: loop) ?? nil else {
-                    throw StallMonitorError.eventLoopDidNotAnswer()
-                }
-                loops.append((described, ticks))
-            }
-            // The task above ran inside a tick: a group with the delegate has counted it by now
-            // (or will in a moment). One without would be watched blind; refuse it.
-            let deadline = NIODeadline.now() + .seconds(1)
-            for (loop, ticks) in loops {
-                while stallmon_ticks_sequence(ticks.pointer) == 0 {
-                    guard NIODeadline.now() < deadline else {
-                        throw StallMonitorError.eventLoopCountsNoTicks(loop: loop.name)
-                    }
-                    usleep(1_000)
-                }
-            }
-            session = try EventLoopGroupSession(
-                configuration: configuration, sinks: sinks, logger: logger, loops: loops, signal: signal,
-                metricsFactory: metricsFactory)
+            session = try EventLoopGroupSession.watching(
+                group, configuration: configuration, sinks: sinks, logger: logger, metricsFactory: metricsFactory)
         }
         #else
         logger.debug("stall monitoring is unsupported on this platform (Linux only): the monitor does nothing")
@@ -127,7 +104,7 @@ public final class NIOStallMonitor: Sendable {
     }
 
     /// The future's value once it completes, or `nil` after a second (a stalled loop).
-    private static func wait<Value: Sendable>(_ future: EventLoopFuture<Value>, on loop: any EventLoop) throws -> Value?
+    fileprivate static func wait<Value: Sendable>(_ future: EventLoopFuture<Value>, on loop: any EventLoop) throws -> Value?
     {
         let answered = DispatchSemaphore(value: 0)
         let result = Mutex<Result<Value, any Error>?>(nil)
@@ -185,6 +162,86 @@ struct TickCounter: NIOEventLoopMetricsDelegate {
     func processedTick(info: NIOEventLoopTickInfo) {
         #if STALLMON_LINUX
         stallmon_tick(info.startTime.uptimeNanoseconds, info.endTime.uptimeNanoseconds)
+        #endif
+    }
+}
+
+#if STALLMON_LINUX
+extension EventLoopGroupSession {
+    /// Starts watching every loop of `group`: learns each loop's thread with a task on it (which
+    /// also binds the loop's tick state, counted by ``NIOStallMonitor/metricsDelegate`` where the
+    /// group has it, and unblocks the sampling signal there), and gives the watchdog a heartbeat for
+    /// each loop, `EventLoop.execute` of one call that stamps the moment it runs.
+    static func watching(
+        _ group: MultiThreadedEventLoopGroup, configuration: StallMonitor.Configuration, sinks: [any ReportSink],
+        logger: Logger, metricsFactory: (any MetricsFactory)?
+    ) throws(StallMonitorError) -> EventLoopGroupSession {
+        let signal = try samplingSignal(configuration, logger: logger)
+        var loops: [(EventLoopWatchdog.Loop, EventLoopWatchdog.TickState)] = []
+        for loop in group.makeIterator() {
+            guard let ticks = EventLoopWatchdog.makeTickState() else { throw StallMonitorError.outOfMemory() }
+            // Before the loop thread is bound: it reads the histogram unsynchronized.
+            if configuration.loopLatency, !enableLatency(ticks) { throw StallMonitorError.outOfMemory() }
+            let registered = loop.submit { () -> EventLoopWatchdog.Loop in
+                stallmon_ticks_bind(ticks.pointer)
+                if let signal { unblockOnCurrentThread(signal) }
+                return EventLoopWatchdog.Loop.current()
+            }
+            guard var described = try? NIOStallMonitor.wait(registered, on: loop) ?? nil else {
+                throw StallMonitorError.eventLoopDidNotAnswer()
+            }
+            described.beat = { loop.execute { stallmon_ticks_beat(ticks.pointer) } }
+            loops.append((described, ticks))
+        }
+        return try EventLoopGroupSession(
+            configuration: configuration, sinks: sinks, logger: logger, loops: loops, signal: signal,
+            metricsFactory: metricsFactory)
+    }
+}
+#endif
+
+extension StallMonitor {
+    /// Watches everything an async server runs on, in one call: the main actor (``StallMonitor/Target/asyncMain``),
+    /// Swift's cooperative pool, where async route handlers run (unless `cooperative_pool` is
+    /// `false`), and the event loops of `eventLoops`, by default `MultiThreadedEventLoopGroup.singleton`,
+    /// which Hummingbird, Vapor and gRPC Swift run on unless told otherwise. The group is watched as
+    /// it is, with heartbeats: no metrics delegate, no change to how the service makes it.
+    ///
+    /// ```swift
+    /// @main struct App {
+    ///     static func main() async throws {
+    ///         let stallmon = try StallMonitor()
+    ///         try stallmon.startService()   // before the first await
+    ///         try await app.runService()
+    ///     }
+    /// }
+    /// ```
+    ///
+    /// ``stop()`` stops all of it. A service that makes SwiftNIO's event loops the global executor
+    /// (`NIOSingletons.unsafeTryInstallSingletonPosixEventLoopGroupAsConcurrencyGlobalExecutor()`),
+    /// before or after this call in `main()`'s synchronous part, keeps them: its async jobs then run
+    /// inside the singleton's ticks, watched there, and the monitor logs a warning that the pool
+    /// itself goes unwatched.
+    /// - Parameter eventLoops: The group the service runs on; `nil` watches no event loops.
+    /// - Important: Call it on the main thread, in `main()` before its first `await`, as
+    ///   ``start(_:)`` with ``StallMonitor/Target/asyncMain``.
+    /// - Throws: `StallMonitorError` as ``start(_:)`` and ``NIOStallMonitor/start(_:)`` do; nothing
+    ///   runs then.
+    public func startService(
+        eventLoops: MultiThreadedEventLoopGroup? = MultiThreadedEventLoopGroup.singleton
+    ) throws(StallMonitorError) {
+        try start(.asyncMain, eventLoopsWatched: eventLoops === MultiThreadedEventLoopGroup.singleton)
+        #if STALLMON_LINUX
+        guard let eventLoops else { return }
+        do {
+            let session = try EventLoopGroupSession.watching(
+                eventLoops, configuration: configuration, sinks: sinks, logger: logger,
+                metricsFactory: metricsFactory)
+            if !attach(session) { session.stop() }
+        } catch {
+            stop()
+            throw error
+        }
         #endif
     }
 }

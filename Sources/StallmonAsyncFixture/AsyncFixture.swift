@@ -6,7 +6,7 @@
 //                                 [--journal --identifier NAME]
 //
 // Scenarios:
-//   unwatched  starts the monitor as a run-loop service would (start()), which sees nothing here
+//   unwatched  starts the monitor as a run-loop service would (start()), which throws at once here
 //   stalls     start(.asyncMain); main-actor stalls on the CPU, in a system call and on a lock, then
 //              a DispatchQueue.main block on the CPU
 //   idle       start(.asyncMain); nothing happens for --seconds
@@ -19,6 +19,7 @@
 //              cooperative pool blocked in usleep, a blocking read, DispatchSemaphore.wait and on the CPU
 //   pool-idle  the same, and nothing happens for --seconds
 //   pool-off   start(.asyncMain) with cooperative_pool off, and a pool job blocked in usleep
+//   pool-default  start(.asyncMain) with cooperative_pool left at its default, and the pool-stalls jobs
 //   pool-busy  the same as pool-stalls, with two tasks running pool jobs of 40 ms of CPU time back to
 //              back for --seconds (the tests stop the process in the middle of them)
 //   hops       measures main-actor hops from the global pool (--hops N, --drain D): D is dispatch (the
@@ -49,7 +50,9 @@ enum AsyncFixture {
         configuration.syslogIdentifier = options.identifier
         configuration.loopStartTimeout = .milliseconds(options.loopStartTimeout)
         configuration.rateLimit.burst = 1000  // the tests count every report
-        configuration.cooperativePool = options.scenario.hasPrefix("pool-") && options.scenario != "pool-off"
+        configuration.cooperativePool =
+            options.scenario == "pool-default"
+            ? nil : options.scenario.hasPrefix("pool-") && options.scenario != "pool-off"
         configuration.cooperativePoolThreshold = .milliseconds(options.threshold)
         var sinks: [any ReportSink] = [JSONLinesSink(identifier: options.identifier)]
         if options.journal { sinks.append(JournalSink(syslogIdentifier: options.identifier)) }
@@ -81,9 +84,19 @@ enum AsyncFixture {
             return
         }
 
+        if options.scenario == "unwatched" {
+            do {
+                try monitor.start()
+            } catch {
+                Fixture.print(["type": "error", "description": "\(error)", "code": "\(error.code)"])
+            }
+            Fixture.truth("main-actor-cpu") { AsyncWork.recompute(milliseconds: 50) }
+            return
+        }
+
         // The adoption under test: one line before main()'s first await.
         try monitor.start(
-            options.scenario == "unwatched" ? .mainThread : options.drain == "run-loop" ? .asyncMainRunLoop : .asyncMain
+            options.drain == "run-loop" ? .asyncMainRunLoop : .asyncMain
         )
 
         let started = Fixture.now()
@@ -91,9 +104,6 @@ enum AsyncFixture {
         switches.record(every: 0.5, until: options.seconds)
 
         switch options.scenario {
-        case "unwatched":
-            try await Task.sleep(for: .milliseconds(300))
-            Fixture.truth("main-actor-cpu") { AsyncWork.recompute(milliseconds: 600) }
         case "stalls":
             // Past the reporter's symbol loading, which competes for the CPU in the first few hundred ms.
             try await Task.sleep(for: .milliseconds(1000))
@@ -117,9 +127,10 @@ enum AsyncFixture {
             }
         case "idle", "pool-idle":
             break
-        case "pool-stalls":
-            PoolWork.printHook("running")
+        case "pool-stalls", "pool-default":
+            // After main() first suspended: the monitor sets the hook then.
             try await Task.sleep(for: .milliseconds(1000))
+            PoolWork.printHook("running")
             await PoolWork.stall("pool-usleep") { PoolWork.napInPool(milliseconds: 400) }
             try await Task.sleep(for: .milliseconds(300))
             await PoolWork.stall("pool-read") { PoolWork.readFromPipe(milliseconds: 400) }

@@ -2,7 +2,7 @@
 // `stallmon demo --nio`, the tests and the benchmark run it as a child process.
 //
 //   StallmonNIOServer [--port N] [--threads N] [--threshold-ms N] [--no-monitor] [--print-reports]
-//                     [--deny-io-uring]
+//                     [--deny-io-uring] [--tick-delegate]
 //
 // It prints `listening on <port>` once ready and serves:
 //   /hello            `hello`, and nothing else: the benchmark's request
@@ -19,6 +19,8 @@
 // --deny-io-uring makes io_uring_setup fail with ENOSYS (a seccomp filter, as a service's own could):
 // the watchdog then falls back to looking at idle loops once per threshold. valgrind needs it, since it
 // holds its lock while a thread waits in io_uring_enter and the whole process hangs.
+// The group is a plain MultiThreadedEventLoopGroup, watched with heartbeats as a framework's would be;
+// --tick-delegate makes it with the monitor's metrics delegate instead (stalls timed from tick ends).
 // SIGTERM or SIGINT stops the monitor (every report written) and exits.
 import CStallCapture
 import Dispatch
@@ -41,6 +43,7 @@ struct Options {
     var monitor = true
     var printReports = false
     var denyIOUring = false
+    var tickDelegate = false
 
     static func parse(_ arguments: [String]) -> Options {
         var options = Options()
@@ -59,6 +62,7 @@ struct Options {
             case "--no-monitor": options.monitor = false
             case "--print-reports": options.printReports = true
             case "--deny-io-uring": options.denyIOUring = true
+            case "--tick-delegate": options.tickDelegate = true
             default: fail("unknown argument \(argument)")
             }
         }
@@ -354,7 +358,12 @@ do {
         }
         let created = try NIOStallMonitor(
             configuration: configuration, sinks: options.printReports ? [PrintingSink()] : nil)
-        group = try created.makeEventLoopGroup(numberOfThreads: options.threads)
+        if options.tickDelegate {
+            group = try created.makeEventLoopGroup(numberOfThreads: options.threads)
+        } else {
+            group = MultiThreadedEventLoopGroup(numberOfThreads: options.threads)
+            try created.start(group)
+        }
         monitor = created
     } else {
         group = MultiThreadedEventLoopGroup(numberOfThreads: options.threads)

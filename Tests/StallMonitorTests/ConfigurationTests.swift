@@ -242,12 +242,15 @@ struct ConfigurationTests {
             try StallMonitor.Configuration.fromEnvironment(["STALLMON_THRESHOLD_MS": " 1e3 "]).threshold == .seconds(1))
     }
 
-    @Test func cooperativePoolIsOffByDefaultAndTurnsOnWithItsOwnThreshold() throws {
-        #expect(StallMonitor.Configuration().cooperativePool == false)
+    @Test func cooperativePoolIsAutomaticByDefaultAndTurnsOnWithItsOwnThreshold() throws {
+        #expect(StallMonitor.Configuration().cooperativePool == nil)
+        #expect(StallMonitor.Configuration().summary.contains("cooperative_pool=auto"))
+        #expect(try StallMonitor.Configuration.fromEnvironment(["STALLMON_COOPERATIVE_POOL": "auto"]).cooperativePool == nil)
+        #expect(try StallMonitor.Configuration.fromEnvironment(["STALLMON_COOPERATIVE_POOL": "false"]).cooperativePool == false)
         let configuration = try StallMonitor.Configuration.fromEnvironment([
             "STALLMON_COOPERATIVE_POOL": "true", "STALLMON_COOPERATIVE_POOL_THRESHOLD_MS": "40",
         ])
-        #expect(configuration.cooperativePool)
+        #expect(configuration.cooperativePool == true)
         #expect(configuration.cooperativePoolThreshold == .milliseconds(40))
         #expect(configuration.threshold == .milliseconds(250))
         #expect(configuration.summary.hasSuffix("cooperative_pool=true cooperative_pool_threshold_ms=40"))

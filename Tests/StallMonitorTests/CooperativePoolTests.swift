@@ -38,8 +38,10 @@ extension Serial {
             lines.filter { $0.string("STALL_LOOP") == "cooperative-pool" }
         }
 
-        @Test func poolJobsThatHoldTheirThreadAreEachReportedOnceWithThreadFunctionAndState() throws {
-            let run = try Self.run("pool-stalls", seconds: "4.8")
+        /// `cooperative_pool` on, and left at its default (watched for an async main).
+        @Test(arguments: ["pool-stalls", "pool-default"])
+        func poolJobsThatHoldTheirThreadAreEachReportedOnceWithThreadFunctionAndState(scenario: String) throws {
+            let run = try Self.run(scenario, seconds: "4.8")
             #expect(run.exitStatus == 0, "\(run.standardError)")
             let detected = Self.poolReports(run.detected)
             let ended = Self.poolReports(run.ended)

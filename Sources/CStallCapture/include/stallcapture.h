@@ -304,6 +304,12 @@ typedef void (*stallmon_main_loop_fn)(void);
 /// -EALREADY when an earlier call installed a different `run` (the first choice stays).
 int stallmon_async_main_run_loop_install(stallmon_main_loop_fn run);
 
+/// Has the async main's drain call `fn` once, on the main thread, when main() first suspends and
+/// before the drain begins (NULL: call nothing). The cooperative pool's hook is set then rather than
+/// at start(), so that a service that makes SwiftNIO's event loops the global executor in main()'s
+/// synchronous part, before or after it starts the monitor, keeps them.
+void stallmon_async_main_on_first_suspension(void (*fn)(void));
+
 /// The light drain of the main queue: the main thread waits on libdispatch's main-queue port (an
 /// eventfd) with poll(2) and drains the main queue with `_dispatch_main_queue_callback_4CF`, the two
 /// entry points libdispatch exports for CoreFoundation, with no run loop around them. Each drain is a

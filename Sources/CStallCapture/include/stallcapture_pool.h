@@ -39,6 +39,8 @@ int stallmon_pool_install(void);
 void stallmon_pool_uninstall(void);
 /// 1 while the hook is ours.
 int stallmon_pool_installed(void);
+/// 1 while someone else's hook is set (SwiftNIO's event loops as the global executor, say).
+int stallmon_pool_hook_taken(void);
 
 /// The job a pool thread runs now, as the watchdog reads it.
 typedef struct {

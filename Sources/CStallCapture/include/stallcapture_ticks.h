@@ -45,6 +45,15 @@ const stallmon_latency *stallmon_ticks_latency(const stallmon_ticks *ticks);
 /// two stores more. Does nothing on a thread that is not bound.
 void stallmon_tick(uint64_t start_ns, uint64_t end_ns);
 
+/// A heartbeat: the watchdog hands it to a loop that has no tick delegate (any SwiftNIO group), and
+/// the loop runs it between its work items. It counts as a tick that ended now: it proves that the
+/// loop got past whatever it ran before. Call it on the loop's thread, the only writer of `ticks`
+/// besides stallmon_tick on the same thread. One clock read, two loads, two stores.
+void stallmon_ticks_beat(stallmon_ticks *ticks);
+/// 1 once stallmon_tick (a metrics delegate) has counted a tick into `ticks`: the loop's ticks are
+/// known exactly and need no heartbeat.
+int stallmon_ticks_delegated(const stallmon_ticks *ticks);
+
 /// The number of ticks so far and the end of the latest (0 before the first).
 uint64_t stallmon_ticks_sequence(const stallmon_ticks *ticks);
 uint64_t stallmon_ticks_latest_end(const stallmon_ticks *ticks);

@@ -33,13 +33,28 @@ final class CooperativePoolSession: @unchecked Sendable {
     /// process's, so one monitor at a time does.
     private static let watching = Atomic<Bool>(false)
 
-    /// Learns the runtime's queues, sets the hook and starts the watchdog.
-    /// - Throws: ``StallMonitorError`` when the hook cannot be set (someone else's is set, or the
-    ///   runtime has none) or no sampler slot is free.
+    /// The session whose hook is set when the async main first suspends.
+    private static let pending = Mutex<CooperativePoolSession?>(nil)
+
+    /// What the warning says covers the pool's jobs when another global executor runs them.
+    private let coverage: String
+
+    /// Learns the runtime's queues, sets the hook (now, or when an async main first suspends) and
+    /// starts the watchdog.
+    /// - Parameters:
+    ///   - atFirstSuspension: Sets the hook when the async main first suspends, after its
+    ///     synchronous setup, rather than now: a service that makes another executor global in that
+    ///     setup (SwiftNIO's takeover), before or after the monitor starts, keeps it, and the pool
+    ///     goes unwatched with a warning that says what covers it.
+    ///   - coverage: What watches the async jobs when another global executor runs them (for the
+    ///     warning), e.g. that the event loops they run on are watched.
+    /// - Throws: ``StallMonitorError`` when the hook cannot be set now (someone else's is set, or
+    ///   the runtime has none) or no sampler slot is free.
     init(
         configuration monitorConfiguration: StallMonitor.Configuration, sinks: [any ReportSink], logger: Logger,
-        metricsFactory: any MetricsFactory
+        metricsFactory: any MetricsFactory, atFirstSuspension: Bool = false, coverage: String
     ) throws(StallMonitorError) {
+        self.coverage = coverage
         var configuration = monitorConfiguration
         configuration.threshold = monitorConfiguration.cooperativePoolThreshold
         configuration.sampleInterval = min(monitorConfiguration.sampleInterval, configuration.threshold)
@@ -49,14 +64,12 @@ final class CooperativePoolSession: @unchecked Sendable {
                 reason: "another monitor in this process watches it already")
         }
         let missing = Self.learnQueues(timeout: .seconds(1))
-        let rc = stallmon_pool_install()
-        guard rc == 0 else {
-            Self.watching.store(false, ordering: .releasing)
-            throw StallMonitorError.cooperativePoolHookUnavailable(
-                reason: rc == -EBUSY
-                    ? "another library has set swift_task_enqueueGlobal_hook (a custom global executor, such as "
-                        + "NIO's event loops)"
-                    : "this Swift runtime has no swift_task_enqueueGlobal_hook")
+        if !atFirstSuspension {
+            let rc = stallmon_pool_install()
+            guard rc == 0 else {
+                Self.watching.store(false, ordering: .releasing)
+                throw StallMonitorError.cooperativePoolHookUnavailable(reason: Self.reason(rc))
+            }
         }
         if !missing.isEmpty {
             logger.warning(
@@ -68,7 +81,7 @@ final class CooperativePoolSession: @unchecked Sendable {
         }
         slot = stallmon_sampler_slot_claim()
         guard slot >= 0 else {
-            stallmon_pool_uninstall()
+            if !atFirstSuspension { stallmon_pool_uninstall() }
             Self.watching.store(false, ordering: .releasing)
             throw StallMonitorError.tooManyMonitors()
         }
@@ -94,11 +107,38 @@ final class CooperativePoolSession: @unchecked Sendable {
         logger.debug(
             "stallmon watches the cooperative pool",
             metadata: ["stallmon.threshold_ms": "\(configuration.threshold.milliseconds)"])
+        if atFirstSuspension {
+            Self.pending.withLock { $0 = self }
+            stallmon_async_main_on_first_suspension { CooperativePoolSession.installPending() }
+        }
     }
+
+    private static func reason(_ rc: Int32) -> String {
+        rc == -EBUSY
+            ? "another library has set swift_task_enqueueGlobal_hook (a custom global executor, such as "
+                + "SwiftNIO's event loops)"
+            : "this Swift runtime has no swift_task_enqueueGlobal_hook"
+    }
+
+    /// On the main thread, when the async main first suspends: sets the hook of the session that
+    /// waits for it, or says why the pool goes unwatched.
+    private static func installPending() {
+        guard let session = pending.withLock({ $0.take() }) else { return }
+        let rc = stallmon_pool_install()
+        guard rc != 0 else { return }
+        session.logger.warning(
+            "stallmon does not watch the cooperative pool: \(reason(rc)); \(session.coverage)",
+            metadata: ["stallmon.loop": "\(EventLoopWatchdog.poolLoopName)"])
+    }
+
+    /// Whether someone else's global-executor hook is set now (SwiftNIO's takeover, made before the
+    /// monitor started).
+    static var hookTaken: Bool { stallmon_pool_hook_taken() == 1 }
 
     /// Clears the hook, stops the watchdog (a stall in progress gets its ended report) and waits
     /// until every report is out.
     func stop() {
+        Self.pending.withLock { if $0 === self { $0 = nil } }
         stallmon_pool_uninstall()
         watchdog.stop()
         reporter.finish(description, statistics, logger: logger)

@@ -8,9 +8,20 @@ import Synchronization
 import Glibc
 #endif
 
-/// One watchdog thread for a group of epoll event loops that count their ticks (SwiftNIO's, through
-/// its metrics delegate): the same stall reports as the run-loop watchdog, for every loop of the
-/// group, from one thread.
+/// One watchdog thread for a group of epoll event loops (SwiftNIO's): the same stall reports as the
+/// run-loop watchdog, for every loop of the group, from one thread.
+///
+/// A loop tells the watchdog that it made progress in one of two ways. A group made with a tick
+/// delegate (SwiftNIO's metrics delegate) counts the end of every tick exactly. Any other group,
+/// `MultiThreadedEventLoopGroup.singleton` among them, is handed heartbeats: while a loop is awake,
+/// the watchdog gives it one task at a time (``Loop/beat``) every ``beatPeriod`` (an eighth of the
+/// threshold), and the task stamps the moment it ran. A loop that leaves a heartbeat unrun for the
+/// threshold has stalled: it never got past the work item it was running when the heartbeat came.
+/// Such a stall began between the latest heartbeat that ran and the one left unrun, so its start is
+/// taken as the middle of the two, within half a period (16 ms at a 250 ms threshold) of the truth;
+/// it ends when the unrun heartbeat runs, right after the work item that held the loop returns.
+/// An idle loop gets no heartbeat: the watchdog learns from the kernel when it wakes (below), and
+/// hands it the first one only if it is still awake a period later.
 ///
 /// A loop's cycle is `epoll_wait`, its I/O handlers, its tasks, then the tick the loop publishes.
 /// Nothing is called when a cycle starts, so the watchdog finds out from the kernel:
@@ -39,10 +50,15 @@ package final class EventLoopWatchdog: @unchecked Sendable {
     package struct Loop: Sendable {
         package var threadID: pid_t
         package var name: String
+        /// Hands the loop a heartbeat: a task, run on the loop between its work items, that calls
+        /// `stallmon_ticks_beat` on the loop's tick state (SwiftNIO: `EventLoop.execute`). `nil` for
+        /// a loop that only counts ticks through a delegate.
+        package var beat: (@Sendable () -> Void)?
 
-        package init(threadID: pid_t, name: String) {
+        package init(threadID: pid_t, name: String, beat: (@Sendable () -> Void)? = nil) {
             self.threadID = threadID
             self.name = name
+            self.beat = beat
         }
     }
 
@@ -209,6 +225,12 @@ package final class EventLoopWatchdog: @unchecked Sendable {
         var pollPending = false
         /// CPU time of the thread when its current cycle was first seen, and when it was read.
         var cpuBase: (cpu: Int64, time: UInt64) = (-1, 0)
+        /// When the heartbeat of the current cycle was handed to the loop (`nil`: none yet). It has
+        /// run once ``sequence`` moved past the cycle's.
+        var beatSent: UInt64?
+        /// When the watchdog looks at a heartbeat loop in a cycle next: a period after the cycle's
+        /// start or its heartbeat.
+        var nextLook: UInt64 = 0
 
         init(loop: Loop, ticks: OpaquePointer?) {
             self.loop = loop
@@ -217,6 +239,10 @@ package final class EventLoopWatchdog: @unchecked Sendable {
         }
 
         var sequence: UInt64 { stallmon_ticks_sequence(ticks) }
+
+        /// Whether the loop is told heartbeats: it has a way to run them and counts no ticks of a
+        /// delegate (which tell the watchdog more, and for nothing).
+        var beats: Bool { loop.beat != nil && stallmon_ticks_delegated(ticks) == 0 }
     }
 
     final class StallInProgress {
@@ -282,7 +308,7 @@ package final class EventLoopWatchdog: @unchecked Sendable {
                 guard loops.indices.contains(index) else { continue }
                 loops[index].pollPending = false
                 guard case .idle = loops[index].phase else { continue }
-                startCycle(index, at: woke)
+                startCycle(index, at: woke, beatNow: false)
             }
             let now = MonotonicClock.now()
             for index in loops.indices { visit(index, now: now) }
@@ -315,7 +341,12 @@ package final class EventLoopWatchdog: @unchecked Sendable {
             switch state.phase {
             case .idle: continue
             case .unknown(let since): next = since + threshold
-            case .timing(let start, _): next = start + threshold
+            case .timing(let start, _):
+                if state.beats {
+                    next = state.beatSent.map { min($0 + threshold, state.nextLook) } ?? state.nextLook
+                } else {
+                    next = start + threshold
+                }
             case .stalled(let stall): next = stall.nextSample
             }
             earliest = min(earliest ?? next, next)
@@ -364,7 +395,9 @@ package final class EventLoopWatchdog: @unchecked Sendable {
         startCycle(index, at: start)
     }
 
-    private func startCycle(_ index: Int, at start: UInt64) {
+    /// - Parameter beatNow: Whether a heartbeat loop gets its heartbeat at once (it was seen busy)
+    ///   or only when it is still awake a period later (it has just woken from `epoll_wait`).
+    private func startCycle(_ index: Int, at start: UInt64, beatNow: Bool = true) {
         let state = loops[index]
         let sequence = state.sequence
         // A tick that ended after `start` is counted in `sequence` already: the cycle being timed
@@ -379,6 +412,25 @@ package final class EventLoopWatchdog: @unchecked Sendable {
         // be signalled at once, without the 200 µs watch of its first sample (most of the time
         // from the deadline to the detected report).
         stallmon_sampler_note_running(slot, state.loop.threadID)
+        state.beatSent = nil
+        if state.beats {
+            let now = MonotonicClock.now()
+            if beatNow {
+                beat(state, now: now)
+            } else {
+                state.nextLook = now + beatPeriod
+            }
+        }
+    }
+
+    /// How often an awake heartbeat loop gets a heartbeat, and the watchdog looks at it: an eighth
+    /// of the threshold. Half of it bounds the error of a stall's start.
+    package var beatPeriod: UInt64 { threshold / 8 }
+
+    private func beat(_ state: LoopState, now: UInt64) {
+        state.beatSent = now
+        state.nextLook = now + beatPeriod
+        state.loop.beat?()
     }
 
     /// Handles what is due for one loop at `now`; a loop that ticked is re-examined up to a quarter
@@ -390,6 +442,8 @@ package final class EventLoopWatchdog: @unchecked Sendable {
             return
         case .unknown(let since):
             if now >= since + threshold { examine(index, now: now) }
+        case .timing(let start, let sequence) where state.beats:
+            visitBeating(index, start: start, sequence: sequence, now: now)
         case .timing(let start, let sequence):
             let deadline = start + threshold
             if state.sequence != sequence {
@@ -425,6 +479,55 @@ package final class EventLoopWatchdog: @unchecked Sendable {
         }
     }
 
+    /// Handles what is due for a heartbeat loop in a cycle that began at `start`: a heartbeat that
+    /// ran ends the cycle (the loop is idle again or in a later one); one left unrun for the
+    /// threshold is a stall; a loop awake a period after it woke gets its first heartbeat.
+    private func visitBeating(_ index: Int, start: UInt64, sequence: UInt64, now: UInt64) {
+        let state = loops[index]
+        if state.sequence != sequence {
+            if reportIfLate(index, start: start, sequence: sequence, now: now) { return }
+            examine(index, now: now, timedSince: start)
+            return
+        }
+        // Looks due within half a period share this wakeup.
+        let due = now + beatPeriod / 2 >= state.nextLook
+        if let sent = state.beatSent {
+            guard now >= sent + threshold else {
+                if due { state.nextLook = now + beatPeriod }
+                return
+            }
+        } else if !due {
+            return
+        }
+        var view = stallmon_syscall_view()
+        stallmon_read_syscall(state.loop.threadID, &view)
+        if view.state == 0, stallmon_syscall_is_epoll_wait(view.number) == 1 {
+            // Asleep again before it needed a heartbeat (or just as one was handed to it: its
+            // wakeup for it completes the poll).
+            examine(index, now: now)
+            return
+        }
+        if view.state < 0 {
+            state.phase = .unknown(since: now)
+            return
+        }
+        guard state.beatSent != nil else {
+            beat(state, now: now)
+            return
+        }
+        beginStall(index, start: start, sequence: sequence, now: now)
+    }
+
+    /// Where a stall of the cycle that began at `start` starts, and the moment from which it must
+    /// have lasted the threshold. With ticks, both are the cycle's start. With heartbeats, the
+    /// loop was last seen making progress at `start` and was handed the heartbeat it left unrun at
+    /// `sent`: the work item that held it began in between (the middle is within half a period of
+    /// it), and the loop has been held at least since `sent`.
+    private func stallBounds(_ state: LoopState, cycleStart start: UInt64) -> (start: UInt64, unanswered: UInt64) {
+        guard state.beats, let sent = state.beatSent, sent > start else { return (start, start) }
+        return (start + (sent - start) / 2, sent)
+    }
+
     // MARK: - Arming
 
     /// Makes sure a poll of the loop's epoll descriptor is pending. A poll submitted earlier, while
@@ -445,11 +548,13 @@ package final class EventLoopWatchdog: @unchecked Sendable {
     /// Returns whether there was one.
     private func reportIfLate(_ index: Int, start: UInt64, sequence: UInt64, now: UInt64) -> Bool {
         let state = loops[index]
+        let bounds = stallBounds(state, cycleStart: start)
         var end: UInt64 = 0
-        guard stallmon_ticks_watched_end(state.ticks, sequence, &end) == 1, end > start, end - start >= threshold
+        guard stallmon_ticks_watched_end(state.ticks, sequence, &end) == 1, end > bounds.unanswered,
+            end - bounds.unanswered >= threshold
         else { return false }
         let stall = StallInProgress(
-            start: start, sequence: sequence, suppressed: isSuppressed(now), nextSample: now,
+            start: bounds.start, sequence: sequence, suppressed: isSuppressed(now), nextSample: now,
             capacity: configuration.maximumStacks)
         stall.noStackReason =
             "the stall ended \((now - end) / 1_000_000) ms before the watchdog could look (it waited for a CPU)"
@@ -473,8 +578,8 @@ package final class EventLoopWatchdog: @unchecked Sendable {
             return
         }
         let stall = StallInProgress(
-            start: start, sequence: sequence, suppressed: isSuppressed(now), nextSample: now + sampleInterval,
-            capacity: configuration.maximumStacks
+            start: stallBounds(state, cycleStart: start).start, sequence: sequence, suppressed: isSuppressed(now),
+            nextSample: now + sampleInterval, capacity: configuration.maximumStacks
         )
         state.phase = .stalled(stall)
         takeSample(state, stall)

@@ -16,10 +16,13 @@ final class NIOServer: Sendable {
 
     /// Starts the server with a monitor (threshold `thresholdMilliseconds`) on `threads` loops and
     /// waits until it listens.
-    init(threads: Int = 2, thresholdMilliseconds: Int = 100, monitor: Bool = true) throws {
+    /// - Parameter tickDelegate: The group is made with the monitor's metrics delegate (stalls timed
+    ///   from tick ends) rather than watched with heartbeats, as a framework's group is.
+    init(threads: Int = 2, thresholdMilliseconds: Int = 100, monitor: Bool = true, tickDelegate: Bool = false) throws {
         identifier = "stallmon-nio-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
         var arguments = ["--port", "0", "--threads", String(threads), "--threshold-ms", String(thresholdMilliseconds)]
         if !monitor { arguments.append("--no-monitor") }
+        if tickDelegate { arguments.append("--tick-delegate") }
         running = try Self.executable.start(arguments, environment: ["STALLMON_SYSLOG_IDENTIFIER": identifier])
         guard running.waitForOutput(timeout: 30, { output, _ in output.contains("listening on ") }),
             let line = running.outputSoFar.split(separator: "\n").first(where: { $0.hasPrefix("listening on ") }),
