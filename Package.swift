@@ -146,7 +146,10 @@ let package = Package(
         // The same for an async @main service, whose main actor has no run loop unless the monitor runs one.
         .executableTarget(
             name: "StallmonAsyncFixture",
-            dependencies: ["StallMonitor", "StallJournal", "CStallCapture", "StallmonFixtureKit"]
+            dependencies: [
+                "StallMonitor", "StallJournal", "CStallCapture", "StallmonFixtureKit", "StallMonitorNIO",
+                .product(name: "NIOCore", package: "swift-nio"), .product(name: "NIOPosix", package: "swift-nio"),
+            ]
         ),
         // An async @main whose monitor runs as a service of a ServiceGroup, next to a service that
         // stalls the main actor; SIGTERM shuts the group down gracefully.

@@ -22,6 +22,10 @@
 //   pool-default  start(.asyncMain) with cooperative_pool left at its default, and the pool-stalls jobs
 //   pool-busy  the same as pool-stalls, with two tasks running pool jobs of 40 ms of CPU time back to
 //              back for --seconds (the tests stop the process in the middle of them)
+//   event-loop-wedge  startService(eventLoops:) on a group of one loop, which a task holds on the CPU
+//              for --wedge-seconds after 1.5 s
+//   pool-wedge  start(.asyncMain), the pool watched by default; after 1.5 s every pool thread is held
+//              in usleep for --wedge-seconds
 //   hops       measures main-actor hops from the global pool (--hops N, --drain D): D is dispatch (the
 //              runtime's dispatch_main drain), run-loop or light (the main run loop or the light drain
 //              without a monitor), monitored (start(.asyncMain), the light drain) or monitored-run-loop
@@ -31,8 +35,11 @@ import CStallCapture
 import CoreFoundation
 import Dispatch
 import Foundation
+import NIOCore
+import NIOPosix
 import StallJournal
 import StallMonitor
+import StallMonitorNIO
 import StallmonFixtureKit
 import Synchronization
 
@@ -91,6 +98,24 @@ enum AsyncFixture {
                 Fixture.print(["type": "error", "description": "\(error)", "code": "\(error.code)"])
             }
             Fixture.truth("main-actor-cpu") { AsyncWork.recompute(milliseconds: 50) }
+            return
+        }
+
+        if options.scenario == "event-loop-wedge" {
+            let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+            try monitor.startService(eventLoops: group)
+            try await Task.sleep(for: .milliseconds(1500))
+            group.next().execute { AsyncWork.wedgeEventLoop(seconds: options.wedgeSeconds) }
+            try await Task.sleep(for: .seconds(options.seconds))
+            return
+        }
+        if options.scenario == "pool-wedge" {
+            try monitor.start(.asyncMain)
+            try await Task.sleep(for: .milliseconds(1500))
+            for _ in 0..<ProcessInfo.processInfo.activeProcessorCount {
+                Task.detached { AsyncWork.holdPoolThread(seconds: options.wedgeSeconds) }
+            }
+            try await Task.sleep(for: .seconds(options.seconds))
             return
         }
 
@@ -202,6 +227,7 @@ struct Options {
     var journal = false
     var identifier = "stallmon-async-fixture"
     var drain = "monitored"
+    var wedgeSeconds = 6.0
 
     init(_ arguments: [String]) {
         var iterator = arguments.makeIterator()
@@ -214,6 +240,7 @@ struct Options {
             case "--journal": journal = true
             case "--identifier": identifier = iterator.next() ?? identifier
             case "--drain": drain = iterator.next() ?? drain
+            case "--wedge-seconds": wedgeSeconds = Double(iterator.next() ?? "") ?? wedgeSeconds
             default: scenario = argument
             }
         }
@@ -262,6 +289,23 @@ enum Hops {
 /// The stalling code. Each is its own non-inlined function, so that tests can look for it by name
 /// (and file:line) in the reported stack.
 enum AsyncWork {
+    /// An event-loop task busy on the CPU.
+    @inline(never)
+    static func wedgeEventLoop(seconds: Double) {
+        let end = Fixture.milliseconds() + seconds * 1000
+        var hash: UInt64 = 0xcbf2_9ce4_8422_2325
+        while Fixture.milliseconds() < end {
+            for byte in 0..<UInt64(4096) { hash = (hash ^ byte) &* 0x100_0000_01b3 }
+        }
+        blackHole(hash)
+    }
+
+    /// A pool job blocked in `usleep`.
+    @inline(never)
+    static func holdPoolThread(seconds: Double) {
+        usleep(UInt32(seconds * 1_000_000))
+    }
+
     /// Main-actor work busy on the CPU (FNV hashing).
     @MainActor @inline(never)
     static func recompute(milliseconds: Int) {

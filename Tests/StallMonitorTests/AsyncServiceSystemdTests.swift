@@ -1,4 +1,5 @@
 import Foundation
+import StallJournal
 import Testing
 
 #if canImport(Glibc)
@@ -11,7 +12,9 @@ import Glibc
 extension Serial {
     @Suite(.enabled(if: SystemdNamespace.isSupported, "needs root, systemd, unshare and nsenter"))
     struct AsyncServiceSystemdTests {
-        static func installService(_ systemd: SystemdNamespace, name: String, scenario: String) throws {
+        static func installService(
+            _ systemd: SystemdNamespace, name: String, scenario: String, arguments: String = ""
+        ) throws {
             let executable = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
                 .appendingPathComponent("StallmonAsyncFixture")
             try systemd.copy(try Data(contentsOf: executable), to: "/usr/local/bin/StallmonAsyncFixture", mode: 0o755)
@@ -22,7 +25,7 @@ extension Serial {
                     Description=stallmon async test service \(name)
 
                     [Service]
-                    ExecStart=/usr/local/bin/StallmonAsyncFixture \(scenario) --seconds 30 --loop-start-timeout-ms 10000
+                    ExecStart=/usr/local/bin/StallmonAsyncFixture \(scenario) --seconds 30 --loop-start-timeout-ms 10000 \(arguments)
                     WatchdogSec=2s
                     Restart=on-watchdog
                     NotifyAccess=main
@@ -48,34 +51,53 @@ extension Serial {
             #expect(output.allSatisfy { !$0.contains("cannot see") })
         }
 
-        @Test func asyncMainStartedLikeARunLoopServiceIsWarnedAboutThenRestartedByTheWatchdog() throws {
+        @Test func asyncMainStartedLikeARunLoopServiceFailsAtOnceSayingWhatToCall() throws {
             let systemd = try SystemdNamespace.started()
             defer { systemd.stop() }
             try Self.installService(systemd, name: "unfed", scenario: "unwatched")
             try systemd.check(["systemctl", "start", "unfed.service"])
-            var warnings: [[String: String]] = []
-            for _ in 0..<50 where warnings.isEmpty {
-                warnings = try systemd.journal(matches: ["_SYSTEMD_UNIT=unfed.service"]).filter {
-                    $0["MESSAGE"]?.contains("stallmon cannot see the main loop") == true
-                }
-                if warnings.isEmpty { usleep(200_000) }
+            var errors: [String] = []
+            for _ in 0..<50 where errors.isEmpty {
+                errors = try systemd.journal(matches: ["_SYSTEMD_UNIT=unfed.service"]).compactMap { $0["MESSAGE"] }
+                    .filter { $0.contains("runLoopTargetInAsyncMain") }
+                if errors.isEmpty { usleep(200_000) }
             }
-            let warning = try #require(warnings.first, "no warning in the journal")
-            #expect(warning["MESSAGE"]?.contains("call start(.asyncMain) in main() before its first await") == true)
+            let error = try #require(errors.first, "no error in the journal")
+            #expect(error.contains("call start(.asyncMain) in main() before its first await"))
+            #expect(try Self.systemdSaid(systemd, "unfed.service").allSatisfy { !$0.contains("Watchdog timeout") })
+        }
 
+        /// systemd's watchdog vouches for every loop the monitors watch: an event loop, or the whole
+        /// cooperative pool, held past half of `WatchdogSec=` stops the pings while the main actor
+        /// idles, and the stall's final report lands before systemd's kill.
+        @Test(arguments: [
+            ("wedged-loop", "event-loop-wedge", "AsyncWork.wedgeEventLoop(seconds:)"),
+            ("wedged-pool", "pool-wedge", "AsyncWork.holdPoolThread(seconds:)"),
+        ])
+        func aWedgedLoopStopsTheWatchdogPingsAfterItsFinalReport(name: String, scenario: String, function: String)
+            throws
+        {
+            let systemd = try SystemdNamespace.started()
+            defer { systemd.stop() }
+            try Self.installService(
+                systemd, name: name, scenario: scenario,
+                arguments: "--threshold-ms 200 --wedge-seconds 8 --journal --identifier \(name)")
+            try systemd.check(["systemctl", "start", "\(name).service"])
             var said: [String] = []
-            for _ in 0..<50 {
-                said = try Self.systemdSaid(systemd, "unfed.service")
+            for _ in 0..<75 {
+                said = try Self.systemdSaid(systemd, "\(name).service")
                 if said.contains(where: { $0.contains("Watchdog timeout") }) { break }
                 usleep(200_000)
             }
             let timeout = try #require(
-                try systemd.journal(matches: ["_PID=1", "UNIT=unfed.service"]).first {
+                try systemd.journal(matches: ["_PID=1", "UNIT=\(name).service"]).first {
                     $0["MESSAGE"]?.contains("Watchdog timeout") == true
                 }, "no watchdog timeout from systemd: \(said)")
-            // The warning came first: the journal says why the service was killed.
+            let finals = try systemd.journal(matches: ["SYSLOG_IDENTIFIER=\(name)", "MESSAGE_ID=\(MessageID.watchdogStall)"])
+            let final = try #require(finals.first, "no final report before the kill")
+            #expect(final["STALL_FRAME"]?.contains(function) == true, "\(final["STALL_FRAME"] ?? "")")
             #expect(
-                (UInt64(warning["__REALTIME_TIMESTAMP"] ?? "") ?? .max)
+                (UInt64(final["__REALTIME_TIMESTAMP"] ?? "") ?? .max)
                     < (UInt64(timeout["__REALTIME_TIMESTAMP"] ?? "") ?? 0))
         }
     }

@@ -196,6 +196,7 @@ package final class EventLoopWatchdog: @unchecked Sendable {
         if stopFD >= 0 { stallmon_eventfd_signal(stopFD) }
         stopWaiter.signal()
         finished.wait()
+        ServiceHealth.shared.vote(self, wedgedSince: nil)
     }
 
     private var threshold: UInt64 { UInt64(configuration.threshold.nanoseconds) }
@@ -251,6 +252,8 @@ package final class EventLoopWatchdog: @unchecked Sendable {
         let sequence: UInt64
         let suppressed: Bool
         var nextSample: UInt64
+        /// Whether the report before the service manager's watchdog kill went out.
+        var finalReportWritten = false
         /// What the samples saw (sampled like a stalled run loop).
         var sampled: StallSamples
         var stacks: StackAggregator { sampled.stacks }
@@ -347,7 +350,7 @@ package final class EventLoopWatchdog: @unchecked Sendable {
                 } else {
                     next = start + threshold
                 }
-            case .stalled(let stall): next = stall.nextSample
+            case .stalled(let stall): next = min(stall.nextSample, finalReportDue(stall) ?? .max)
             }
             earliest = min(earliest ?? next, next)
         }
@@ -470,13 +473,62 @@ package final class EventLoopWatchdog: @unchecked Sendable {
             } else if state.sequence != stall.sequence {
                 // The tick ended before the loop saw the watch: the latest tick end bounds it.
                 finish(index, stall, end: min(stallmon_ticks_latest_end(state.ticks), now))
-            } else if now >= stall.nextSample {
-                takeSample(state, stall)
-                stall.nextSample += sampleInterval
-                let after = MonotonicClock.now()
-                if stall.nextSample < after { stall.nextSample = after + sampleInterval }
+            } else {
+                writeFinalReportIfDue(state, stall, now: now, to: reporters[index])
+                if now >= stall.nextSample {
+                    takeSample(state, stall)
+                    stall.nextSample += sampleInterval
+                    let after = MonotonicClock.now()
+                    if stall.nextSample < after { stall.nextSample = after + sampleInterval }
+                }
             }
         }
+    }
+
+    // MARK: - The service manager's watchdog
+
+    /// When the final report of `stall` is due: under `WatchdogSec=`, for a stall that will have
+    /// held its loop past half the interval by then (the pings have stopped for it), early enough
+    /// to land before systemd's kill; `nil` otherwise.
+    private func finalReportDue(_ stall: StallInProgress) -> UInt64? {
+        guard !stall.finalReportWritten, !stall.suppressed, let schedule = ServiceHealth.shared.finalReport,
+            schedule.due >= stall.start + schedule.interval / 2
+        else { return nil }
+        return schedule.due
+    }
+
+    /// Writes the final report of `stall` once it is due, and waits until the sinks have it or
+    /// systemd's deadline passes.
+    private func writeFinalReportIfDue(_ state: LoopState, _ stall: StallInProgress, now: UInt64, to reporter: Reporter) {
+        guard let due = finalReportDue(stall), now >= due, let schedule = ServiceHealth.shared.finalReport else {
+            return
+        }
+        stall.finalReportWritten = true
+        var report = captured(
+            state, stall, event: .watchdog, end: MonotonicClock.now(), stacks: stall.stacks.all,
+            sources: stall.stacks.sources)
+        if watchesPool { report = poolStall(report, state) }
+        report.watchdogInterval = schedule.interval
+        reporter.submitNow(report, waitingUntil: schedule.deadline)
+    }
+
+    /// Tells the process's pinger (``ServiceHealth``) which of this watchdog's loops are wedged:
+    /// the oldest stalled event loop, or the pool once every thread of it seen running is held.
+    private func voteOnHealth() {
+        var since: UInt64?
+        if watchesPool {
+            let known = poolThreads.compactMap { $0 }
+            let held = known.compactMap { state -> UInt64? in
+                if case .stalled(let stall) = state.phase { return stall.start }
+                return nil
+            }
+            since = !known.isEmpty && held.count == known.count ? held.max() : nil
+        } else {
+            for state in loops {
+                if case .stalled(let stall) = state.phase { since = min(since ?? stall.start, stall.start) }
+            }
+        }
+        ServiceHealth.shared.vote(self, wedgedSince: since)
     }
 
     /// Handles what is due for a heartbeat loop in a cycle that began at `start`: a heartbeat that
@@ -582,6 +634,7 @@ package final class EventLoopWatchdog: @unchecked Sendable {
             nextSample: now + sampleInterval, capacity: configuration.maximumStacks
         )
         state.phase = .stalled(stall)
+        voteOnHealth()
         takeSample(state, stall)
         if !stall.suppressed {
             reporters[index].submit(
@@ -594,6 +647,8 @@ package final class EventLoopWatchdog: @unchecked Sendable {
 
     private func finish(_ index: Int, _ stall: StallInProgress, end: UInt64) {
         let state = loops[index]
+        state.phase = .unknown(since: end)
+        voteOnHealth()
         stallmon_ticks_watch(state.ticks, 0)
         stallCount.add(1, ordering: .relaxed)
         if !stall.suppressed {
@@ -723,6 +778,8 @@ extension EventLoopWatchdog {
                     // It ended before it saw the watch, which was set just after it was detected.
                     finishPoolStall(index, state, stall, end: now)
                 } else {
+                    writeFinalReportIfDue(state, stall, now: now, to: reporters[0])
+                    if let final = finalReportDue(stall) { due(final) }
                     if now >= stall.nextSample {
                         takeSample(state, stall)
                         stall.nextSample += sampleInterval
@@ -763,6 +820,7 @@ extension EventLoopWatchdog {
             start: start, sequence: job.sequence, suppressed: isSuppressed(now),
             nextSample: now + sampleInterval, capacity: configuration.maximumStacks)
         state.phase = .stalled(stall)
+        voteOnHealth()
         takeSample(state, stall)
         if !stall.suppressed {
             reporters[0].submit(
@@ -786,6 +844,7 @@ extension EventLoopWatchdog {
                     state))
         }
         state.phase = .idle
+        voteOnHealth()
     }
 
     /// A pool job's stall: its activity, and the thread it held.

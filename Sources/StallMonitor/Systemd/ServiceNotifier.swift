@@ -60,8 +60,19 @@ struct ServiceWatchdogSchedule {
     /// so that it goes out the moment the loop recovers.
     mutating func pingIfDue(now: UInt64, healthy: Bool) {
         guard now >= nextPing, healthy else { return }
+        #if STALLMON_LINUX
+        // Every loop of the process's monitors, not only this one: a loop wedged for half the
+        // interval holds the pings back until it recovers, looked at again in a twentieth of it.
+        guard ServiceHealth.shared.isHealthy(now: now, limit: interval / 2) else {
+            nextPing = now + interval / 20
+            return
+        }
+        #endif
         ServiceNotifier.notify("WATCHDOG=1")
         lastPing = now
         nextPing = now + interval / 2
+        #if STALLMON_LINUX
+        ServiceHealth.shared.notePing(at: now, interval: interval)
+        #endif
     }
 }
