@@ -35,9 +35,17 @@ public struct StallMonitorService: Service {
     /// The monitor this service started.
     public let monitor: StallMonitor
 
-    /// Starts `monitor` for `target`, now.
+    /// Starts `monitor` for `target`, now, unless it runs already: a server on SwiftNIO starts it
+    /// with `startService()` (StallMonitorNIO), which also watches its event loops, and hands it
+    /// here so that graceful shutdown stops it.
+    ///
+    /// ```swift
+    /// let stallmon = try StallMonitor()
+    /// try stallmon.startService()
+    /// let group = ServiceGroup(services: [StallMonitorService(stallmon), server], logger: logger)
+    /// ```
     /// - Parameters:
-    ///   - monitor: A monitor that is not running yet.
+    ///   - monitor: A monitor, running or not.
     ///   - target: ``StallMonitor/Target/asyncMain`` (the default) for an async `@main`, which
     ///     every `ServiceGroup` service has; ``StallMonitor/Target/mainThread`` where the main thread
     ///     runs the main run loop itself.
@@ -46,7 +54,7 @@ public struct StallMonitorService: Service {
     /// - Throws: ``StallMonitorError`` when the monitor cannot start (it runs already, or the
     ///   service is created too late for an async main).
     public init(_ monitor: StallMonitor, target: StallMonitor.Target = .asyncMain) throws(StallMonitorError) {
-        try monitor.start(target)
+        if !monitor.isRunning { try monitor.start(target) }
         self.monitor = monitor
     }
 
