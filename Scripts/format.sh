@@ -4,7 +4,7 @@
 #        Scripts/format.sh --fix    rewrite the files in place
 set -euo pipefail
 cd "$(dirname "$0")/.."
-paths=(Package.swift Sources Tests)
+paths=(Package.swift Sources Tests Examples/Package.swift Examples/Sources)
 if [[ "${1:-}" == "--fix" ]]; then
     swift format format --in-place --recursive "${paths[@]}"
     exit 0

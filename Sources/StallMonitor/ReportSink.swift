@@ -117,6 +117,8 @@ public struct MonitorDescription: Sendable, Hashable {
     public var configuration: StallMonitor.Configuration
     /// The signal used for sampling, `nil` when none was free (reports then carry no stack).
     public var signal: Int32?
+    /// Whether `loop` names an event loop's thread (SwiftNIO's) rather than a run loop's.
+    public var isEventLoop: Bool = false
 
     /// `STALL_LOOP` of the cooperative pool's stalls.
     package static let cooperativePoolLoop = "cooperative-pool"
@@ -125,7 +127,8 @@ public struct MonitorDescription: Sendable, Hashable {
     public var message: String {
         let loopName =
             loop == MonitorDescription.cooperativePoolLoop
-            ? "the cooperative pool" : loop == "main" ? "main run loop" : "run loop of thread \(loop)"
+            ? "the cooperative pool"
+            : isEventLoop ? "event loop \(loop)" : loop == "main" ? "main run loop" : "run loop of thread \(loop)"
         let signalName = signal.map(SignalName.name(of:)) ?? "none (no stacks)"
         return "monitoring \(loopName) (tid \(threadID)): threshold \(configuration.threshold.milliseconds) ms, "
             + "sample interval \(configuration.sampleInterval.milliseconds) ms, signal \(signalName)"

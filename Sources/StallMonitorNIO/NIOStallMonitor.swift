@@ -4,7 +4,8 @@ import Dispatch
 import Logging
 import NIOCore
 import NIOPosix
-import StallMonitor
+// A server imports this module alone: `StallMonitor`, `startService()` and the sinks come with it.
+@_exported import StallMonitor
 import Synchronization
 
 /// Watches every event loop of a SwiftNIO `MultiThreadedEventLoopGroup` and reports each stall: a
@@ -104,7 +105,8 @@ public final class NIOStallMonitor: Sendable {
     }
 
     /// The future's value once it completes, or `nil` after a second (a stalled loop).
-    fileprivate static func wait<Value: Sendable>(_ future: EventLoopFuture<Value>, on loop: any EventLoop) throws -> Value?
+    fileprivate static func wait<Value: Sendable>(_ future: EventLoopFuture<Value>, on loop: any EventLoop) throws
+        -> Value?
     {
         let answered = DispatchSemaphore(value: 0)
         let result = Mutex<Result<Value, any Error>?>(nil)

@@ -93,7 +93,9 @@ extension Serial {
                 try systemd.journal(matches: ["_PID=1", "UNIT=\(name).service"]).first {
                     $0["MESSAGE"]?.contains("Watchdog timeout") == true
                 }, "no watchdog timeout from systemd: \(said)")
-            let finals = try systemd.journal(matches: ["SYSLOG_IDENTIFIER=\(name)", "MESSAGE_ID=\(MessageID.watchdogStall)"])
+            let finals = try systemd.journal(matches: [
+                "SYSLOG_IDENTIFIER=\(name)", "MESSAGE_ID=\(MessageID.watchdogStall)",
+            ])
             let final = try #require(finals.first, "no final report before the kill")
             #expect(final["STALL_FRAME"]?.contains(function) == true, "\(final["STALL_FRAME"] ?? "")")
             #expect(

@@ -245,8 +245,12 @@ struct ConfigurationTests {
     @Test func cooperativePoolIsAutomaticByDefaultAndTurnsOnWithItsOwnThreshold() throws {
         #expect(StallMonitor.Configuration().cooperativePool == nil)
         #expect(StallMonitor.Configuration().summary.contains("cooperative_pool=auto"))
-        #expect(try StallMonitor.Configuration.fromEnvironment(["STALLMON_COOPERATIVE_POOL": "auto"]).cooperativePool == nil)
-        #expect(try StallMonitor.Configuration.fromEnvironment(["STALLMON_COOPERATIVE_POOL": "false"]).cooperativePool == false)
+        #expect(
+            try StallMonitor.Configuration.fromEnvironment(["STALLMON_COOPERATIVE_POOL": "auto"]).cooperativePool == nil
+        )
+        #expect(
+            try StallMonitor.Configuration.fromEnvironment(["STALLMON_COOPERATIVE_POOL": "false"]).cooperativePool
+                == false)
         let configuration = try StallMonitor.Configuration.fromEnvironment([
             "STALLMON_COOPERATIVE_POOL": "true", "STALLMON_COOPERATIVE_POOL_THRESHOLD_MS": "40",
         ])

@@ -54,7 +54,8 @@ package final class EventLoopGroupSession: @unchecked Sendable {
         }
         descriptions = loops.map { loop, _ in
             MonitorDescription(
-                loop: loop.name, threadID: Int(loop.threadID), configuration: configuration, signal: signal)
+                loop: loop.name, threadID: Int(loop.threadID), configuration: configuration, signal: signal,
+                isEventLoop: true)
         }
         do {
             watchdog = try EventLoopWatchdog(

@@ -499,7 +499,8 @@ package final class EventLoopWatchdog: @unchecked Sendable {
 
     /// Writes the final report of `stall` once it is due, and waits until the sinks have it or
     /// systemd's deadline passes.
-    private func writeFinalReportIfDue(_ state: LoopState, _ stall: StallInProgress, now: UInt64, to reporter: Reporter) {
+    private func writeFinalReportIfDue(_ state: LoopState, _ stall: StallInProgress, now: UInt64, to reporter: Reporter)
+    {
         guard let due = finalReportDue(stall), now >= due, let schedule = ServiceHealth.shared.finalReport else {
             return
         }

@@ -1,0 +1,58 @@
+// swift-tools-version: 6.1
+import PackageDescription
+
+// Real services on Hummingbird, Vapor and gRPC Swift that adopt stallmon as its README shows.
+// One package, so that swift-nio and its neighbours build once. CI builds it; the main package's
+// FrameworkServiceTests run the binaries from Examples/.build/debug.
+let package = Package(
+    name: "stallmon-examples",
+    platforms: [.macOS(.v15)],
+    dependencies: [
+        .package(name: "stallmon", path: ".."),
+        .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),
+        .package(url: "https://github.com/hummingbird-project/hummingbird.git", from: "2.28.1"),
+        .package(url: "https://github.com/vapor/vapor.git", from: "4.122.3"),
+        .package(url: "https://github.com/grpc/grpc-swift-2.git", from: "2.4.3"),
+        .package(url: "https://github.com/grpc/grpc-swift-nio-transport.git", from: "2.9.2"),
+    ],
+    targets: [
+        // What the three services share: the stalls their handlers make, and JSON lines on standard output.
+        .target(name: "ExampleStalls"),
+        .executableTarget(
+            name: "HummingbirdService",
+            dependencies: [
+                "ExampleStalls",
+                .product(name: "StallMonitorNIO", package: "stallmon"),
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "NIOCore", package: "swift-nio"),
+            ]
+        ),
+        .executableTarget(
+            name: "VaporService",
+            dependencies: [
+                "ExampleStalls",
+                .product(name: "StallMonitorNIO", package: "stallmon"),
+                .product(name: "Vapor", package: "vapor"),
+                // NIOSingletons' takeover of the global executor (EXAMPLE_NIO_TAKEOVER).
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ]
+        ),
+        .executableTarget(
+            name: "GRPCService",
+            dependencies: [
+                "ExampleStalls",
+                .product(name: "StallMonitorNIO", package: "stallmon"),
+                .product(name: "GRPCCore", package: "grpc-swift-2"),
+                .product(name: "GRPCNIOTransportHTTP2", package: "grpc-swift-nio-transport"),
+            ]
+        ),
+    ]
+)
+
+for target in package.targets {
+    var settings = target.swiftSettings ?? []
+    settings.append(.enableUpcomingFeature("ExistentialAny"))
+    settings.append(.enableUpcomingFeature("MemberImportVisibility"))
+    target.swiftSettings = settings
+}

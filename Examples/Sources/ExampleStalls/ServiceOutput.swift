@@ -1,0 +1,42 @@
+// What the example services print and read: JSON lines on standard output (the tests read the
+// bound port from them), the port from the environment, and the milliseconds a request asks for.
+import Foundation
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+public enum ServiceOutput {
+    /// Prints one JSON object on a line of its own and flushes it (standard output is a pipe under test).
+    public static func line(_ fields: [String: any Sendable]) {
+        guard JSONSerialization.isValidJSONObject(fields),
+            let data = try? JSONSerialization.data(withJSONObject: fields, options: [.sortedKeys])
+        else { return }
+        FileHandle.standardOutput.write(data + Data("\n".utf8))
+    }
+
+    /// `{"event":"listening","port":N}`: the service accepts connections on `port`.
+    public static func listening(port: Int) {
+        line(["event": "listening", "port": port])
+    }
+}
+
+public enum ServiceEnvironment {
+    /// The port to listen on, from `PORT` (default 8080; 0 picks a free one, printed once bound).
+    public static var port: Int {
+        ProcessInfo.processInfo.environment["PORT"].flatMap(Int.init) ?? 8080
+    }
+
+    /// `EXAMPLE_NIO_TAKEOVER`: `before` or `after` installs NIO's singleton event loops as Swift
+    /// Concurrency's global executor before or after stallmon starts; anything else, not at all.
+    public static var nioTakeover: String? {
+        let value = ProcessInfo.processInfo.environment["EXAMPLE_NIO_TAKEOVER"]
+        return value == "before" || value == "after" ? value : nil
+    }
+
+    /// The `ms` a stalling route asks for: 1 to 10,000, else 100.
+    public static func milliseconds(_ value: Int?) -> Int {
+        guard let value, (1...10_000).contains(value) else { return 100 }
+        return value
+    }
+}
