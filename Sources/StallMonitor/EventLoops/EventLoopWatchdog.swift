@@ -21,7 +21,8 @@ import Glibc
 /// taken as the middle of the two, within half a period (16 ms at a 250 ms threshold) of the truth;
 /// it ends when the unrun heartbeat runs, right after the work item that held the loop returns.
 /// An idle loop gets no heartbeat: the watchdog learns from the kernel when it wakes (below), and
-/// hands it the first one only if it is still awake a period later.
+/// hands it the first one only if it is still awake a quarter period later, so that a stall that
+/// began with the wakeup (a request's handler) is timed within an eighth of a period.
 ///
 /// A loop's cycle is `epoll_wait`, its I/O handlers, its tasks, then the tick the loop publishes.
 /// Nothing is called when a cycle starts, so the watchdog finds out from the kernel:
@@ -399,7 +400,9 @@ package final class EventLoopWatchdog: @unchecked Sendable {
     }
 
     /// - Parameter beatNow: Whether a heartbeat loop gets its heartbeat at once (it was seen busy)
-    ///   or only when it is still awake a period later (it has just woken from `epoll_wait`).
+    ///   or only when it is still awake a quarter period later (it has just woken from
+    ///   `epoll_wait`: most wakeups are over by then, and a stall that began with the wakeup is
+    ///   timed within an eighth of a period).
     private func startCycle(_ index: Int, at start: UInt64, beatNow: Bool = true) {
         let state = loops[index]
         let sequence = state.sequence
@@ -421,7 +424,7 @@ package final class EventLoopWatchdog: @unchecked Sendable {
             if beatNow {
                 beat(state, now: now)
             } else {
-                state.nextLook = now + beatPeriod
+                state.nextLook = now + beatPeriod / 4
             }
         }
     }
@@ -542,8 +545,9 @@ package final class EventLoopWatchdog: @unchecked Sendable {
             examine(index, now: now, timedSince: start)
             return
         }
-        // Looks due within half a period share this wakeup.
-        let due = now + beatPeriod / 2 >= state.nextLook
+        // Looks due within half a period share this wakeup; the first look after a wakeup from
+        // `epoll_wait` is never early.
+        let due = now >= state.nextLook || (state.beatSent != nil && now + beatPeriod / 2 >= state.nextLook)
         if let sent = state.beatSent {
             guard now >= sent + threshold else {
                 if due { state.nextLook = now + beatPeriod }
