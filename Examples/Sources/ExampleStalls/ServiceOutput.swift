@@ -34,6 +34,29 @@ public enum ServiceEnvironment {
         return value == "before" || value == "after" ? value : nil
     }
 
+    /// `EXAMPLE_STALLMON=off` runs the service without stallmon: the same binary, unmonitored (the
+    /// benchmark compares the two).
+    public static var stallmon: Bool {
+        ProcessInfo.processInfo.environment["EXAMPLE_STALLMON"] != "off"
+    }
+
+    /// `EXAMPLE_DENY_IO_URING=1` makes io_uring_setup(2) fail (``IOUringDenial``), for valgrind.
+    public static var denyIOUring: Bool {
+        ProcessInfo.processInfo.environment["EXAMPLE_DENY_IO_URING"] == "1"
+    }
+
+    /// `EXAMPLE_MAIN_RUN_LOOP=1` has the main thread run RunLoop.main rather than dispatch_main()
+    /// (``MainRunLoop``), for the unmonitored service under valgrind.
+    public static var mainRunLoop: Bool {
+        ProcessInfo.processInfo.environment["EXAMPLE_MAIN_RUN_LOOP"] == "1"
+    }
+
+    /// `EXAMPLE_PRINT_REPORTS=1` sends the monitor's reports to standard output, one line each,
+    /// instead of the journal.
+    public static var printReports: Bool {
+        ProcessInfo.processInfo.environment["EXAMPLE_PRINT_REPORTS"] == "1"
+    }
+
     /// The `ms` a stalling route asks for: 1 to 10,000, else 100.
     public static func milliseconds(_ value: Int?) -> Int {
         guard let value, (1...10_000).contains(value) else { return 100 }

@@ -9,7 +9,16 @@
 //
 // It listens on 127.0.0.1:$PORT (8080; 0 picks a free port) and prints `{"event":"listening","port":N}`
 // once it does. STALLMON_* variables configure the monitor (config/README.md). SIGTERM shuts it down.
+// For the benchmark (stallmon-bench), the same binary runs:
+//
+//   EXAMPLE_STALLMON=off       without stallmon (the two lines below skipped)
+//   EXAMPLE_PRINT_REPORTS=1    with the reports on standard output instead of the journal, one line each:
+//                              `report <event> start_ns=N duration_ns=N threshold_ns=N emitted_ns=N tid=N`
+//   EXAMPLE_DENY_IO_URING=1    with io_uring_setup(2) failing (a seccomp filter), as valgrind needs
+//   EXAMPLE_MAIN_RUN_LOOP=1    (with EXAMPLE_STALLMON=off) with the main thread in RunLoop.main rather
+//                              than dispatch_main(), which valgrind cannot run
 import ExampleStalls
+import Foundation
 import Hummingbird
 import NIOCore
 import StallMonitorNIO
@@ -17,8 +26,11 @@ import StallMonitorNIO
 @main
 struct HummingbirdService {
     static func main() async throws {
-        let stallmon = try StallMonitor()
-        try stallmon.startService()  // main actor, cooperative pool, NIO singleton
+        if ServiceEnvironment.denyIOUring, let failure = IOUringDenial.install() { fatalError(failure) }
+        if ServiceEnvironment.mainRunLoop, !MainRunLoop.install() { fatalError("cannot set the async main's drain") }
+        // EXAMPLE_STALLMON=off skips the two lines of stallmon (the benchmark's unmonitored server).
+        let stallmon = ServiceEnvironment.stallmon ? try StallMonitor(sinks: PrintingSink.sinks) : nil
+        try stallmon?.startService()  // main actor, cooperative pool, NIO singleton
 
         let app = Application(
             router: buildRouter(),
@@ -50,5 +62,32 @@ struct HummingbirdService {
 
     static func milliseconds(_ request: Request) -> Int {
         ServiceEnvironment.milliseconds(request.uri.queryParameters.get("ms", as: Int.self))
+    }
+}
+
+/// EXAMPLE_PRINT_REPORTS=1: each stall report as one line on standard output, stamped when it
+/// reached the sink (CLOCK_MONOTONIC), for the benchmark's detection latency.
+struct PrintingSink: ReportSink {
+    /// With EXAMPLE_PRINT_REPORTS=1 this sink alone; otherwise `nil`, the monitor's default (the journal).
+    static var sinks: [any ReportSink]? { ServiceEnvironment.printReports ? [PrintingSink()] : nil }
+
+    func emit(_ event: StallMonitorEvent) {
+        let emitted = monotonicNanoseconds()
+        guard let report = event.report else { return }
+        let name: String
+        switch event.kind {
+        case .stallDetected: name = "detected"
+        case .stallEnded: name = "ended"
+        default: return
+        }
+        let line =
+            "report \(name) start_ns=\(report.startNanoseconds) duration_ns=\(Self.nanoseconds(report.duration)) "
+            + "threshold_ns=\(Self.nanoseconds(report.threshold)) emitted_ns=\(emitted) tid=\(report.threadID)\n"
+        FileHandle.standardOutput.write(Data(line.utf8))
+    }
+
+    static func nanoseconds(_ duration: Duration) -> Int64 {
+        let (seconds, attoseconds) = duration.components
+        return seconds * 1_000_000_000 + attoseconds / 1_000_000_000
     }
 }
