@@ -89,7 +89,10 @@ public final class NIOStallMonitor: Sendable {
     /// (durations within half of that period); a group made with ``metricsDelegate`` counts its
     /// ticks instead, and its stalls are timed exactly. Runs one short task on each loop to learn
     /// its thread (and unblock the sampling signal there).
-    /// - Important: Call it off the group's loops: it waits for those tasks.
+    /// - Important: Call it off the group's loops: it waits for those tasks. Stop the monitor
+    ///   before you shut the group down: a loop that is shutting down refuses the watchdog's
+    ///   heartbeat, which SwiftNIO reports with an error line (a crash under `SWIFTNIO_STRICT`).
+    ///   `MultiThreadedEventLoopGroup.singleton` never shuts down.
     /// - Throws: `StallMonitorError` when the monitor runs already (`.alreadyRunning`), a loop does
     ///   not answer within a second (`.eventLoopDidNotAnswer`), or no sampler slot or signal is free.
     public func start(_ group: MultiThreadedEventLoopGroup) throws(StallMonitorError) {
@@ -224,7 +227,8 @@ extension StallMonitor {
     /// before or after this call in `main()`'s synchronous part, keeps them: its async jobs then run
     /// inside the singleton's ticks, watched there, and the monitor logs a warning that the pool
     /// itself goes unwatched.
-    /// - Parameter eventLoops: The group the service runs on; `nil` watches no event loops.
+    /// - Parameter eventLoops: The group the service runs on; `nil` watches no event loops. A group
+    ///   of the service's own must outlive the monitor: ``stop()`` before the group shuts down.
     /// - Important: Call it on the main thread, in `main()` before its first `await`, as
     ///   ``start(_:)`` with ``StallMonitor/Target/asyncMain``.
     /// - Throws: `StallMonitorError` as ``start(_:)`` and ``NIOStallMonitor/start(_:)`` do; nothing
