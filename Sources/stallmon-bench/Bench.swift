@@ -18,8 +18,13 @@ struct Bench {
     func run() throws -> Int32 {
         let started = Kernel.now()
         defer { runner.removeLog() }
+        if options.hummingbirdOnly {
+            guard let hummingbird = try makeHummingbirdBench() else { return 1 }
+            return try runHummingbirdOnly(hummingbird, started: started)
+        }
         let nio = try options.nio ? makeNIOBench() : nil
         if options.nioOnly, let nio { return try runNIOOnly(nio, started: started) }
+        let hummingbird = try makeHummingbirdBench()
         progress(
             "stallmon-bench: \(options.rounds) round\(options.rounds == 1 ? "" : "s") at scale \(Report.format(options.scale)); "
                 + "work pass hashes \(plan.workBytes) bytes (about 50 µs)"
@@ -73,6 +78,7 @@ struct Bench {
                     + "p99 \(Report.format(pause["p99_us"] ?? .nan)) µs"
             )
             if let nio { results.nio = try nio.round(round, of: options.rounds) }
+            if let hummingbird { results.hummingbird = try hummingbird.round(round, of: options.rounds) }
             rounds.append(results)
         }
 
@@ -103,14 +109,27 @@ struct Bench {
             all.nioLoopPerRequest = counts.loop
             instructions = all
         }
+        if let hummingbird {
+            let counts = countHummingbirdInstructions(hummingbird)
+            if !counts.isEmpty {
+                var all = instructions ?? InstructionCounts()
+                all.hummingbirdPerRequest = counts
+                instructions = all
+            }
+        }
 
         let figures = Figures.compute(
             rounds: rounds, memory: memory, firstStall: firstStall, instructions: instructions)
         let elapsed = Double(Kernel.now() - started) / 1e9
-        let table = Report.table(
+        var table = Report.table(
             figures: figures, rounds: rounds, memory: memory, instructions: instructions, plan: plan, options: options,
             elapsed: elapsed
         )
+        if let hummingbird {
+            table += HummingbirdBench.reportLines(
+                rounds: rounds, instructions: instructions, service: hummingbird.service
+            ).map { $0 + "\n" }.joined()
+        }
         Report.emit(table: table, figures: figures, json: options.json)
         return 0
     }

@@ -41,6 +41,8 @@ struct RoundResults: Sendable {
     var results: [Workload: [Variant: [String: Double]]] = [:]
     /// The SwiftNIO benchmark's round (`nil` with --no-nio).
     var nio: NIORound?
+    /// The Hummingbird benchmark's round (`nil` with --no-hummingbird or without the service built).
+    var hummingbird: HummingbirdRound?
 
     subscript(workload: Workload, variant: Variant) -> [String: Double]? {
         get { results[workload]?[variant] }
@@ -155,10 +157,38 @@ enum Figures {
             add("nio_busy_wakeups_per_s", .atMost(8)) { $0.nio?.busyWakeupsPerSecond }
             add("nio_detection_latency_p50_ms") { $0.nio?.stalls?.latencyP50 }
             add("nio_detection_latency_p99_ms", .atMost(2)) { $0.nio?.stalls?.latencyP99 }
+            add("nio_duration_error_p99_ms", .atMost(1)) { $0.nio?.stalls?.durationErrorP99 }
             add("nio_stalls_undetected", .atMost(0)) { $0.nio?.stalls.map { Double($0.count - $0.detected) } }
+        }
+        // The Hummingbird example service under wrk (when it is built).
+        if rounds.contains(where: { $0.hummingbird != nil }) {
+            add("hummingbird_requests_ratio", .atLeast(0.99)) { $0.hummingbird?.requestsRatio }
+            add("hummingbird_requests_cpu_ratio") { $0.hummingbird?.requestsCPURatio }
+            add("hummingbird_p99_latency_ratio") { $0.hummingbird?.p99LatencyRatio }
+            add("hummingbird_idle_wakeups_per_s") { $0.hummingbird?.idleWakeupsPerSecond }
+            add("hummingbird_idle_service_wakeups_per_s") { $0.hummingbird?.idleUnmonitoredWakeupsPerSecond }
+            add("hummingbird_busy_wakeups_per_s") { $0.hummingbird?.busyWakeupsPerSecond }
+            add("hummingbird_pool_detection_latency_p99_ms") { $0.hummingbird?.stalls?.latencyP99 }
+            add("hummingbird_pool_duration_error_p99_ms") { $0.hummingbird?.stalls?.durationErrorP99 }
+            add("hummingbird_pool_stalls_undetected", .atMost(0)) {
+                $0.hummingbird?.stalls.map { Double($0.count - $0.detected) }
+            }
         }
         // Only when counted (not in a quick run, nor without valgrind).
         if let instructions {
+            for variant in HummingbirdInstructionCounts.variants {
+                guard let value = instructions.hummingbirdPerRequest[variant] else { continue }
+                var figure = Figure("callgrind_hummingbird_instructions_per_request_\(variant.rawValue)")
+                figure.values = [value]
+                figures.append(figure)
+            }
+            if let monitored = instructions.hummingbirdPerRequest[.stallmon],
+                let bare = instructions.hummingbirdPerRequest[.unmonitored], bare > 0
+            {
+                var figure = Figure("callgrind_hummingbird_added_pct", .atMost(1))
+                figure.values = [(monitored - bare) / bare * 100]
+                figures.append(figure)
+            }
             for variant in Variant.allCases {
                 guard let value = instructions.perPass[variant] else { continue }
                 let name = String(variant.rawValue.map { $0 == "-" ? "_" : $0 })

@@ -94,7 +94,8 @@ struct NIOBench {
         if let stalls = round.stalls {
             progress(
                 "[\(index)/\(total)] nio stalls: \(stalls.detected) of \(stalls.count) detected, past the threshold "
-                    + "p50 \(Report.format(stalls.latencyP50 ?? .nan)) ms, p99 \(Report.format(stalls.latencyP99 ?? .nan)) ms"
+                    + "p50 \(Report.format(stalls.latencyP50 ?? .nan)) ms, p99 \(Report.format(stalls.latencyP99 ?? .nan)) ms; "
+                    + "duration error p99 \(Report.format(stalls.durationErrorP99 ?? .nan)) ms"
             )
         }
         return round
@@ -129,13 +130,22 @@ struct NIOBench {
 
     /// One wrk run of `seconds`; `meanwhile` runs while it does.
     private func runWrk(port: Int, seconds: Int, meanwhile: () -> Void = {}) throws -> WrkResult {
+        try Self.runWrk(
+            wrk, url: "http://127.0.0.1:\(port)/hello", connections: plan.connections, seconds: seconds,
+            meanwhile: meanwhile)
+    }
+
+    /// One wrk run of `seconds` on `url`, its one thread keeping `connections` connections;
+    /// `meanwhile` runs while it does.
+    static func runWrk(
+        _ wrk: String, url: String, connections: Int, seconds: Int, meanwhile: () -> Void = {}
+    ) throws -> WrkResult {
         let scriptFile = FileManager.default.temporaryDirectory.appendingPathComponent(
             "stallmon-bench-\(getpid())-wrk.lua")
         try Self.script.write(to: scriptFile, atomically: true, encoding: .utf8)
         defer { try? FileManager.default.removeItem(at: scriptFile) }
         let command = [
-            wrk, "-t", "1", "-c", "\(plan.connections)", "-d", "\(seconds)s", "--timeout", "5s", "-s", scriptFile.path,
-            "http://127.0.0.1:\(port)/hello",
+            wrk, "-t", "1", "-c", "\(connections)", "-d", "\(seconds)s", "--timeout", "5s", "-s", scriptFile.path, url,
         ]
         let process = Process()
         process.executableURL = URL(fileURLWithPath: command[0])
@@ -204,8 +214,11 @@ struct NIOBench {
         /// there to the sink; for the stalls detected while they lasted.
         var captures: [Double] = []
         var deliveries: [Double] = []
+        /// Milliseconds between the ended report's duration and the handler's own measurement.
+        var durationErrors: [Double] = []
         var latencyP50: Double? { Statistics.percentile(latencies, 0.5) }
         var latencyP99: Double? { Statistics.percentile(latencies, 0.99) }
+        var durationErrorP99: Double? { Statistics.percentile(durationErrors, 0.99) }
     }
 
     /// `warmup` + `count` requests to `/cpu?ms=stall`, `gap` apart, on a monitored server with the
@@ -246,7 +259,13 @@ struct NIOBench {
         var latencies: [Double] = []
         var captures: [Double] = []
         var deliveries: [Double] = []
+        var durationErrors: [Double] = []
         for (start, end) in handlers.dropFirst(plan.stallWarmup) {
+            if let ended = reports.first(where: {
+                $0.event == "ended" && $0.start <= end && $0.start + $0.duration >= start
+            }) {
+                durationErrors.append(abs(Double(ended.duration) - Double(end - start)) / 1e6)
+            }
             let report =
                 reports.first {
                     $0.event == "detected" && $0.start + $0.duration >= start && $0.start + $0.duration <= end
@@ -268,7 +287,8 @@ struct NIOBench {
         }
         let found = latencies.count
         return Stalls(
-            count: plan.stallCount, detected: found, latencies: latencies, captures: captures, deliveries: deliveries)
+            count: plan.stallCount, detected: found, latencies: latencies, captures: captures, deliveries: deliveries,
+            durationErrors: durationErrors)
     }
 }
 

@@ -59,9 +59,7 @@ final class NIOServerChild: @unchecked Sendable {
         var port: Int?
         while port == nil, process.isRunning, Date() < deadline {
             usleep(5_000)
-            port = text.split(separator: "\n").first { $0.hasPrefix("listening on ") }.flatMap {
-                Int($0.dropFirst("listening on ".count))
-            }
+            port = text.split(separator: "\n").lazy.compactMap(Self.listeningPort).first
         }
         guard let port else {
             let errors = (try? String(contentsOf: errorLog, encoding: .utf8)) ?? ""
@@ -74,6 +72,16 @@ final class NIOServerChild: @unchecked Sendable {
 
     deinit {
         try? FileManager.default.removeItem(at: errorLog)
+    }
+
+    /// The port of StallmonNIOServer's `listening on N`, or of the example services'
+    /// `{"event":"listening","port":N}`.
+    static func listeningPort(_ line: Substring) -> Int? {
+        if line.hasPrefix("listening on ") { return Int(line.dropFirst("listening on ".count)) }
+        guard line.hasPrefix("{"), line.contains("\"event\":\"listening\""),
+            let object = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any]
+        else { return nil }
+        return (object["port"] as? NSNumber)?.intValue
     }
 
     /// Standard output so far.
@@ -96,11 +104,18 @@ final class NIOServerChild: @unchecked Sendable {
 
     /// The kernel id of the server's thread named `name` (`stallmon-nio`: the group's watchdog).
     func thread(named name: String) -> Int32? {
+        threads().first { $0.value == name }?.key
+    }
+
+    /// The server's threads now: kernel id → name (`comm`).
+    func threads() -> [Int32: String] {
         let pid = process.processIdentifier
         let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []
-        return tasks.compactMap { Int32($0) }.first { tid in
-            Kernel.contents(of: "/proc/\(pid)/task/\(tid)/comm")?.trimmingCharacters(in: .newlines) == name
+        var threads: [Int32: String] = [:]
+        for tid in tasks.compactMap({ Int32($0) }) {
+            threads[tid] = Kernel.contents(of: "/proc/\(pid)/task/\(tid)/comm")?.trimmingCharacters(in: .newlines)
         }
+        return threads
     }
 
     /// CPU time of all the server's threads (`/proc/PID/task/*/schedstat`), in nanoseconds.

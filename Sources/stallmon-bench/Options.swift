@@ -11,10 +11,16 @@ struct Options: Sendable {
     /// Whether the SwiftNIO benchmark runs (wrk against StallmonNIOServer), and whether only it does.
     var nio = true
     var nioOnly = false
+    /// Whether the Hummingbird benchmark runs (wrk against Examples' HummingbirdService), from which
+    /// executable (`nil`: the Examples package's build), and whether only it does.
+    var hummingbird = true
+    var hummingbirdPath: String?
+    var hummingbirdOnly = false
 
     static let usage = """
         USAGE: stallmon-bench [--rounds N] [--scale X] [--quick] [--json] [--callgrind | --no-callgrind]
                               [--cf-run-loop] [--no-nio | --nio-only]
+                              [--hummingbird PATH | --no-hummingbird | --hummingbird-only]
 
         Measures stallmon's cost against an unmonitored loop, a no-op observer and the blog design.
         Each workload runs in a fresh child process; the variants alternate in every round.
@@ -32,6 +38,13 @@ struct Options: Sendable {
                            be built next to stallmon-bench: swift build -c release --product
                            StallmonNIOServer).
           --nio-only       Runs the SwiftNIO benchmark alone.
+          --hummingbird PATH
+                           The HummingbirdService executable of the Hummingbird benchmark (default:
+                           Examples/.build/release/HummingbirdService, else .../debug/..., under the
+                           current directory or the repository; skipped with a note when absent).
+          --no-hummingbird Skips the Hummingbird benchmark.
+          --hummingbird-only
+                           Runs the Hummingbird benchmark alone.
           -h, --help       Shows this help.
         """
 
@@ -62,10 +75,21 @@ struct Options: Sendable {
             case "--cf-run-loop": cfRunLoop = true
             case "--no-nio": nio = false
             case "--nio-only": nioOnly = true
+            case "--hummingbird":
+                guard let value = iterator.next() else { throw UsageError(description: "--hummingbird takes a path") }
+                hummingbirdPath = value
+            case "--no-hummingbird": hummingbird = false
+            case "--hummingbird-only": hummingbirdOnly = true
             default: throw UsageError(description: "unknown argument '\(argument)'")
             }
         }
         if nioOnly && !nio { throw UsageError(description: "--nio-only and --no-nio exclude each other") }
+        if hummingbirdOnly && !hummingbird {
+            throw UsageError(description: "--hummingbird-only and --no-hummingbird exclude each other")
+        }
+        if hummingbirdOnly && nioOnly {
+            throw UsageError(description: "--hummingbird-only and --nio-only exclude each other")
+        }
         if quick {
             rounds = 1
             scale = 0.05

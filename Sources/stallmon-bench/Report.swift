@@ -174,7 +174,8 @@ enum Report {
     static func row(_ key: String, _ median: String, _ range: String, _ target: String, _ verdict: String)
         -> String
     {
-        key.padding(toLength: 30, withPad: " ", startingAt: 0) + median.leftPadded(10) + "  "
+        (key.count < 42 ? key.padding(toLength: 42, withPad: " ", startingAt: 0) : key + " ") + median.leftPadded(10)
+            + "  "
             + range.padding(toLength: 22, withPad: " ", startingAt: 0)
             + target.padding(toLength: 9, withPad: " ", startingAt: 0)
             + verdict

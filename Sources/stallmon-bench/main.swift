@@ -2,10 +2,11 @@
 // no-op observer and the blog design, each workload in a fresh child process.
 //
 //   stallmon-bench [--rounds N] [--scale X] [--quick] [--json] [--callgrind | --no-callgrind]
-//                  [--no-nio | --nio-only]
+//                  [--no-nio | --nio-only] [--hummingbird PATH | --no-hummingbird | --hummingbird-only]
 //
 // Children are this executable again: /proc/self/exe --child VARIANT WORKLOAD [--NAME VALUE]...
-// The SwiftNIO part runs StallmonNIOServer, found next to this executable, under wrk (NIOBench.swift).
+// The SwiftNIO part runs StallmonNIOServer, found next to this executable, under wrk (NIOBench.swift);
+// the Hummingbird part runs the example service Examples/.build/*/HummingbirdService (HummingbirdBench.swift).
 // STALLMON_BENCH_DEBUG=1 makes the stall children print their latencies, duration errors and
 // memory growth to standard error.
 
