@@ -18,7 +18,6 @@
 #include <time.h>
 #include <unistd.h>
 #include <linux/membarrier.h>
-#include <sys/prctl.h>
 #include <sys/syscall.h>
 
 // CFRunLoopActivity values (CFRunLoop.h).
@@ -71,24 +70,6 @@ static inline uint64_t clock_ns(clockid_t clock) {
     return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
 }
 
-uint64_t stallmon_now_ns(void) { return clock_ns(CLOCK_MONOTONIC); }
-uint64_t stallmon_boottime_ns(void) { return clock_ns(CLOCK_BOOTTIME); }
-pid_t stallmon_gettid(void) { return (pid_t)syscall(SYS_gettid); }
-
-void stallmon_set_timer_slack(unsigned long nanoseconds) { prctl(PR_SET_TIMERSLACK, nanoseconds, 0, 0, 0); }
-void stallmon_set_thread_name(const char *name) { prctl(PR_SET_NAME, (unsigned long)name, 0, 0, 0); }
-
-int64_t stallmon_thread_cpu_ns(pid_t tid) {
-    // The kernel's per-thread CPU clock id (MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED)):
-    // valid for any thread of the calling process.
-    clockid_t clock = (clockid_t)((~(unsigned)tid << 3) | 4 | 2);
-    struct timespec ts;
-    if (clock_gettime(clock, &ts) != 0) return -1;
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
-int stallmon_sigrtmin(void) { return SIGRTMIN; }
-int stallmon_sigrtmax(void) { return SIGRTMAX; }
 
 // Parking is a Dekker handshake: the watchdog announces `parked`, then reads the sequence; a
 // callout leaving an idle phase stores the sequence, then reads `parked`. Each side needs a full

@@ -53,15 +53,13 @@ final class Reporter: @unchecked Sendable {
         )
     }
 
-    /// Loads symbols in the background and tells the watchdog where the run loop waits for events;
-    /// `symbolsMissing` runs when that function is not found.
-    func prepare(_ watchdog: Watchdog, symbolsMissing: @escaping @Sendable () -> Void) {
+    /// Looks `function` up on the reporting thread, where symbols are loaded, and hands its address
+    /// range to `found` (`nil` when it is not among the symbols), in the background.
+    func lookUp(
+        function: String, besides neighbour: String, found: @escaping @Sendable (Range<UInt>?) -> Void
+    ) {
         queue.async {
-            let range = SharedSymbolicator.shared.withSymbolicator {
-                $0.functionRange(named: "__CFRunLoopServiceFileDescriptors", besides: "CFRunLoopRunSpecific")
-            }
-            watchdog.setIdleWaitRange(range)
-            if range == nil { symbolsMissing() }
+            found(SharedSymbolicator.shared.withSymbolicator { $0.functionRange(named: function, besides: neighbour) })
         }
     }
 

@@ -487,7 +487,13 @@ public final class StallMonitor: Sendable {
                     to: runLoop, loop: pointer, additionalModes: configuration.additionalModes)
                 watchdog.setObserver(observers[0])
             }
-            reporter.prepare(watchdog) { Self.warnOfMissingSymbols(logger) }
+            // Where the run loop waits for events: samples inside it show the loop idle.
+            let watchdog = self.watchdog
+            reporter.lookUp(function: "__CFRunLoopServiceFileDescriptors", besides: "CFRunLoopRunSpecific") {
+                range in
+                watchdog.setIdleWaitRange(range)
+                if range == nil { Self.warnOfMissingSymbols(logger) }
+            }
             watchdog.start()
             reporter.emit(.started(description))
             logger.debug(
