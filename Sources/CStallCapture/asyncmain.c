@@ -46,13 +46,17 @@ typedef void (*drain_original)(void) __attribute__((swiftcall));
 
 static _Atomic(stallmon_main_loop_fn) main_loop;
 static void (*_Atomic first_suspension)(void);
+static _Atomic int suspended_once;
 
 void stallmon_async_main_on_first_suspension(void (*fn)(void)) {
     atomic_store_explicit(&first_suspension, fn, memory_order_release);
 }
 
+int stallmon_async_main_has_suspended(void) { return atomic_load_explicit(&suspended_once, memory_order_acquire); }
+
 __attribute__((swiftcall)) static void drain_on_main_run_loop(drain_original original, void *compat_override) {
     (void)compat_override;
+    atomic_store_explicit(&suspended_once, 1, memory_order_release);
     void (*suspended)(void) = atomic_exchange_explicit(&first_suspension, NULL, memory_order_acq_rel);
     if (suspended != NULL) suspended();
     stallmon_main_loop_fn run = atomic_load_explicit(&main_loop, memory_order_acquire);

@@ -131,6 +131,11 @@ final class Watchdog: @unchecked Sendable {
 
     /// Starts the thread and returns once it runs, so that ``threadID`` is known.
     func start() {
+        if serviceWatchdog != nil {
+            // A held-back ping goes out as soon as another watchdog's wedged loop recovers.
+            let semaphore = self.semaphore
+            ServiceHealth.shared.addPinger(self) { semaphore.signal() }
+        }
         Self.startThread(named: Self.threadName) { [self] in
             watchdogThreadID.store(stallmon_gettid(), ordering: .releasing)
         } body: { [self] in
@@ -166,6 +171,7 @@ final class Watchdog: @unchecked Sendable {
         stopping.store(true, ordering: .releasing)
         semaphore.signal()
         finished.wait()
+        ServiceHealth.shared.removePinger(self)
     }
 
     private var threshold: UInt64 { UInt64(configuration.threshold.nanoseconds) }

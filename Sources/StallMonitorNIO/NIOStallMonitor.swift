@@ -227,16 +227,29 @@ extension StallMonitor {
     /// before or after this call in `main()`'s synchronous part, keeps them: its async jobs then run
     /// inside the singleton's ticks, watched there, and the monitor logs a warning that the pool
     /// itself goes unwatched.
-    /// - Parameter eventLoops: The group the service runs on; `nil` watches no event loops. A group
-    ///   of the service's own must outlive the monitor: ``stop()`` before the group shuts down.
+    /// A service whose framework runs on a group of its own passes it: ``startService(eventLoops:)``.
+    /// Set `NIOSingletons`' thread-count suggestions, if any, before this call: it makes the singleton.
     /// - Important: Call it on the main thread, in `main()` before its first `await`, as
     ///   ``start(_:)`` with ``StallMonitor/Target/asyncMain``.
     /// - Throws: `StallMonitorError` as ``start(_:)`` and ``NIOStallMonitor/start(_:)`` do; nothing
     ///   runs then.
-    public func startService(
-        eventLoops: MultiThreadedEventLoopGroup? = MultiThreadedEventLoopGroup.singleton
-    ) throws(StallMonitorError) {
-        try start(.asyncMain, eventLoopsWatched: eventLoops === MultiThreadedEventLoopGroup.singleton)
+    public func startService() throws(StallMonitorError) {
+        try startService(watching: MultiThreadedEventLoopGroup.singleton, singleton: true)
+    }
+
+    /// ``startService()`` for a service that runs on a group of its own, which it passes here
+    /// (`nil`: no event loops are watched); `MultiThreadedEventLoopGroup.singleton` is never made.
+    /// - Parameter eventLoops: The group the service runs on. It must outlive the monitor:
+    ///   ``stop()`` before the group shuts down.
+    /// - Throws: `StallMonitorError` as ``startService()`` does; nothing runs then.
+    public func startService(eventLoops: MultiThreadedEventLoopGroup?) throws(StallMonitorError) {
+        try startService(watching: eventLoops, singleton: false)
+    }
+
+    private func startService(watching eventLoops: MultiThreadedEventLoopGroup?, singleton: Bool)
+        throws(StallMonitorError)
+    {
+        try start(.asyncMain, eventLoopsWatched: singleton)
         #if STALLMON_LINUX
         guard let eventLoops else { return }
         do {

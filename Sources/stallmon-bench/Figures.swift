@@ -176,17 +176,18 @@ enum Figures {
         }
         // Only when counted (not in a quick run, nor without valgrind).
         if let instructions {
+            // One value per repeat: the median and the spread of identical runs.
             for variant in HummingbirdInstructionCounts.variants {
-                guard let value = instructions.hummingbirdPerRequest[variant] else { continue }
+                guard let values = instructions.hummingbirdPerRequest[variant] else { continue }
                 var figure = Figure("callgrind_hummingbird_instructions_per_request_\(variant.rawValue)")
-                figure.values = [value]
+                figure.values = values
                 figures.append(figure)
             }
             if let monitored = instructions.hummingbirdPerRequest[.stallmon],
-                let bare = instructions.hummingbirdPerRequest[.unmonitored], bare > 0
+                let bare = instructions.hummingbirdPerRequest[.unmonitored]
             {
                 var figure = Figure("callgrind_hummingbird_added_pct", .atMost(1))
-                figure.values = [(monitored - bare) / bare * 100]
+                figure.values = zip(monitored, bare).compactMap { $1 > 0 ? ($0 - $1) / $1 * 100 : nil }
                 figures.append(figure)
             }
             for variant in Variant.allCases {

@@ -323,7 +323,7 @@ extension Bench {
     }
 
     /// Instructions per Hummingbird request, unless a quick run, --no-callgrind or no valgrind.
-    func countHummingbirdInstructions(_ hummingbird: HummingbirdBench) -> [Variant: Double] {
+    func countHummingbirdInstructions(_ hummingbird: HummingbirdBench) -> [Variant: [Double]] {
         guard options.callgrind ?? true else { return [:] }
         guard let valgrind = InstructionCounts.valgrindPath() else {
             progress("valgrind not found: no instruction counts per Hummingbird request (apt-get install -y valgrind)")
@@ -331,7 +331,8 @@ extension Bench {
         }
         do {
             return try HummingbirdInstructionCounts.measure(
-                service: hummingbird.service, valgrind: valgrind, progress: progress)
+                service: hummingbird.service, valgrind: valgrind, repeats: max(1, Int((3 * options.scale).rounded())),
+                progress: progress)
         } catch {
             progress("callgrind: no instruction counts per Hummingbird request: \(error)")
             return [:]
@@ -412,12 +413,12 @@ extension HummingbirdBench {
         ]
         if let counts = instructions?.hummingbirdPerRequest, !counts.isEmpty {
             let cells = HummingbirdInstructionCounts.variants.map { variant in
-                "\(variant.rawValue) \(counts[variant].map(Report.grouped) ?? "n/a")"
+                "\(variant.rawValue) " + (counts[variant] ?? []).map(Report.grouped).joined(separator: " ")
             }
             lines.append(
                 "callgrind instructions per Hummingbird /hello request, whole process, io_uring denied "
                     + "(\(HummingbirdInstructionCounts.requests.long) − \(HummingbirdInstructionCounts.requests.short) "
-                    + "requests on one connection): " + cells.joined(separator: ", "))
+                    + "requests on one connection), each repeat: " + cells.joined(separator: "; "))
         }
         return lines
     }

@@ -36,8 +36,9 @@ struct InstructionCounts: Sendable {
     /// and its event loop thread alone.
     var nioPerRequest: [Variant: Double] = [:]
     var nioLoopPerRequest: [Variant: Double] = [:]
-    /// Per `/hello` request of HummingbirdService, the whole process (``HummingbirdInstructionCounts``).
-    var hummingbirdPerRequest: [Variant: Double] = [:]
+    /// Per `/hello` request of HummingbirdService, the whole process, each repeat's
+    /// (``HummingbirdInstructionCounts``).
+    var hummingbirdPerRequest: [Variant: [Double]] = [:]
 
     static func valgrindPath() -> String? {
         let path = ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin"

@@ -309,6 +309,8 @@ int stallmon_async_main_run_loop_install(stallmon_main_loop_fn run);
 /// at start(), so that a service that makes SwiftNIO's event loops the global executor in main()'s
 /// synchronous part, before or after it starts the monitor, keeps them.
 void stallmon_async_main_on_first_suspension(void (*fn)(void));
+/// 1 once the async main's drain has begun (main() has suspended): a callback set now would never run.
+int stallmon_async_main_has_suspended(void);
 
 /// The light drain of the main queue: the main thread waits on libdispatch's main-queue port (an
 /// eventfd) with poll(2) and drains the main queue with `_dispatch_main_queue_callback_4CF`, the two

@@ -52,9 +52,12 @@ final class CooperativePoolSession: @unchecked Sendable {
     ///   the runtime has none) or no sampler slot is free.
     init(
         configuration monitorConfiguration: StallMonitor.Configuration, sinks: [any ReportSink], logger: Logger,
-        metricsFactory: any MetricsFactory, atFirstSuspension: Bool = false, coverage: String
+        metricsFactory: any MetricsFactory, atFirstSuspension firstSuspension: Bool = false, coverage: String
     ) throws(StallMonitorError) {
         self.coverage = coverage
+        // A start from a main-actor job of an async main that runs already: main() will not
+        // suspend for the first time again, so the hook is set now.
+        let atFirstSuspension = firstSuspension && stallmon_async_main_has_suspended() == 0
         var configuration = monitorConfiguration
         configuration.threshold = monitorConfiguration.cooperativePoolThreshold
         configuration.sampleInterval = min(monitorConfiguration.sampleInterval, configuration.threshold)
@@ -121,11 +124,14 @@ final class CooperativePoolSession: @unchecked Sendable {
     }
 
     /// On the main thread, when the async main first suspends: sets the hook of the session that
-    /// waits for it, or says why the pool goes unwatched.
+    /// waits for it, or says why the pool goes unwatched. Under the lock that ``stop()`` takes, so
+    /// that a stop on another thread meanwhile clears the hook after it is set, not before.
     private static func installPending() {
-        guard let session = pending.withLock({ $0.take() }) else { return }
-        let rc = stallmon_pool_install()
-        guard rc != 0 else { return }
+        let (session, rc) = pending.withLock { pending -> (CooperativePoolSession?, Int32) in
+            guard let session = pending.take() else { return (nil, 0) }
+            return (session, stallmon_pool_install())
+        }
+        guard let session, rc != 0 else { return }
         session.logger.warning(
             "stallmon does not watch the cooperative pool: \(reason(rc)); \(session.coverage)",
             metadata: ["stallmon.loop": "\(EventLoopWatchdog.poolLoopName)"])
@@ -135,11 +141,16 @@ final class CooperativePoolSession: @unchecked Sendable {
     /// monitor started).
     static var hookTaken: Bool { stallmon_pool_hook_taken() == 1 }
 
+    /// Whether a monitor of this process watches the pool now.
+    static var isWatched: Bool { watching.load(ordering: .acquiring) }
+
     /// Clears the hook, stops the watchdog (a stall in progress gets its ended report) and waits
     /// until every report is out.
     func stop() {
-        Self.pending.withLock { if $0 === self { $0 = nil } }
-        stallmon_pool_uninstall()
+        Self.pending.withLock { pending in
+            if pending === self { pending = nil }
+            stallmon_pool_uninstall()
+        }
         watchdog.stop()
         reporter.finish(description, statistics, logger: logger)
         stallmon_sampler_slot_release(slot)

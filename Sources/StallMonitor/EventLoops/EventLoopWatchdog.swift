@@ -233,6 +233,8 @@ package final class EventLoopWatchdog: @unchecked Sendable {
         /// When the watchdog looks at a heartbeat loop in a cycle next: a period after the cycle's
         /// start or its heartbeat.
         var nextLook: UInt64 = 0
+        /// When the loop last woke from `epoll_wait` and got the quick first look.
+        var quickLookAt: UInt64 = 0
 
         init(loop: Loop, ticks: OpaquePointer?) {
             self.loop = loop
@@ -423,8 +425,13 @@ package final class EventLoopWatchdog: @unchecked Sendable {
             let now = MonotonicClock.now()
             if beatNow {
                 beat(state, now: now)
-            } else {
+            } else if now >= state.quickLookAt + beatPeriod {
+                // At most one quick look a period: a loop that wakes more often than that would
+                // otherwise cost two wakeups (its poll and the look) each time.
+                state.quickLookAt = now
                 state.nextLook = now + beatPeriod / 4
+            } else {
+                state.nextLook = state.quickLookAt + beatPeriod
             }
         }
     }
@@ -516,17 +523,23 @@ package final class EventLoopWatchdog: @unchecked Sendable {
         reporter.submitNow(report, waitingUntil: schedule.deadline)
     }
 
+    /// The cooperative pool's width: the runtime's global queues are as wide as the machine has CPUs.
+    private static let poolWidth = max(1, ProcessInfo.processInfo.activeProcessorCount)
+
     /// Tells the process's pinger (``ServiceHealth``) which of this watchdog's loops are wedged:
-    /// the oldest stalled event loop, or the pool once every thread of it seen running is held.
+    /// the oldest stalled event loop, or the pool once as many of its threads are held as it is wide.
     private func voteOnHealth() {
         var since: UInt64?
         if watchesPool {
-            let known = poolThreads.compactMap { $0 }
-            let held = known.compactMap { state -> UInt64? in
-                if case .stalled(let stall) = state.phase { return stall.start }
-                return nil
-            }
-            since = !known.isEmpty && held.count == known.count ? held.max() : nil
+            // Wedged once as many threads are held as the pool is wide (one per CPU): fewer held
+            // threads leave others to run the queued jobs, however few workers live just now.
+            let held = poolThreads.compactMap { state -> UInt64? in
+                guard let state, case .stalled(let stall) = state.phase else { return nil }
+                return stall.start
+            }.sorted()
+            let width = Self.poolWidth
+            // It became wedged when the last of the first `width` held threads was taken.
+            since = held.count >= width ? held[width - 1] : nil
         } else {
             for state in loops {
                 if case .stalled(let stall) = state.phase { since = min(since ?? stall.start, stall.start) }
@@ -661,6 +674,8 @@ package final class EventLoopWatchdog: @unchecked Sendable {
                 captured(state, stall, event: .ended, end: end, stacks: stall.stacks.all, sources: stall.stacks.sources)
             )
         }
+        // Stopping: nothing more to watch, and no heartbeat for a group that may be shutting down.
+        if stopping.load(ordering: .acquiring) { return }
         examine(index, now: MonotonicClock.now())
     }
 
@@ -814,6 +829,8 @@ extension EventLoopWatchdog {
                 due(deadline)
             }
         }
+        // Threads come, go and finish their jobs between stalls: the pool's vote follows them.
+        voteOnHealth()
         return earliest
     }
 

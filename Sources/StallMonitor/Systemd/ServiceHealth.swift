@@ -19,13 +19,30 @@ package final class ServiceHealth: Sendable {
         /// When the pinger last pinged, and its interval (`WatchdogSec=`).
         var lastPing: UInt64?
         var interval: UInt64?
+        /// How to wake each pinger as soon as the last wedge ends, so that its held-back ping goes out.
+        var pingers: [ObjectIdentifier: @Sendable () -> Void] = [:]
     }
 
     private let state = Mutex(State())
 
     /// `voter` has a loop wedged since `since` (CLOCK_MONOTONIC), or none (`nil`).
     package func vote(_ voter: AnyObject, wedgedSince since: UInt64?) {
-        state.withLock { $0.wedges[ObjectIdentifier(voter)] = since }
+        let wake = state.withLock { state -> [@Sendable () -> Void] in
+            let key = ObjectIdentifier(voter)
+            let ended = since == nil && state.wedges[key] != nil
+            state.wedges[key] = since
+            return ended && state.wedges.isEmpty ? Array(state.pingers.values) : []
+        }
+        for pinger in wake { pinger() }
+    }
+
+    /// Has `wake` called whenever the last wedge in progress ends, until ``removePinger(_:)``.
+    func addPinger(_ pinger: AnyObject, wake: @escaping @Sendable () -> Void) {
+        state.withLock { $0.pingers[ObjectIdentifier(pinger)] = wake }
+    }
+
+    func removePinger(_ pinger: AnyObject) {
+        state.withLock { _ = $0.pingers.removeValue(forKey: ObjectIdentifier(pinger)) }
     }
 
     /// The start of the oldest wedge in progress among all voters, if any.

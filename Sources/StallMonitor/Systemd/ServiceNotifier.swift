@@ -39,6 +39,8 @@ struct ServiceWatchdogSchedule {
     let interval: UInt64
     private(set) var lastPing: UInt64
     private(set) var nextPing: UInt64
+    /// Whether a ping was held back for another watchdog's wedged loop.
+    private var heldBack = false
 
     init(interval: UInt64, now: UInt64) {
         self.interval = interval
@@ -59,14 +61,20 @@ struct ServiceWatchdogSchedule {
     /// Pings when one is due and the loop is healthy; an unhealthy loop leaves the ping overdue,
     /// so that it goes out the moment the loop recovers.
     mutating func pingIfDue(now: UInt64, healthy: Bool) {
-        guard now >= nextPing, healthy else { return }
         #if STALLMON_LINUX
         // Every loop of the process's monitors, not only this one: a loop wedged for half the
-        // interval holds the pings back until it recovers, looked at again in a twentieth of it.
-        guard ServiceHealth.shared.isHealthy(now: now, limit: interval / 2) else {
+        // interval holds the pings back until it recovers (its watchdog then wakes this one),
+        // looked at again in a twentieth of the interval meanwhile.
+        let othersHealthy = ServiceHealth.shared.isHealthy(now: now, limit: interval / 2)
+        guard now >= nextPing || (heldBack && othersHealthy), healthy else { return }
+        guard othersHealthy else {
+            heldBack = true
             nextPing = now + interval / 20
             return
         }
+        heldBack = false
+        #else
+        guard now >= nextPing, healthy else { return }
         #endif
         ServiceNotifier.notify("WATCHDOG=1")
         lastPing = now
