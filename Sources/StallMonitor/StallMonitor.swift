@@ -323,7 +323,7 @@ public final class StallMonitor: Sendable {
     }
 
     /// Kernel id of the watchdog thread, for measurements (0 when not running).
-    public var watchdogThreadID: Int32 {
+    package var watchdogThreadID: Int32 {
         #if STALLMON_LINUX
         state.withLock { $0?.watchdog.threadID ?? 0 }
         #else

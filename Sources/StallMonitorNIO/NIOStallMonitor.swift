@@ -152,12 +152,12 @@ public final class NIOStallMonitor: Sendable {
 
     /// Times the group's watchdog thread has woken up since ``start(_:)``, for measurements: 0 for a
     /// group that stays idle.
-    public var watchdogWakeups: Int {
+    package var watchdogWakeups: Int {
         state.withLock { $0?.watchdogWakeups } ?? 0
     }
 
     /// Kernel id of the group's watchdog thread (0 when not running).
-    public var watchdogThreadID: Int32 {
+    package var watchdogThreadID: Int32 {
         state.withLock { $0?.watchdogThreadID } ?? 0
     }
 }

@@ -89,4 +89,3 @@ enum HummingbirdInstructionCounts {
         return value
     }
 }
-

@@ -57,7 +57,7 @@ public struct JournalSink: ReportSink {
 
     /// The journal fields of an event: the one mapping from reports to the schema; none for a kind
     /// this version does not know.
-    public static func fields(for event: StallMonitorEvent, syslogIdentifier: String) -> [JournalField] {
+    package static func fields(for event: StallMonitorEvent, syslogIdentifier: String) -> [JournalField] {
         if let report = event.report {
             return StallRecord(report: report, syslogIdentifier: syslogIdentifier).fields
         }
