@@ -1,6 +1,9 @@
 /// What a stall looked like: when it was detected (at the threshold, with the first stack) or when
 /// it ended (with the true duration and the heaviest stack).
 public struct StallReport: Sendable, Hashable {
+    /// Which report of a stall this is.
+    ///
+    /// Later versions may add cases: a `switch` over it keeps a `default`.
     public enum Event: String, Sendable, Hashable {
         case detected
         case ended
@@ -8,7 +11,9 @@ public struct StallReport: Sendable, Hashable {
         case watchdog
     }
 
-    /// The run-loop window the stall happened in.
+    /// The window, cycle or job the stall happened in.
+    ///
+    /// Later versions may add cases: a `switch` over it keeps a `default`.
     public enum Activity: String, Sendable, Hashable {
         /// After kCFRunLoopBeforeSources: sources, blocks and (on Linux) the main queue run here.
         case beforeSources = "before-sources"
@@ -23,6 +28,8 @@ public struct StallReport: Sendable, Hashable {
     }
 
     /// What the run loop was calling out to, recognized from the frames.
+    ///
+    /// Later versions may add cases: a `switch` over it keeps a `default`.
     public enum Callout: String, Sendable, Hashable, CaseIterable {
         case timer
         case source0
