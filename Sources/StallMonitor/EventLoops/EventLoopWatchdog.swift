@@ -464,17 +464,7 @@ package final class EventLoopWatchdog: @unchecked Sendable {
                 if now + threshold / 4 >= deadline { examine(index, now: now, timedSince: start) }
                 return
             }
-            guard now >= deadline else { return }
-            var view = stallmon_syscall_view()
-            stallmon_read_syscall(state.loop.threadID, &view)
-            if view.state == 0, stallmon_syscall_is_epoll_wait(view.number) == 1 {
-                examine(index, now: now)
-                return
-            }
-            if view.state < 0 {
-                state.phase = .unknown(since: now)
-                return
-            }
+            guard now >= deadline, isAwake(index, now: now) else { return }
             beginStall(index, start: start, sequence: sequence, now: now)
         case .stalled(let stall):
             var end: UInt64 = 0
@@ -569,23 +559,31 @@ package final class EventLoopWatchdog: @unchecked Sendable {
         } else if !due {
             return
         }
-        var view = stallmon_syscall_view()
-        stallmon_read_syscall(state.loop.threadID, &view)
-        if view.state == 0, stallmon_syscall_is_epoll_wait(view.number) == 1 {
-            // Asleep again before it needed a heartbeat (or just as one was handed to it: its
-            // wakeup for it completes the poll).
-            examine(index, now: now)
-            return
-        }
-        if view.state < 0 {
-            state.phase = .unknown(since: now)
-            return
-        }
+        // Asleep again before it needed a heartbeat (or just as one was handed to it: its wakeup
+        // for it completes the poll).
+        guard isAwake(index, now: now) else { return }
         guard state.beatSent != nil else {
             beat(state, now: now)
             return
         }
         beginStall(index, start: start, sequence: sequence, now: now)
+    }
+
+    /// Whether the loop is out of `epoll_wait` now. One that sleeps is examined (and so polled
+    /// again); one whose thread cannot be read is looked at again in a threshold.
+    private func isAwake(_ index: Int, now: UInt64) -> Bool {
+        let state = loops[index]
+        var view = stallmon_syscall_view()
+        stallmon_read_syscall(state.loop.threadID, &view)
+        if view.state == 0, stallmon_syscall_is_epoll_wait(view.number) == 1 {
+            examine(index, now: now)
+            return false
+        }
+        if view.state < 0 {
+            state.phase = .unknown(since: now)
+            return false
+        }
+        return true
     }
 
     /// Where a stall of the cycle that began at `start` starts, and the moment from which it must
