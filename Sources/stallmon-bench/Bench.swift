@@ -18,6 +18,10 @@ struct Bench {
     func run() throws -> Int32 {
         let started = Kernel.now()
         defer { runner.removeLog() }
+        if options.collectorOnly {
+            Report.emit(table: "", figures: CollectorCost.figures(scale: options.scale), json: true)
+            return 0
+        }
         let nio = try options.nio ? makeNIOBench() : nil
         if options.nioOnly, let nio { return try runNIOOnly(nio, started: started) }
         progress(
@@ -104,8 +108,10 @@ struct Bench {
             instructions = all
         }
 
-        let figures = Figures.compute(
-            rounds: rounds, memory: memory, firstStall: firstStall, instructions: instructions)
+        progress("collector: CPU and memory per journal entry, typical and the schema's worst")
+        let figures =
+            Figures.compute(rounds: rounds, memory: memory, firstStall: firstStall, instructions: instructions)
+            + CollectorCost.figures(scale: options.scale)
         let elapsed = Double(Kernel.now() - started) / 1e9
         let table = Report.table(
             figures: figures, rounds: rounds, memory: memory, instructions: instructions, plan: plan, options: options,

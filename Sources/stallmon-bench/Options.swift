@@ -11,10 +11,12 @@ struct Options: Sendable {
     /// Whether the SwiftNIO benchmark runs (wrk against StallmonNIOServer), and whether only it does.
     var nio = true
     var nioOnly = false
+    /// Whether only the collector's cost per journal entry is measured.
+    var collectorOnly = false
 
     static let usage = """
         USAGE: stallmon-bench [--rounds N] [--scale X] [--quick] [--json] [--callgrind | --no-callgrind]
-                              [--cf-run-loop] [--no-nio | --nio-only]
+                              [--cf-run-loop] [--no-nio | --nio-only | --collector-only]
 
         Measures stallmon's cost against an unmonitored loop, a no-op observer and the blog design.
         Each workload runs in a fresh child process; the variants alternate in every round.
@@ -32,6 +34,7 @@ struct Options: Sendable {
                            be built next to stallmon-bench: swift build -c release --product
                            StallmonNIOServer).
           --nio-only       Runs the SwiftNIO benchmark alone.
+          --collector-only Measures the collector's and the flame graph's cost per journal entry alone.
           -h, --help       Shows this help.
         """
 
@@ -62,6 +65,7 @@ struct Options: Sendable {
             case "--cf-run-loop": cfRunLoop = true
             case "--no-nio": nio = false
             case "--nio-only": nioOnly = true
+            case "--collector-only": collectorOnly = true
             default: throw UsageError(description: "unknown argument '\(argument)'")
             }
         }
