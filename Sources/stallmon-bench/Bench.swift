@@ -16,12 +16,12 @@ struct Bench {
     }
 
     func run() throws -> Int32 {
-        let started = Kernel.now()
-        defer { runner.removeLog() }
         if options.collectorOnly {
             Report.emit(table: "", figures: CollectorCost.figures(scale: options.scale), json: true)
             return 0
         }
+        let started = Kernel.now()
+        defer { runner.removeLog() }
         let nio = try options.nio ? makeNIOBench() : nil
         if options.nioOnly, let nio { return try runNIOOnly(nio, started: started) }
         progress(

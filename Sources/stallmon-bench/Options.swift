@@ -6,17 +6,17 @@ struct Options: Sendable {
     /// `nil`: count instructions when valgrind is installed, unless the run is a quick one.
     var callgrind: Bool?
     var quick = false
+    /// Whether only the collector's cost per journal entry is measured.
+    var collectorOnly = false
     /// Whether the children run their loop with CFRunLoopRun() rather than RunLoop.main.run().
     var cfRunLoop = false
     /// Whether the SwiftNIO benchmark runs (wrk against StallmonNIOServer), and whether only it does.
     var nio = true
     var nioOnly = false
-    /// Whether only the collector's cost per journal entry is measured.
-    var collectorOnly = false
 
     static let usage = """
         USAGE: stallmon-bench [--rounds N] [--scale X] [--quick] [--json] [--callgrind | --no-callgrind]
-                              [--cf-run-loop] [--no-nio | --nio-only | --collector-only]
+                              [--cf-run-loop] [--no-nio | --nio-only]
 
         Measures stallmon's cost against an unmonitored loop, a no-op observer and the blog design.
         Each workload runs in a fresh child process; the variants alternate in every round.
@@ -28,13 +28,13 @@ struct Options: Sendable {
           --json           Prints the figures as one JSON object; the table goes to standard error.
           --callgrind      Counts instructions per busy pass under valgrind (default when installed).
           --no-callgrind   Skips the instruction counts.
+          --collector-only Measures the collector's and the flame graph's cost per journal entry alone.
           --cf-run-loop    Runs the loops with CFRunLoopRun() instead of RunLoop.main.run(), which
                            leaves and re-enters the loop after every source it handles.
           --no-nio         Skips the SwiftNIO benchmark (wrk against StallmonNIOServer, which must
                            be built next to stallmon-bench: swift build -c release --product
                            StallmonNIOServer).
           --nio-only       Runs the SwiftNIO benchmark alone.
-          --collector-only Measures the collector's and the flame graph's cost per journal entry alone.
           -h, --help       Shows this help.
         """
 
@@ -60,12 +60,12 @@ struct Options: Sendable {
                 explicitScale = value
             case "--quick": quick = true
             case "--json": json = true
+            case "--collector-only": collectorOnly = true
             case "--callgrind": callgrind = true
             case "--no-callgrind": callgrind = false
             case "--cf-run-loop": cfRunLoop = true
             case "--no-nio": nio = false
             case "--nio-only": nioOnly = true
-            case "--collector-only": collectorOnly = true
             default: throw UsageError(description: "unknown argument '\(argument)'")
             }
         }
