@@ -67,12 +67,24 @@ enum JournalWriters {
                 roots.append(root)
             }
         }
-        guard !roots.isEmpty else { throw POSIXError(.ENOENT) }
+        guard !roots.isEmpty else { throw CgroupError(path: "/sys/fs/cgroup", reason: "no cgroup hierarchy found") }
         let groups = roots.map { "\($0)/system.slice/\(name)" }
         for group in groups {
-            try FileManager.default.createDirectory(atPath: group, withIntermediateDirectories: true)
+            do {
+                try FileManager.default.createDirectory(atPath: group, withIntermediateDirectories: true)
+            } catch {
+                throw CgroupError(path: group, reason: "\(error)")
+            }
         }
         return groups
+    }
+
+    /// A system unit's cgroup that could not be made (these tests run as root, with the cgroup
+    /// hierarchies mounted writable, as on CI's machine).
+    struct CgroupError: Error, CustomStringConvertible {
+        var path: String
+        var reason: String
+        var description: String { "cannot make the cgroup \(path) that a system unit's writer runs in: \(reason)" }
     }
 
     /// Removes the cgroups of a system unit made by ``systemUnitCgroups(_:)`` (once its processes exited).
