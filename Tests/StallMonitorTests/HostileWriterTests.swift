@@ -235,6 +235,31 @@ extension Serial {
             #expect(daemon.terminate().status == 0)
         }
 
+        /// `{}` as state.json was taken for a fresh start, and negative counts were exported as
+        /// they were: stallmond refuses either, names why, exits 69 and starts nothing.
+        @Test func aDamagedStateIsRefusedWith69() throws {
+            let journal = JournalNamespace()
+            defer { journal.remove() }
+            try #require(journal.ensureRunning(), "cannot start journald for namespace \(journal.name)")
+            try journal.send(Self.stall("svc", fingerprint: 1))
+            try #require(journal.waitForEntries(1, messageIDs: [MessageID.stallEnded]))
+            let scratch = try Daemon(journal: try #require(journal.directory))
+            defer { scratch.remove() }
+            try FileManager.default.createDirectory(
+                atPath: scratch.directory + "/state", withIntermediateDirectories: true)
+            for (state, reason) in [
+                ("{}", "not a stallmond state file"),
+                (#"{"units":{},"duplicateEntries":-3}"#, "duplicateEntries is -3, below zero"),
+            ] {
+                try state.write(toFile: scratch.state, atomically: true, encoding: .utf8)
+                let run = try Executable.stallmond.run(["--config", scratch.configuration], timeout: 20)
+                #expect(run.status == 69)
+                #expect(run.errors.contains(reason), "\(run.errors)")
+                #expect(!FileManager.default.fileExists(atPath: scratch.metrics), "nothing half-started")
+                #expect(try String(contentsOfFile: scratch.state, encoding: .utf8) == state, "left as it was")
+            }
+        }
+
         /// A SIGHUP that came before stallmond's signal handling, within about 50 ms of exec,
         /// ended it (exit 129). Once its main() runs, a SIGHUP is a reload, served when it is ready.
         @Test func aSIGHUPRightAfterStartIsAReload() throws {
