@@ -156,7 +156,9 @@ public final class Collector: @unchecked Sendable {
             try seek(after: source, reader: reader)
         } else if let source = state.sources[machine] {
             do {
-                if try !reader.seek(cursor: source.cursor) {
+                // A position adopted from a state's one cursor (no boot of its own) may name
+                // another machine's entry: only a machine's own last entry can have vanished.
+                if try !reader.seek(cursor: source.cursor), !source.bootID.isEmpty {
                     aggregator.noteCursorRecovery(rejected: false, machine: machine)
                     unsaved = true
                     metricsStale = true
@@ -196,7 +198,9 @@ public final class Collector: @unchecked Sendable {
     @discardableResult
     private func seek(after source: CollectorState.Source, reader: JournalReader) throws(SystemdError) -> String {
         if JournalEntry.isMachineID(source.bootID) {
-            try reader.seek(bootID: source.bootID, monotonicMicroseconds: source.monotonicMicroseconds)
+            // Past the last entry read: the same boot at or before its time is read already
+            // (``StallAggregator/ingest(_:)`` would take it for an entry received twice).
+            try reader.seek(bootID: source.bootID, monotonicMicroseconds: source.monotonicMicroseconds &+ 1)
             return "boot \(source.bootID) at \(source.monotonicMicroseconds) µs"
         }
         let time = aggregator.state.lastEntryMicroseconds

@@ -232,6 +232,7 @@ extension Serial {
             sleep(2)
             #expect(scratch.value(series) == 4)
             #expect(scratch.value(#"stallmond_cursor_recoveries_total{reason="rejected"}"#) == 1)
+            #expect(scratch.value("stallmond_duplicate_entries_total") == 0, "the last entry read is not read again")
             #expect(daemon.terminate().status == 0)
         }
 
