@@ -87,10 +87,12 @@ enum JournalWriters {
         var description: String { "cannot make the cgroup \(path) that a system unit's writer runs in: \(reason)" }
     }
 
-    /// Removes the cgroups of a system unit made by ``systemUnitCgroups(_:)`` (once its processes exited).
+    /// Removes the cgroups of a system unit made by ``systemUnitCgroups(_:)`` (once its processes
+    /// exited), and `system.slice` where that was made for it (a slice in use is not removed).
     static func removeSystemUnit(_ name: String) {
         for root in ["/sys/fs/cgroup", "/sys/fs/cgroup/unified", "/sys/fs/cgroup/systemd"] {
             rmdir("\(root)/system.slice/\(name)")
+            rmdir("\(root)/system.slice")
         }
     }
 
