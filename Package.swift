@@ -118,7 +118,7 @@ let package = Package(
         // Measures the monitor's cost against an unmonitored loop, a no-op observer and the blog design.
         .executableTarget(
             name: "stallmon-bench",
-            dependencies: ["StallMonitor", "CStallCapture"]
+            dependencies: ["StallMonitor", "CStallCapture", "StallCollector", "StallJournal"]
         ),
         // What the fixture services share: clocks, JSON lines on standard output, the reporting sink.
         .target(

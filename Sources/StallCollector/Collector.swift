@@ -151,12 +151,61 @@ public final class Collector: @unchecked Sendable {
         }
         try reader.addMatch("_MACHINE_ID", machine)
         let state = aggregator.state
-        if let cursor = state.sources[machine]?.cursor {
-            try reader.seek(cursor: cursor)
+        if let source = state.sources[machine], source.cursor.isEmpty {
+            // Its cursor was refused earlier, and no entry of it has been read since.
+            try seek(after: source, reader: reader)
+        } else if let source = state.sources[machine] {
+            do {
+                // A position adopted from a state's one cursor (no boot of its own) may name
+                // another machine's entry: only a machine's own last entry can have vanished.
+                if try !reader.seek(cursor: source.cursor), !source.bootID.isEmpty {
+                    aggregator.noteCursorRecovery(rejected: false, machine: machine)
+                    unsaved = true
+                    metricsStale = true
+                    logger.warning(
+                        "the journal no longer holds the last entry read from this machine (vacuumed?); resuming at the first entry after it",
+                        metadata: ["machine": "\(machine)", "cursor": "\(DisplayText.escaped(source.cursor))"])
+                }
+            } catch  where error.errno == EINVAL {
+                try resume(after: source, machine: machine, reader: reader, error: error)
+            }
         } else {
             try reader.seekHead()
         }
         positioned[index] = machine
+    }
+
+    /// A saved cursor the journal refuses (a damaged or hand-edited state): reading resumes after
+    /// the machine's last entry by its boot and monotonic time, the entries up to it being
+    /// recognized as read (see ``StallAggregator/ingest(_:)``), or, without them, from the time of
+    /// the last entry counted. Never a daemon that reports ready and counts nothing.
+    private func resume(
+        after source: CollectorState.Source, machine: String, reader: JournalReader, error: SystemdError
+    ) throws(SystemdError) {
+        let since = try seek(after: source, reader: reader)
+        aggregator.noteCursorRecovery(rejected: true, machine: machine)
+        unsaved = true
+        metricsStale = true
+        logger.error(
+            "the journal rejects the saved cursor of this machine; resuming after its last entry read, from \(since)",
+            metadata: [
+                "machine": "\(machine)", "cursor": "\(DisplayText.escaped(source.cursor))", "error": "\(error)",
+            ])
+    }
+
+    /// Points `reader` after the last entry of `source` by its boot and monotonic time, or, where
+    /// they are unknown, at the time of the last entry counted. Returns where, in words.
+    @discardableResult
+    private func seek(after source: CollectorState.Source, reader: JournalReader) throws(SystemdError) -> String {
+        if JournalEntry.isMachineID(source.bootID) {
+            // Past the last entry read: the same boot at or before its time is read already
+            // (``StallAggregator/ingest(_:)`` would take it for an entry received twice).
+            try reader.seek(bootID: source.bootID, monotonicMicroseconds: source.monotonicMicroseconds &+ 1)
+            return "boot \(source.bootID) at \(source.monotonicMicroseconds) µs"
+        }
+        let time = aggregator.state.lastEntryMicroseconds
+        try reader.seek(realtimeMicroseconds: time)
+        return "the time of the last entry counted (\(time) µs since the epoch)"
     }
 
     public var state: CollectorState { aggregator.state }
@@ -226,6 +275,7 @@ public final class Collector: @unchecked Sendable {
             unsaved = true
             metricsStale = true
         }
+        logFolding()
         if let entries = backlog {
             backlog = entries + read
             if !more {
@@ -235,6 +285,30 @@ public final class Collector: @unchecked Sendable {
             }
         }
         return (read, more)
+    }
+
+    /// When folding was last logged; at most once a minute, whatever the journal holds.
+    private var lastFoldLog: UInt64?
+    static let foldLogIntervalNanoseconds: UInt64 = 60_000_000_000
+
+    /// Says what was folded or gave way, and why: at once the first time, then at most once a
+    /// minute, each kind with its count (a flood costs a few lines a minute).
+    private func logFolding() {
+        let now = MonotonicClock.now()
+        if let lastFoldLog, now - lastFoldLog < Self.foldLogIntervalNanoseconds { return }
+        let notes = aggregator.takeFoldNotes()
+        guard !notes.isEmpty else { return }
+        lastFoldLog = now
+        for (note, count) in notes.prefix(10) {
+            logger.notice(
+                "folded: \(note)",
+                metadata: ["what": "\(note.what)", "uid": "\(note.owner ?? "")", "entries": "\(count)"])
+        }
+        if notes.count > 10 {
+            logger.notice(
+                "folded: \(notes.count - 10) more kinds of series, with \(notes.dropFirst(10).reduce(0) { $0 + $1.count }) entries"
+            )
+        }
     }
 
     /// Reads one slice, saves and writes metrics when due, and queues the next slice behind

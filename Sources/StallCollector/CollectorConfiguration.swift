@@ -22,9 +22,14 @@ public struct CollectorConfiguration: Sendable, Hashable {
     public var monitorThreshold: Duration = .milliseconds(250)
     /// Individual stalls remembered for the windows (memory bound); the oldest go first.
     public var maximumTrackedStalls: Int = 100_000
-    /// Units counted on their own (memory and state bound); stalls of later units count under
+    /// Series per user (`_UID`) outside system units: a user's later series take the place of
+    /// its least recent one that has not stalled for the longest window, or count under
+    /// `(other units)`. System units always have their own series.
+    public var maximumUnits: Int = 50
+    /// Users (`_UID`s) with series of their own outside system units; a later user takes the
+    /// place of the one whose latest stall is older than the longest window, or counts under
     /// `(other units)`.
-    public var maximumUnits: Int = 500
+    public var maximumUsers: Int = 20
     /// Hosts (machine ids) counted on their own; stalls of later hosts count under `(other hosts)`.
     public var maximumHosts: Int = 1000
     /// The journal directories read (`sd_journal_open_directory` each, with their machine-id
@@ -49,6 +54,7 @@ public struct CollectorConfiguration: Sendable, Hashable {
         case monitorThreshold = "monitor_threshold_ms"
         case maximumTrackedStalls = "max_tracked_stalls"
         case maximumUnits = "max_units"
+        case maximumUsers = "max_users"
         case maximumHosts = "max_hosts"
         case journalDirectories = "journal_directories"
     }
@@ -158,6 +164,7 @@ public struct CollectorConfiguration: Sendable, Hashable {
         case .monitorThreshold: monitorThreshold = try value.milliseconds(key: name, source: source)
         case .maximumTrackedStalls: maximumTrackedStalls = try value.integer(key: name, source: source)
         case .maximumUnits: maximumUnits = try value.integer(key: name, source: source)
+        case .maximumUsers: maximumUsers = try value.integer(key: name, source: source)
         case .maximumHosts: maximumHosts = try value.integer(key: name, source: source)
         case .journalDirectories: journalDirectories = try value.list(key: name, source: source)
         }
@@ -254,6 +261,8 @@ public struct CollectorConfiguration: Sendable, Hashable {
         try check(
             (1...100_000).contains(maximumUnits), .maximumUnits, "\(maximumUnits)", "must be between 1 and 100000")
         try check(
+            (1...10_000).contains(maximumUsers), .maximumUsers, "\(maximumUsers)", "must be between 1 and 10000")
+        try check(
             (1...10_000).contains(maximumHosts), .maximumHosts, "\(maximumHosts)", "must be between 1 and 10000")
         let directoryList = "[\(journalDirectories.joined(separator: ", "))]"
         try check(
@@ -290,7 +299,7 @@ public struct CollectorConfiguration: Sendable, Hashable {
             "histogram_buckets_ms=\(histogramBuckets.map { String($0.milliseconds) }.joined(separator: ","))",
             "digest_interval_s=\(seconds(digestInterval))", "state_directory=\(stateDirectory ?? "")",
             "monitor_threshold_ms=\(monitorThreshold.milliseconds)",
-            "max_tracked_stalls=\(maximumTrackedStalls)", "max_units=\(maximumUnits)",
+            "max_tracked_stalls=\(maximumTrackedStalls)", "max_units=\(maximumUnits)", "max_users=\(maximumUsers)",
             "max_hosts=\(maximumHosts)",
             "journal_directories=\(journalDirectories.isEmpty ? "(local journal)" : journalDirectories.joined(separator: ","))",
         ].joined(separator: " ")

@@ -24,7 +24,7 @@ extension FlameGraph {
             viewBox="0 0 \(Int(width)) \(Int(height))" font-family="DejaVu Sans Mono, monospace" font-size="12">
             <rect x="0" y="0" width="\(Int(width))" height="\(Int(height))" fill="#fdfdf8"/>
             <text x="\(Int(width / 2))" y="22" text-anchor="middle" font-size="16">\(Self.xml(DisplayText.cell(title, limit: 160)))</text>
-            <text x="\(Int(width / 2))" y="42" text-anchor="middle" fill="#555">\(Self.xml(summary + (stacks.isEmpty ? "" : "; width is time, outermost frame at the bottom")))</text>
+            <text x="\(Int(width / 2))" y="42" text-anchor="middle" fill="#555">\(Self.xml(summary + (isEmpty ? "" : "; width is time, outermost frame at the bottom")))</text>
 
             """
         for (node, x, depth) in boxes {
@@ -52,9 +52,14 @@ extension FlameGraph {
         return svg + "</svg>\n"
     }
 
-    /// `3 stalls, 1.8 s of stall time`.
+    /// `3 stalls, 1.8 s of stall time`, then what was cut at ``maximumNodes`` and the ``notes``.
     public var summary: String {
-        "\(stalls) stall\(stalls == 1 ? "" : "s"), \(Self.duration(totalMicroseconds)) of stall time"
+        var text = "\(stalls) stall\(stalls == 1 ? "" : "s"), \(Self.duration(totalMicroseconds)) of stall time"
+        if cutFrames > 0 {
+            text +=
+                "; \(cutFrames) frames of \(Self.duration(cutMicroseconds)) of stacks cut at \(Self.maximumNodes) distinct frames"
+        }
+        return ([text] + notes).joined(separator: "; ")
     }
 
     /// The boxes to draw, level by level from the root: those at least 0.3 px wide, and only

@@ -124,6 +124,26 @@ public enum PrometheusTextfile {
         lines.append("stallmond_folded_stalls_total{what=\"fingerprint\"} \(state.foldedFingerprintStalls)")
         lines.append("stallmond_folded_stalls_total{what=\"host\"} \(state.foldedHostStalls)")
         lines.append("stallmond_folded_stalls_total{what=\"unit\"} \(state.foldedUnitStalls)")
+        lines.append("stallmond_folded_stalls_total{what=\"user\"} \(state.foldedUserStalls)")
+        family(
+            "stallmond_user_folded_stalls_total", "counter",
+            "Stalls of a user (_UID, outside system units) counted under unit=\"(other units)\" because its max_units series all still stall."
+        )
+        for (user, stats) in state.users.sorted(by: { $0.key < $1.key }) {
+            lines.append("stallmond_user_folded_stalls_total{uid=\"\(escape(user))\"} \(stats.foldedStalls)")
+        }
+        family(
+            "stallmond_evicted_series_total", "counter",
+            "Series that gave way to newer ones of the same user or unit after no stall for the longest window."
+        )
+        lines.append("stallmond_evicted_series_total{what=\"fingerprint\"} \(state.evictedFingerprints)")
+        lines.append("stallmond_evicted_series_total{what=\"unit\"} \(state.evictedSeries)")
+        family(
+            "stallmond_cursor_recoveries_total", "counter",
+            "Saved journal positions the journal rejected (reading resumed by boot and time) or no longer holds (vacuumed)."
+        )
+        lines.append("stallmond_cursor_recoveries_total{reason=\"rejected\"} \(state.rejectedCursors)")
+        lines.append("stallmond_cursor_recoveries_total{reason=\"vanished\"} \(state.vanishedCursors)")
         family(
             "stallmond_duplicate_entries_total", "counter",
             "Stall entries received twice (an uploader that restarted sent them again), counted once.")

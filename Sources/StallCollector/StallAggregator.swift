@@ -19,6 +19,9 @@ public struct StallObservation: Sendable, Hashable {
     public var machineID: String
     /// …and that machine's name (`_HOSTNAME`, cut like other identities; empty where none).
     public var host: String
+    /// Who wrote it, by journald's trusted fields: `nil` for a system unit, else the writer's
+    /// `_UID` (`""` where the entry has none). See ``owner(of:)``.
+    public var owner: String?
 
     public init(
         unit: String, stallID: String, fingerprint: String, frame: String, callout: String,
@@ -38,10 +41,34 @@ public struct StallObservation: Sendable, Hashable {
         self.isWatchdog = isWatchdog
     }
 
-    /// The unit an entry came from.
+    /// The unit an entry came from: `_SYSTEMD_UNIT`, `_SYSTEMD_USER_UNIT`, or `(SYSLOG_IDENTIFIER)`
+    /// outside any unit. Outside a system unit and written by a user other than root, the
+    /// writer's `_UID` follows, `(tool) (uid 1000)`: anyone may write any identifier, so two
+    /// users' entries are never one series.
     public static func unit(of fields: [String: String]) -> String {
-        fields["_SYSTEMD_UNIT"] ?? fields["_SYSTEMD_USER_UNIT"] ?? fields["SYSLOG_IDENTIFIER"].map { "(\($0))" }
+        let name =
+            fields["_SYSTEMD_UNIT"] ?? fields["_SYSTEMD_USER_UNIT"] ?? fields["SYSLOG_IDENTIFIER"].map { "(\($0))" }
             ?? "(unknown)"
+        guard let owner = owner(of: fields), !owner.isEmpty, owner != "0" else { return name }
+        return name + " (uid \(owner))"
+    }
+
+    /// Who wrote an entry, by the fields journald sets itself and no writer can forge: `nil` when
+    /// a system unit did (`_SYSTEMD_UNIT`, outside any user's slice, session or user manager:
+    /// no `_SYSTEMD_USER_UNIT` and no `_SYSTEMD_OWNER_UID`), else the writer's `_UID` (`""`
+    /// where the entry has none, as in an exported journal without it).
+    public static func owner(of fields: [String: String]) -> String? {
+        if let unit = fields["_SYSTEMD_UNIT"], fields["_SYSTEMD_USER_UNIT"] == nil,
+            fields["_SYSTEMD_OWNER_UID"] == nil, !(fields["_SYSTEMD_SLICE"]?.hasPrefix("user") ?? false),
+            !(unit.hasPrefix("session-") && unit.hasSuffix(".scope")), !unit.hasPrefix("user@"),
+            !unit.hasPrefix("user-runtime-dir@")
+        {
+            return nil
+        }
+        guard let uid = fields["_UID"], (1...10).contains(uid.utf8.count),
+            uid.utf8.allSatisfy({ (48...57).contains($0) })
+        else { return "" }
+        return uid
     }
 
     public init(
@@ -55,11 +82,12 @@ public struct StallObservation: Sendable, Hashable {
         )
     }
 
-    /// A stall read from `entry`, with its unit, time and host.
+    /// A stall read from `entry`, with its unit, writer, time and host.
     public init(record: StallRecord, entry: JournalEntry) {
         self.init(
             record: record, unit: Self.unit(of: entry.fields), realtimeMicroseconds: entry.realtimeMicroseconds,
             machineID: entry.machineID ?? "", host: entry["_HOSTNAME"] ?? "")
+        owner = Self.owner(of: entry.fields)
     }
 }
 
@@ -98,6 +126,21 @@ public struct CollectorState: Codable, Sendable, Hashable {
     public var foldedUnitStalls: Int = 0
     /// Stalls of fingerprints past a unit's fingerprint limit, counted under ``otherFingerprint``.
     public var foldedFingerprintStalls: Int = 0
+    /// Saved positions the journal refused (a cursor it cannot parse): reading resumed after the
+    /// machine's last entry by its boot and monotonic time instead.
+    public var rejectedCursors: Int = 0
+    /// Saved positions whose entry the journal no longer holds (vacuumed): reading resumed at the
+    /// first entry after it.
+    public var vanishedCursors: Int = 0
+    /// Series that gave way to a newer one after they stopped stalling (see ``StallAggregator``):
+    /// units of users, and fingerprints.
+    public var evictedSeries: Int = 0
+    public var evictedFingerprints: Int = 0
+    /// Stalls of users first seen when ``CollectorConfiguration/maximumUsers`` users held series
+    /// that still stall, counted under ``otherUnits``.
+    public var foldedUserStalls: Int = 0
+    /// Per user (`_UID`) holding series of its own: what folding took from it.
+    public var users: [String: UserStats] = [:]
     /// When the latest counted entry was received (microseconds since the epoch).
     public var lastEntryMicroseconds: UInt64 = 0
     /// The stalls of the longest window, oldest first, for the windows and the digest.
@@ -116,8 +159,15 @@ public struct CollectorState: Codable, Sendable, Hashable {
     /// per-fingerprint recent stalls (now kept in one list) are left behind.
     public init(from decoder: any Decoder) throws {
         let container = try decoder.container(keyedBy: CodingKeys.self)
+        // Every version saved its units (an empty object when there were none): a document
+        // without them (`{}`) is not a state, and is never taken for a fresh start.
+        guard container.contains(.units) else {
+            throw DecodingError.keyNotFound(
+                CodingKeys.units,
+                DecodingError.Context(codingPath: [], debugDescription: "a state always has its units"))
+        }
         cursor = try container.decodeIfPresent(String.self, forKey: .cursor)
-        units = try container.decodeIfPresent([String: UnitStats].self, forKey: .units) ?? [:]
+        units = try container.decode([String: UnitStats].self, forKey: .units)
         bucketBounds = try container.decodeIfPresent([UInt64].self, forKey: .bucketBounds) ?? []
         watchdogStallIDs = try container.decodeIfPresent([String].self, forKey: .watchdogStallIDs) ?? []
         malformedEntries = try container.decodeIfPresent(Int.self, forKey: .malformedEntries) ?? 0
@@ -129,6 +179,12 @@ public struct CollectorState: Codable, Sendable, Hashable {
         hosts = try container.decodeIfPresent([String: HostStats].self, forKey: .hosts) ?? [:]
         foldedHostStalls = try container.decodeIfPresent(Int.self, forKey: .foldedHostStalls) ?? 0
         duplicateEntries = try container.decodeIfPresent(Int.self, forKey: .duplicateEntries) ?? 0
+        rejectedCursors = try container.decodeIfPresent(Int.self, forKey: .rejectedCursors) ?? 0
+        vanishedCursors = try container.decodeIfPresent(Int.self, forKey: .vanishedCursors) ?? 0
+        evictedSeries = try container.decodeIfPresent(Int.self, forKey: .evictedSeries) ?? 0
+        evictedFingerprints = try container.decodeIfPresent(Int.self, forKey: .evictedFingerprints) ?? 0
+        foldedUserStalls = try container.decodeIfPresent(Int.self, forKey: .foldedUserStalls) ?? 0
+        users = try container.decodeIfPresent([String: UserStats].self, forKey: .users) ?? [:]
     }
 
     /// Where reading stands for one source machine: the cursor of its last entry read, and where
@@ -151,6 +207,12 @@ public struct CollectorState: Codable, Sendable, Hashable {
     }
 
     public struct UnitStats: Codable, Sendable, Hashable {
+        /// Who writes its entries: `nil` for a system unit (and ``otherUnits``), else the `_UID`
+        /// (see ``StallObservation/owner(of:)``), whose budget it counts against.
+        public var owner: String?
+        /// When its latest stall was received (microseconds since the epoch): the least recent
+        /// of a user's series gives way first.
+        public var lastSeenMicroseconds: UInt64 = 0
         public var stalls: Int = 0
         public var totalMicroseconds: UInt64 = 0
         /// Lifetime counts per histogram bucket (the last one is +Inf).
@@ -161,6 +223,30 @@ public struct CollectorState: Codable, Sendable, Hashable {
         public var fingerprints: [String: FingerprintStats] = [:]
         /// Stalls counted under ``otherFingerprint``.
         public var otherStalls: Int = 0
+
+        public init(owner: String? = nil) { self.owner = owner }
+
+        public init(from decoder: any Decoder) throws {
+            let container = try decoder.container(keyedBy: CodingKeys.self)
+            owner = try container.decodeIfPresent(String.self, forKey: .owner)
+            lastSeenMicroseconds = try container.decodeIfPresent(UInt64.self, forKey: .lastSeenMicroseconds) ?? 0
+            stalls = try container.decode(Int.self, forKey: .stalls)
+            totalMicroseconds = try container.decode(UInt64.self, forKey: .totalMicroseconds)
+            buckets = try container.decode([Int].self, forKey: .buckets)
+            suppressedReports = try container.decode(Int.self, forKey: .suppressedReports)
+            watchdogStalls = try container.decode(Int.self, forKey: .watchdogStalls)
+            fingerprints = try container.decode([String: FingerprintStats].self, forKey: .fingerprints)
+            otherStalls = try container.decode(Int.self, forKey: .otherStalls)
+        }
+    }
+
+    /// What folding took from one user (a `_UID` whose entries come from outside system units).
+    public struct UserStats: Codable, Sendable, Hashable {
+        /// Its stalls counted under ``otherUnits`` because its series budget was full of series
+        /// that still stall.
+        public var foldedStalls: Int = 0
+        /// Its series that gave way to newer ones of its own after they stopped stalling.
+        public var evictedSeries: Int = 0
     }
 
     public struct FingerprintStats: Codable, Sendable, Hashable {
@@ -205,6 +291,65 @@ public struct CollectorState: Codable, Sendable, Hashable {
     }
 }
 
+extension CollectorState {
+    /// What makes this state impossible, or `nil` when nothing does: a count below zero, a part
+    /// counted more often than its whole, a histogram or host table that does not fit. A state
+    /// that saved counts cannot hold such values; a damaged file can, and is never exported as is.
+    public var damage: String? {
+        func negative(_ pairs: KeyValuePairs<String, Int>, in place: String) -> String? {
+            for (name, value) in pairs where value < 0 { return "\(place)\(name) is \(value), below zero" }
+            return nil
+        }
+        if let problem = negative(
+            [
+                "malformedEntries": malformedEntries, "foldedUnitStalls": foldedUnitStalls,
+                "foldedFingerprintStalls": foldedFingerprintStalls, "foldedHostStalls": foldedHostStalls,
+                "duplicateEntries": duplicateEntries, "rejectedCursors": rejectedCursors,
+                "vanishedCursors": vanishedCursors, "evictedSeries": evictedSeries,
+                "evictedFingerprints": evictedFingerprints, "foldedUserStalls": foldedUserStalls,
+            ], in: "")
+        {
+            return problem
+        }
+        for (unit, stats) in units {
+            let place = "units[\(DisplayText.escaped(unit))]."
+            if let problem = negative(
+                [
+                    "stalls": stats.stalls, "suppressedReports": stats.suppressedReports,
+                    "watchdogStalls": stats.watchdogStalls, "otherStalls": stats.otherStalls,
+                ], in: place)
+            {
+                return problem
+            }
+            if stats.watchdogStalls > stats.stalls || stats.otherStalls > stats.stalls {
+                return
+                    "\(place)stalls is \(stats.stalls), fewer than its watchdog (\(stats.watchdogStalls)) or other (\(stats.otherStalls)) stalls"
+            }
+            if !stats.buckets.isEmpty, stats.buckets.count != bucketBounds.count + 1 {
+                return "\(place)buckets has \(stats.buckets.count) counts for \(bucketBounds.count) bounds"
+            }
+            if let bucket = stats.buckets.first(where: { $0 < 0 }) {
+                return "\(place)buckets holds \(bucket), below zero"
+            }
+            for (fingerprint, counts) in stats.fingerprints {
+                if counts.stalls < 0 || counts.stalls > stats.stalls {
+                    return
+                        "\(place)fingerprints[\(DisplayText.escaped(fingerprint))].stalls is \(counts.stalls), outside 0...\(stats.stalls)"
+                }
+            }
+        }
+        for (user, stats) in users where stats.foldedStalls < 0 || stats.evictedSeries < 0 {
+            return
+                "users[\(DisplayText.escaped(user))] has \(stats.foldedStalls) folded stalls and \(stats.evictedSeries) evicted series"
+        }
+        for (machine, host) in hosts where host.stalls < 0 || host.index < 0 || host.index >= hosts.count {
+            return
+                "hosts[\(DisplayText.escaped(machine))] has stalls \(host.stalls) and index \(host.index) of \(hosts.count)"
+        }
+        return nil
+    }
+}
+
 extension UInt64 {
     /// `self + other`, or `.max` where that overflows: hostile or absurd journal values must never trap.
     func saturatingAdd(_ other: UInt64) -> UInt64 {
@@ -223,20 +368,72 @@ extension Int {
 
 /// Counts stalls per unit × fingerprint over the collector's lifetime and its windows.
 ///
+/// Whom it trusts: journald's trusted fields (`_UID`, `_SYSTEMD_UNIT`, `_SYSTEMD_USER_UNIT`, …),
+/// which no writer can forge. A system unit's stalls always have a series of their own: root
+/// made the unit, and only root makes more of them. Every other writer (a user's session, a user
+/// unit, a program started by hand) is a user, by `_UID`, with a budget of its own:
+/// ``CollectorConfiguration/maximumUnits`` series. A user's new series past its budget takes the
+/// place of the user's least recently stalled series once that one has not stalled for the
+/// longest window, and is otherwise counted under ``CollectorState/otherUnits``: folding takes
+/// only the entries of the user who makes the series. Fingerprints give way the same way within
+/// their unit. Everything is decided by the entries' receive times, so a restart, or a state
+/// rebuilt from the journal's head, comes to the same series.
+///
 /// Ingesting one entry costs the same whatever the state holds: a few dictionary look-ups, an
-/// append to ``CollectorState/recent`` and a trim of its oldest end.
+/// append to ``CollectorState/recent`` and a trim of its oldest end; when a series must give way,
+/// a pass over the series of that one user (at most its budget).
 public struct StallAggregator: Sendable {
     public private(set) var state: CollectorState
     private var configuration: CollectorConfiguration
     /// Index of the oldest live element of `state.recent`; the dead prefix is dropped in batches.
     private var recentStart = 0
+    /// The series of each user, by `_UID` (rebuilt from the state).
+    private var seriesByOwner: [String: Set<String>] = [:]
+    /// What folding did since ``takeFoldNotes()``, for the log; at most ``maximumFoldNotes`` kinds.
+    private var foldNotes: [FoldNote: Int] = [:]
+    static let maximumFoldNotes = 64
 
     public init(state: CollectorState = CollectorState(), configuration: CollectorConfiguration) {
         self.state = state
         self.configuration = configuration
+        for (unit, stats) in state.units {
+            if let owner = stats.owner { seriesByOwner[owner, default: []].insert(unit) }
+        }
         foldUnlabeledFingerprints()
         apply(configuration)
     }
+
+    /// One kind of folding: a user's stalls counted under ``CollectorState/otherUnits`` or a
+    /// fingerprint under ``CollectorState/otherFingerprint``, or a series that gave way.
+    public struct FoldNote: Sendable, Hashable, CustomStringConvertible {
+        /// `unit`, `user` or `fingerprint`.
+        public var what: String
+        /// The user (`_UID`) whose series it was; `nil` for a system unit.
+        public var owner: String?
+        /// The series folded, or the one that gave way.
+        public var series: String
+        public var reason: String
+
+        public var description: String {
+            "\(what) \(DisplayText.escaped(series))\(owner.map { " of uid \($0.isEmpty ? "(none)" : $0)" } ?? ""): \(reason)"
+        }
+    }
+
+    /// What folding did since the last call, with how often, for the log.
+    public mutating func takeFoldNotes() -> [(note: FoldNote, count: Int)] {
+        defer { foldNotes = [:] }
+        return foldNotes.map { ($0.key, $0.value) }.sorted { $0.count > $1.count }
+    }
+
+    private mutating func note(_ what: String, owner: String?, series: String, reason: String) {
+        let key = FoldNote(what: what, owner: owner, series: series, reason: reason)
+        if foldNotes[key] != nil || foldNotes.count < Self.maximumFoldNotes { foldNotes[key, default: 0] += 1 }
+    }
+
+    /// How long a series must not have stalled before it gives way: the longest window.
+    private var idleAge: UInt64 { UInt64(configuration.windows.max()?.microseconds ?? 86_400_000_000) }
+
+    private func idle(_ lastSeen: UInt64, at time: UInt64) -> Bool { time >= lastSeen && time - lastSeen >= idleAge }
 
     /// State files of earlier versions kept every fingerprint past the per-unit limit on its own
     /// (unlabeled): they are folded into ``CollectorState/otherFingerprint``, as new ones are.
@@ -274,6 +471,18 @@ public struct StallAggregator: Sendable {
         compactRecent()
         if state.recent.count > configuration.maximumTrackedStalls {
             state.recent.removeFirst(state.recent.count - configuration.maximumTrackedStalls)
+        }
+    }
+
+    /// Counts a saved position of `machine` the journal refused (`rejected`: its cursor is
+    /// dropped, and the machine is read after its boot and monotonic time until an entry of it is
+    /// read) or whose entry it no longer holds.
+    public mutating func noteCursorRecovery(rejected: Bool, machine: String) {
+        if rejected {
+            state.rejectedCursors.saturatingIncrease(by: 1)
+            state.sources[machine]?.cursor = ""
+        } else {
+            state.vanishedCursors.saturatingIncrease(by: 1)
         }
     }
 
@@ -318,7 +527,9 @@ public struct StallAggregator: Sendable {
         case MessageID.reportsSuppressed:
             do {
                 let record = try SuppressionRecord(journalFields: entry.fields)
-                let unit = admittedUnit(StallObservation.unit(of: entry.fields))
+                let unit = admittedUnit(
+                    StallObservation.unit(of: entry.fields), owner: StallObservation.owner(of: entry.fields),
+                    time: entry.realtimeMicroseconds, counted: false)
                 state.units[unit]!.suppressedReports.saturatingIncrease(by: record.count)
                 return .suppressed(unit: unit, count: record.count)
             } catch {
@@ -338,20 +549,95 @@ public struct StallAggregator: Sendable {
         }
     }
 
-    private func newUnit() -> CollectorState.UnitStats {
-        var stats = CollectorState.UnitStats()
+    private func newUnit(owner: String?) -> CollectorState.UnitStats {
+        var stats = CollectorState.UnitStats(owner: owner)
         stats.buckets = Array(repeating: 0, count: state.bucketBounds.count + 1)
         return stats
     }
 
-    /// The unit an entry counts under, present in the state: its own while the unit limit allows,
-    /// else ``CollectorState/otherUnits``.
-    private mutating func admittedUnit(_ unit: String) -> String {
+    /// The unit an entry counts under, present in the state. A system unit's own, always. A
+    /// user's own while its budget allows, or in place of its least recent series that stopped
+    /// stalling; else ``CollectorState/otherUnits``. `counted`: the entry is a stall (a
+    /// suppression entry folded is not one).
+    private mutating func admittedUnit(_ unit: String, owner: String?, time: UInt64, counted: Bool = true) -> String {
         if state.units[unit] != nil { return unit }
-        let admitted = state.units.count < configuration.maximumUnits ? unit : CollectorState.otherUnits
-        if admitted != unit { state.foldedUnitStalls.saturatingIncrease(by: 1) }
-        if state.units[admitted] == nil { state.units[admitted] = newUnit() }
-        return admitted
+        guard let owner, unit != CollectorState.otherUnits else {
+            state.units[unit] = newUnit(owner: nil)
+            return unit
+        }
+        if seriesByOwner[owner] == nil, seriesByOwner.count >= configuration.maximumUsers, !makeRoomForUser(at: time) {
+            if counted { state.foldedUserStalls.saturatingIncrease(by: 1) }
+            note(
+                "user", owner: owner, series: unit,
+                reason: "\(configuration.maximumUsers) users (max_users) hold series that stalled within \(idleAgeText)"
+            )
+            return otherUnits()
+        }
+        if seriesByOwner[owner, default: []].count >= configuration.maximumUnits {
+            guard let lru = seriesByOwner[owner]!.min(by: { leastRecent($0, $1) }),
+                idle(state.units[lru]!.lastSeenMicroseconds, at: time)
+            else {
+                if counted {
+                    state.foldedUnitStalls.saturatingIncrease(by: 1)
+                    state.users[owner, default: CollectorState.UserStats()].foldedStalls.saturatingIncrease(by: 1)
+                }
+                note(
+                    "unit", owner: owner, series: unit,
+                    reason:
+                        "the user's \(configuration.maximumUnits) series (max_units) all stalled within \(idleAgeText)")
+                return otherUnits()
+            }
+            evict(lru, owner: owner)
+            note(
+                "unit", owner: owner, series: lru, reason: "gave way to a newer series: no stall within \(idleAgeText)")
+        }
+        state.units[unit] = newUnit(owner: owner)
+        seriesByOwner[owner, default: []].insert(unit)
+        if state.users[owner] == nil { state.users[owner] = CollectorState.UserStats() }
+        return unit
+    }
+
+    private var idleAgeText: String { Self.describe(.microseconds(Int64(idleAge))) }
+
+    /// Orders series by their latest stall, then by name (so that replays decide alike).
+    private func leastRecent(_ a: String, _ b: String) -> Bool {
+        let (first, second) = (state.units[a]!.lastSeenMicroseconds, state.units[b]!.lastSeenMicroseconds)
+        return first != second ? first < second : a < b
+    }
+
+    private mutating func otherUnits() -> String {
+        if state.units[CollectorState.otherUnits] == nil {
+            state.units[CollectorState.otherUnits] = newUnit(owner: nil)
+        }
+        return CollectorState.otherUnits
+    }
+
+    /// A user past ``CollectorConfiguration/maximumUsers``: the user whose latest stall is the
+    /// oldest gives way, all its series, when that stall is older than the longest window.
+    private mutating func makeRoomForUser(at time: UInt64) -> Bool {
+        var oldest: (owner: String, lastSeen: UInt64)?
+        for (owner, units) in seriesByOwner {
+            let lastSeen = units.reduce(0) { max($0, state.units[$1]!.lastSeenMicroseconds) }
+            if oldest == nil || (lastSeen, owner) < (oldest!.lastSeen, oldest!.owner) { oldest = (owner, lastSeen) }
+        }
+        guard let oldest, idle(oldest.lastSeen, at: time) else { return false }
+        for unit in seriesByOwner[oldest.owner]!.sorted() { evict(unit, owner: oldest.owner) }
+        seriesByOwner[oldest.owner] = nil
+        state.users[oldest.owner] = nil
+        note(
+            "user", owner: oldest.owner, series: "(all its series)",
+            reason: "gave way to a newer user: no stall within \(idleAgeText)")
+        return true
+    }
+
+    /// Moves a user's series into ``CollectorState/otherUnits``: its counts stay counted there.
+    private mutating func evict(_ unit: String, owner: String) {
+        guard let stats = state.units.removeValue(forKey: unit) else { return }
+        seriesByOwner[owner]?.remove(unit)
+        state.evictedSeries.saturatingIncrease(by: 1)
+        state.users[owner]?.evictedSeries.saturatingIncrease(by: 1)
+        let other = otherUnits()
+        state.units[other]!.merge(stats)
     }
 
     /// The host a stall counts under, present in the state: its own while the host limit allows,
@@ -375,21 +661,47 @@ public struct StallAggregator: Sendable {
         return CollectorState.otherHosts
     }
 
-    private mutating func count(_ observation: StallObservation) -> Outcome {
-        var stall = observation
-        stall.unit = admittedUnit(stall.unit)
+    /// The fingerprint a stall counts under within its unit: its own while the unit's limit
+    /// allows, or in place of the unit's least recent fingerprint that stopped stalling; else
+    /// ``CollectorState/otherFingerprint``.
+    private mutating func admittedFingerprint(_ stall: StallObservation) -> String {
         // Mutated in place (`state.units[unit]!…`): copying a unit out and back would copy its
         // fingerprint table on every entry.
-        let key: String
-        if state.units[stall.unit]!.fingerprints[stall.fingerprint] != nil {
-            key = stall.fingerprint
-        } else if state.units[stall.unit]!.labeledFingerprints < configuration.maximumFingerprintsPerUnit {
-            key = stall.fingerprint
-            state.units[stall.unit]!.fingerprints[key] = CollectorState.FingerprintStats(labeled: true)
-        } else {
-            key = CollectorState.otherFingerprint
-            state.foldedFingerprintStalls.saturatingIncrease(by: 1)
+        let unit = stall.unit
+        if state.units[unit]!.fingerprints[stall.fingerprint] != nil { return stall.fingerprint }
+        if state.units[unit]!.labeledFingerprints >= configuration.maximumFingerprintsPerUnit {
+            let lru = state.units[unit]!.fingerprints.filter { $0.value.labeled }
+                .min { ($0.value.lastSeenMicroseconds, $0.key) < ($1.value.lastSeenMicroseconds, $1.key) }
+            guard let lru, idle(lru.value.lastSeenMicroseconds, at: stall.realtimeMicroseconds) else {
+                state.foldedFingerprintStalls.saturatingIncrease(by: 1)
+                note(
+                    "fingerprint", owner: state.units[unit]!.owner, series: unit,
+                    reason:
+                        "its \(configuration.maximumFingerprintsPerUnit) fingerprints (max_fingerprints_per_unit) all stalled within \(idleAgeText)"
+                )
+                return CollectorState.otherFingerprint
+            }
+            state.units[unit]!.fingerprints[lru.key] = nil
+            var folded = lru.value
+            folded.labeled = false
+            state.units[unit]!.fingerprints[CollectorState.otherFingerprint, default: CollectorState.FingerprintStats()]
+                .merge(folded)
+            state.units[unit]!.otherStalls.saturatingIncrease(by: folded.stalls)
+            state.evictedFingerprints.saturatingIncrease(by: 1)
+            note(
+                "fingerprint", owner: state.units[unit]!.owner, series: "\(unit) \(lru.key)",
+                reason: "gave way to a newer fingerprint: no stall within \(idleAgeText)")
         }
+        state.units[unit]!.fingerprints[stall.fingerprint] = CollectorState.FingerprintStats(labeled: true)
+        return stall.fingerprint
+    }
+
+    private mutating func count(_ observation: StallObservation) -> Outcome {
+        var stall = observation
+        stall.unit = admittedUnit(stall.unit, owner: stall.owner, time: stall.realtimeMicroseconds)
+        state.units[stall.unit]!.lastSeenMicroseconds = max(
+            state.units[stall.unit]!.lastSeenMicroseconds, stall.realtimeMicroseconds)
+        let key = admittedFingerprint(stall)
 
         // A stall that outlasted the watchdog is counted once, from whichever report comes first.
         if !stall.isWatchdog, let index = state.watchdogStallIDs.firstIndex(of: stall.stallID) {
@@ -477,11 +789,12 @@ public struct StallAggregator: Sendable {
         let since = Self.start(of: window, now: now)
         var groups: [Key: WindowGroup] = [:]
         for stall in state.recent[recentStart...] where stall.time >= since {
-            let key = Key(unit: stall.unit, fingerprint: stall.fingerprint)
+            let (unit, fingerprintKey) = series(of: stall)
+            let key = Key(unit: unit, fingerprint: fingerprintKey)
             if groups[key] == nil {
-                let fingerprint = state.units[stall.unit]?.fingerprints[stall.fingerprint]
+                let fingerprint = state.units[unit]?.fingerprints[fingerprintKey]
                 groups[key] = WindowGroup(
-                    unit: stall.unit, fingerprint: stall.fingerprint, stalls: 0, totalMicroseconds: 0,
+                    unit: unit, fingerprint: fingerprintKey, stalls: 0, totalMicroseconds: 0,
                     worstMicroseconds: 0, frame: fingerprint?.frame ?? "", callout: fingerprint?.callout ?? "")
             }
             groups[key]!.stalls += 1
@@ -493,13 +806,26 @@ public struct StallAggregator: Sendable {
         }
     }
 
+    /// The series a recent stall counts under now: its own, or, where its unit or fingerprint
+    /// gave way since, the ones they were folded into.
+    private func series(of stall: CollectorState.Recent) -> (unit: String, fingerprint: String) {
+        guard let unit = state.units[stall.unit] else {
+            return (CollectorState.otherUnits, CollectorState.otherFingerprint)
+        }
+        return (
+            stall.unit,
+            unit.fingerprints[stall.fingerprint] != nil ? stall.fingerprint : CollectorState.otherFingerprint
+        )
+    }
+
     /// Stalls per unit received in each of `windows` before `now`, in one pass over the recent stalls.
     public func stallsPerUnit(windows: [Duration], now: UInt64) -> [[String: Int]] {
         let starts = windows.map { Self.start(of: $0, now: now) }
         var counts = Array(repeating: [String: Int](), count: windows.count)
         for stall in state.recent[recentStart...] {
+            let unit = state.units[stall.unit] != nil ? stall.unit : CollectorState.otherUnits
             for (index, start) in starts.enumerated() where stall.time >= start {
-                counts[index][stall.unit, default: 0] += 1
+                counts[index][unit, default: 0] += 1
             }
         }
         return counts
@@ -560,6 +886,24 @@ extension CollectorState.UnitStats {
     var labeledFingerprints: Int {
         fingerprints.count - (fingerprints[CollectorState.otherFingerprint] == nil ? 0 : 1)
     }
+
+    /// Takes the counts of a series that gave way: all of them count under ``CollectorState/otherFingerprint``.
+    mutating func merge(_ other: Self) {
+        stalls.saturatingIncrease(by: other.stalls)
+        totalMicroseconds = totalMicroseconds.saturatingAdd(other.totalMicroseconds)
+        if buckets.count == other.buckets.count {
+            for index in buckets.indices { buckets[index].saturatingIncrease(by: other.buckets[index]) }
+        }
+        suppressedReports.saturatingIncrease(by: other.suppressedReports)
+        watchdogStalls.saturatingIncrease(by: other.watchdogStalls)
+        lastSeenMicroseconds = max(lastSeenMicroseconds, other.lastSeenMicroseconds)
+        var folded = CollectorState.FingerprintStats()
+        for fingerprint in other.fingerprints.values { folded.merge(fingerprint) }
+        if other.stalls > 0 || !other.fingerprints.isEmpty {
+            fingerprints[CollectorState.otherFingerprint, default: CollectorState.FingerprintStats()].merge(folded)
+            otherStalls.saturatingIncrease(by: other.stalls)
+        }
+    }
 }
 
 extension CollectorState.FingerprintStats {
@@ -575,6 +919,23 @@ extension CollectorState.FingerprintStats {
     init(labeled: Bool) {
         self.init()
         self.labeled = labeled
+    }
+
+    /// Takes the counts of a fingerprint folded into this one (the worst stall keeps its frame).
+    mutating func merge(_ other: Self) {
+        stalls.saturatingIncrease(by: other.stalls)
+        totalMicroseconds = totalMicroseconds.saturatingAdd(other.totalMicroseconds)
+        lastSeenMicroseconds = max(lastSeenMicroseconds, other.lastSeenMicroseconds)
+        if other.worstMicroseconds >= worstMicroseconds, !other.frame.isEmpty || frame.isEmpty {
+            worstMicroseconds = other.worstMicroseconds
+            frame = other.frame
+            callout = other.callout
+            heaviestBacktrace = other.heaviestBacktrace
+        }
+        for (index, word) in other.hostBits.enumerated() {
+            if hostBits.count <= index { hostBits.append(0) }
+            hostBits[index] |= word
+        }
     }
 
     /// Counts one stall: the worst one keeps its frame and backtrace.

@@ -32,11 +32,19 @@ public struct StateStore: Sendable {
                 reason: "is \(kind); refusing to use it (remove it to start counting from the journal's head again)")
         }
         let data = try Self.read(path)
+        let state: CollectorState
         do {
-            return try JSONDecoder().decode(CollectorState.self, from: data)
+            state = try JSONDecoder().decode(CollectorState.self, from: data)
         } catch {
             throw StateError(path: path, reason: "not a stallmond state file: \(error)")
         }
+        // Impossible counts would be exported as they are, and counted on from: refused, and why.
+        if let damage = state.damage {
+            throw StateError(
+                path: path,
+                reason: "is damaged: \(damage) (remove it to start counting from the journal's head again)")
+        }
+        return state
     }
 
     public func save(_ state: CollectorState) throws {

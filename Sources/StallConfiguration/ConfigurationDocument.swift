@@ -27,9 +27,19 @@ package enum ConfigurationDocument {
             ConfigurationError(key: "(file)", value: ConfigurationValue.shown(path), reason: reason, source: path)
         }
         guard !path.isEmpty else { throw fail("no file named (the path is empty)") }
-        let descriptor = open(path, O_RDONLY | O_CLOEXEC)
+        // Opened without waiting (a FIFO's open would wait for a writer), then held to a regular
+        // file: a FIFO, a device or a socket could make the read wait for ever or never end.
+        let descriptor = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK)
         guard descriptor >= 0 else { throw fail("cannot be read: \(String(cString: strerror(errno)))") }
         defer { close(descriptor) }
+        var status = stat()
+        guard fstat(descriptor, &status) == 0 else {
+            throw fail("cannot be examined: \(String(cString: strerror(errno)))")
+        }
+        guard status.st_mode & S_IFMT == S_IFREG else {
+            throw fail("is not a regular file (\(fileKind(status.st_mode))); name a JSON file")
+        }
+        _ = fcntl(descriptor, F_SETFL, fcntl(descriptor, F_GETFL) & ~O_NONBLOCK)
         var data = Data()
         var buffer = [UInt8](repeating: 0, count: 65536)
         while true {
@@ -47,6 +57,18 @@ package enum ConfigurationDocument {
             guard data.count <= maximumFileSize else {
                 throw fail("is larger than \(maximumFileSize / 1024) KiB; is it the right file?")
             }
+        }
+    }
+
+    /// What a file that is not a regular file is, in words.
+    private static func fileKind(_ mode: mode_t) -> String {
+        switch mode & S_IFMT {
+        case S_IFDIR: return "a directory"
+        case S_IFIFO: return "a FIFO"
+        case S_IFSOCK: return "a socket"
+        case S_IFCHR: return "a character device"
+        case S_IFBLK: return "a block device"
+        default: return "not a regular file"
         }
     }
 

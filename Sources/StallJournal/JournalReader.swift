@@ -158,7 +158,11 @@ public final class JournalReader {
     }
 
     /// Positions the reader at the entry with `cursor`; ``next()`` then returns the entry after it.
-    public func seek(cursor: String) throws(SystemdError) {
+    /// - Returns: `false` when the journal no longer holds that entry (vacuumed, or its file
+    ///   removed): ``next()`` then returns the first entry after where it was.
+    /// - Throws: ``SystemdError`` (`EINVAL`) for a cursor the journal cannot parse.
+    @discardableResult
+    public func seek(cursor: String) throws(SystemdError) -> Bool {
         try SystemdError.check("sd_journal_seek_cursor", sd_journal_seek_cursor(journal, cursor))
         // sd_journal_seek_cursor positions next to the entry: step onto it so that next() moves
         // past it. When the entry is gone (vacuumed), stepping lands on a later one: step back.
@@ -166,7 +170,19 @@ public final class JournalReader {
             sd_journal_test_cursor(journal, cursor) <= 0
         {
             _ = sd_journal_previous(journal)
+            return false
         }
+        return true
+    }
+
+    /// Positions the reader at the entries of boot `bootID` (32 hex digits) received
+    /// `monotonicMicroseconds` after it booted (`sd_journal_seek_monotonic_usec`); ``next()``
+    /// then returns the first at or after that time.
+    public func seek(bootID: String, monotonicMicroseconds: UInt64) throws(SystemdError) {
+        var boot = sd_id128_t()
+        try SystemdError.check("sd_id128_from_string", sd_id128_from_string(bootID, &boot))
+        try SystemdError.check(
+            "sd_journal_seek_monotonic_usec", sd_journal_seek_monotonic_usec(journal, boot, monotonicMicroseconds))
     }
 
     /// Positions the reader at entries received since `realtimeMicroseconds`.

@@ -16,6 +16,10 @@ struct Bench {
     }
 
     func run() throws -> Int32 {
+        if options.collectorOnly {
+            Report.emit(table: "", figures: CollectorCost.figures(scale: options.scale), json: true)
+            return 0
+        }
         let started = Kernel.now()
         defer { runner.removeLog() }
         if options.hummingbirdOnly {
@@ -118,8 +122,10 @@ struct Bench {
             }
         }
 
-        let figures = Figures.compute(
-            rounds: rounds, memory: memory, firstStall: firstStall, instructions: instructions)
+        progress("collector: CPU and memory per journal entry, typical and the schema's worst")
+        let figures =
+            Figures.compute(rounds: rounds, memory: memory, firstStall: firstStall, instructions: instructions)
+            + CollectorCost.figures(scale: options.scale)
         let elapsed = Double(Kernel.now() - started) / 1e9
         var table = Report.table(
             figures: figures, rounds: rounds, memory: memory, instructions: instructions, plan: plan, options: options,

@@ -6,6 +6,8 @@ struct Options: Sendable {
     /// `nil`: count instructions when valgrind is installed, unless the run is a quick one.
     var callgrind: Bool?
     var quick = false
+    /// Whether only the collector's cost per journal entry is measured.
+    var collectorOnly = false
     /// Whether the children run their loop with CFRunLoopRun() rather than RunLoop.main.run().
     var cfRunLoop = false
     /// Whether the SwiftNIO benchmark runs (wrk against StallmonNIOServer), and whether only it does.
@@ -32,6 +34,7 @@ struct Options: Sendable {
           --json           Prints the figures as one JSON object; the table goes to standard error.
           --callgrind      Counts instructions per busy pass under valgrind (default when installed).
           --no-callgrind   Skips the instruction counts.
+          --collector-only Measures the collector's and the flame graph's cost per journal entry alone.
           --cf-run-loop    Runs the loops with CFRunLoopRun() instead of RunLoop.main.run(), which
                            leaves and re-enters the loop after every source it handles.
           --no-nio         Skips the SwiftNIO benchmark (wrk against StallmonNIOServer, which must
@@ -70,6 +73,7 @@ struct Options: Sendable {
                 explicitScale = value
             case "--quick": quick = true
             case "--json": json = true
+            case "--collector-only": collectorOnly = true
             case "--callgrind": callgrind = true
             case "--no-callgrind": callgrind = false
             case "--cf-run-loop": cfRunLoop = true

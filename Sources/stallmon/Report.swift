@@ -52,6 +52,14 @@ struct Report: ParsableCommand {
     @Flag(help: "Print the stalls' sampled stacks as folded text (outer;...;inner microseconds).")
     var folded = false
 
+    @Flag(
+        name: .customLong("all-writers"),
+        help: """
+            With --flamegraph or --folded: also draw the stalls written outside system units (by any \
+            local user), apart, under a frame naming the writer's uid.
+            """)
+    var allWriters = false
+
     func validate() throws {
         if !directory.isEmpty, merge || namespace != nil {
             throw ValidationError("--directory reads only the given directories: it excludes --merge and --namespace.")
@@ -63,6 +71,9 @@ struct Report: ParsableCommand {
             throw ValidationError("--host '\(host)' is not a host name or machine id.")
         }
         if json, folded { throw ValidationError("--json and --folded print different things: choose one.") }
+        if allWriters, flamegraph == nil, !folded {
+            throw ValidationError("--all-writers chooses what --flamegraph or --folded draw: give one of them.")
+        }
         if let since, TimeSpec.parse(since, now: Date()) == nil {
             throw ValidationError(
                 "--since '\(since)' is not a time: use 30s, 15m, 2h, 7d, today, yesterday or YYYY-MM-DD[ HH:MM[:SS]].")
@@ -72,9 +83,12 @@ struct Report: ParsableCommand {
     func run() throws {
         let readers = try JournalSource.open(
             namespace: namespace, directories: directory, merge: merge, command: "report")
+        let drawing = flamegraph != nil || folded
         var stalls: [StallObservation] = []
-        var records: [StallRecord] = []
+        // Merged as entries come: memory stays bounded whatever they hold (FlameGraph.maximumNodes).
+        var graph = ServiceFlameGraph(allWriters: allWriters)
         var malformed: [String] = []
+        var malformedCount = 0
         do {
             for reader in readers {
                 for messageID in [MessageID.stallEnded, MessageID.watchdogStall] {
@@ -93,10 +107,14 @@ struct Report: ParsableCommand {
                 while let entry = try reader.next() {
                     do {
                         let record = try StallRecord(journalFields: entry.fields)
-                        if flamegraph != nil || folded { records.append(record) }
-                        stalls.append(StallObservation(record: record, entry: entry))
+                        if drawing {
+                            graph.add(record, fields: entry.fields)
+                        } else {
+                            stalls.append(StallObservation(record: record, entry: entry))
+                        }
                     } catch {
-                        malformed.append("entry \(entry.cursor): \(error)")
+                        malformedCount += 1
+                        if malformed.count < 20 { malformed.append("entry \(entry.cursor): \(error)") }
                     }
                 }
             }
@@ -105,8 +123,8 @@ struct Report: ParsableCommand {
             throw ExitStatus.unavailable
         }
         let groups = StallGroup.group(stalls)
-        if flamegraph != nil || folded {
-            try drawStacks(records)
+        if drawing {
+            try drawStacks(graph.graph)
         } else if json {
             let encoder = JSONEncoder()
             encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
@@ -114,11 +132,11 @@ struct Report: ParsableCommand {
         } else {
             print(Self.table(groups))
         }
-        for problem in malformed.prefix(20) {
+        for problem in malformed {
             JournalSource.complain("report", "skipped malformed \(problem)")
         }
-        if !malformed.isEmpty {
-            JournalSource.complain("report", "\(malformed.count) malformed entries skipped")
+        if malformedCount > 0 {
+            JournalSource.complain("report", "\(malformedCount) malformed entries skipped")
             throw ExitStatus.dataError
         }
     }

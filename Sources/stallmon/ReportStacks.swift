@@ -11,9 +11,9 @@ extension ExitStatus {
 extension Report {
     /// `--flamegraph FILE` and `--folded`: where the matching stalls spent their time, from their
     /// sampled stacks.
-    func drawStacks(_ records: [StallRecord]) throws {
-        let graph = FlameGraph(records)
-        if folded, !graph.stacks.isEmpty { print(graph.folded) }
+    func drawStacks(_ graph: FlameGraph) throws {
+        if folded, !graph.isEmpty { print(graph.folded) }
+        if folded, !graph.notes.isEmpty { JournalSource.complain("report", graph.notes.joined(separator: "; ")) }
         guard let flamegraph else { return }
         var title = "stallmon report"
         if let namespace { title += " --namespace \(namespace)" }

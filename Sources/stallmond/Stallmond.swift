@@ -33,6 +33,17 @@ struct Stallmond: ParsableCommand {
     @Flag(name: .customLong("check-config"), help: "Validate the configuration and exit.")
     var checkConfig = false
 
+    /// A SIGHUP's default action ends the process, and `systemctl reload` may send one at any
+    /// moment after exec: it is ignored before anything else runs, and served (a reload) from the
+    /// main loop once the daemon runs.
+    static func main() {
+        _ = hangUps
+        main(nil)
+    }
+
+    /// Caught from the first instruction of ``main()`` on.
+    static let hangUps = HangUpRelay()
+
     func run() throws {
         // --check-config and the start read and validate through this one call.
         let configuration: CollectorConfiguration
@@ -98,11 +109,13 @@ final class Daemon {
             logger.critical("cannot follow the journal: \(error)")
             exit(69)
         }
-        for (number, handler) in [(SIGHUP, reload), (SIGTERM, terminate), (SIGINT, terminate)] as [(Int32, () -> Void)]
-        {
+        // A SIGHUP that came since main() is served once the loop runs; SIGTERM and SIGINT keep
+        // their default action (ending a daemon that is not running yet) until here.
+        Stallmond.hangUps.serve { [self] in reload() }
+        for number in [SIGTERM, SIGINT] {
             signal(number, SIG_IGN)
             let source = DispatchSource.makeSignalSource(signal: number, queue: .main)
-            source.setEventHandler(handler: handler)
+            source.setEventHandler { [self] in terminate() }
             source.resume()
             signalSources.append(source)
         }
@@ -147,4 +160,22 @@ final class Daemon {
         logger.info("stallmond stopped")
         exit(0)
     }
+}
+
+/// SIGHUP, caught from the moment this is made and served on the main queue: a SIGHUP that
+/// comes before ``serve(_:)`` is served once the main loop runs (its default action would end the
+/// process). Confined to the main queue once made.
+final class HangUpRelay: @unchecked Sendable {
+    private let source: any DispatchSourceSignal
+    private var reload: (() -> Void)?
+
+    init() {
+        signal(SIGHUP, SIG_IGN)
+        source = DispatchSource.makeSignalSource(signal: SIGHUP, queue: .main)
+        source.setEventHandler { [unowned self] in reload?() }
+        source.resume()
+    }
+
+    /// What a SIGHUP does from now on.
+    func serve(_ reload: @escaping () -> Void) { self.reload = reload }
 }

@@ -55,9 +55,10 @@ struct CollectorHardeningTests {
         #expect(previous.stalls >= 1)
     }
 
-    /// 20,000 distinct fingerprints in one unit and 2,000 distinct units once grew the state
-    /// without bound (44.6 MB for 10,000 fingerprints). Now the state holds at most the configured
-    /// fingerprints per unit, units and recent stalls, and every stall is still counted.
+    /// 20,000 distinct fingerprints in one unit and 2,000 distinct identifiers of one user once
+    /// grew the state without bound (44.6 MB for 10,000 fingerprints). Now the state holds at most
+    /// the configured fingerprints per unit, series per user and recent stalls, and every stall is
+    /// still counted.
     @Test func distinctFingerprintsAndUnitsAreFoldedAndTheStateStaysBounded() throws {
         var configuration = CollectorConfiguration()
         configuration.maximumFingerprintsPerUnit = 10
@@ -71,8 +72,9 @@ struct CollectorHardeningTests {
                     fingerprint: fingerprint, time: 1_000_000_000 + UInt64(index), cursor: "f\(index)"))
         }
         for index in 0..<2000 {
-            aggregator.ingest(
-                CollectorTests.entry(unit: "flood-\(index).service", time: 2_000_000_000, cursor: "u\(index)"))
+            var entry = CollectorTests.entry(unit: nil, uid: "65534", time: 2_000_000_000, cursor: "u\(index)")
+            entry.fields["SYSLOG_IDENTIFIER"] = "flood-\(index)"
+            aggregator.ingest(entry)
         }
         let state = aggregator.snapshot()
         let foo = try #require(state.units["foo.service"])
@@ -81,9 +83,11 @@ struct CollectorHardeningTests {
         #expect(foo.otherStalls == 19_990)
         #expect(foo.fingerprints[CollectorState.otherFingerprint]?.stalls == 19_990)
         #expect(state.foldedFingerprintStalls == 19_990)
-        #expect(state.units.count == 101, "100 units of their own and (other units)")
-        #expect(state.units[CollectorState.otherUnits]?.stalls == 1901)
-        #expect(state.foldedUnitStalls == 1901)
+        #expect(state.units.count == 102, "foo.service, the user's 100 series and (other units)")
+        #expect(state.units["(flood-0) (uid 65534)"]?.owner == "65534")
+        #expect(state.units[CollectorState.otherUnits]?.stalls == 1900)
+        #expect(state.foldedUnitStalls == 1900)
+        #expect(state.users["65534"]?.foldedStalls == 1900)
         #expect(state.units.values.reduce(0) { $0 + $1.stalls } == 22_000)
         #expect(state.recent.count == 1000)
 
@@ -93,9 +97,10 @@ struct CollectorHardeningTests {
         let text = PrometheusTextfile.render(
             state, windows: [.seconds(300)], now: 2_000_000_000, aggregator: aggregator)
         let series = text.split(separator: "\n").filter { $0.hasPrefix("stallmon_fingerprint_stalls_total{") }
-        #expect(series.count == 100 + 10 + 1, "bounded label cardinality")
+        #expect(series.count == 10 + 1 + 100 + 1, "bounded label cardinality")
         #expect(text.contains(#"stallmond_folded_stalls_total{what="fingerprint"} 19990"#))
-        #expect(text.contains(#"stallmond_folded_stalls_total{what="unit"} 1901"#))
+        #expect(text.contains(#"stallmond_folded_stalls_total{what="unit"} 1900"#))
+        #expect(text.contains(#"stallmond_user_folded_stalls_total{uid="65534"} 1900"#))
     }
 
     /// A state file from before the bounds (every fingerprint on its own, recent stalls per

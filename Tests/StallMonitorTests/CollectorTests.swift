@@ -7,7 +7,8 @@ import Testing
 /// The collector's aggregation, state and metrics, on entries built with the journal schema.
 struct CollectorTests {
     static func entry(
-        _ event: StallRecord.Event = .ended, unit: String = "foo.service", fingerprint: String = "aaaaaaaaaaaaaaaa",
+        _ event: StallRecord.Event = .ended, unit: String? = "foo.service", uid: String? = nil,
+        fingerprint: String = "aaaaaaaaaaaaaaaa",
         milliseconds: UInt64 = 300,
         stallID: String = UUID().uuidString.replacingOccurrences(of: "-", with: "").lowercased(),
         time: UInt64 = 1_000_000_000,
@@ -21,7 +22,9 @@ struct CollectorTests {
             samples: 3, samplesUnanswered: 0, stackSamples: 3, fingerprint: fingerprint,
             frame: "Foo.bar() (Foo.swift:\(fingerprint.count))",
             backtrace: "#0 Foo.bar()", priority: 4, syslogIdentifier: "foo")
-        var fields: [String: String] = ["_SYSTEMD_UNIT": unit]
+        var fields: [String: String] = [:]
+        fields["_SYSTEMD_UNIT"] = unit
+        fields["_UID"] = uid
         for field in record.fields { fields[field.name] = field.value }
         return JournalEntry(fields: fields, cursor: cursor, realtimeMicroseconds: time)
     }

@@ -128,6 +128,68 @@ struct FlameGraphTests {
     }
 }
 
+/// The flame graph against what any local user can write: the schema's worst entries and
+/// forged durations.
+extension FlameGraphTests {
+    /// Entries of the schema's worst (64 stacks of 1,024 frames, each under an outer frame of its
+    /// own; 120 of them once took the flame graph to 1.7 GB): it draws 256 frames of a stack and
+    /// keeps at most its frame limit (reached by the seventh entry), cut frames counted, and its
+    /// drawing stays bounded. (`HostileWriterTests` measures the peak memory of 121 of them.)
+    @Test func flameGraphOfTheWorstEntriesStaysBounded() throws {
+        var graph = FlameGraph()
+        for index in 0..<12 {
+            graph.add(try StallRecord(journalFields: Self.worstEntry(index, uid: "65534").fields))
+        }
+        #expect(graph.stalls == 12)
+        #expect(graph.stacks.count <= FlameGraph.maximumNodes)
+        #expect(graph.stacks.keys.allSatisfy { $0.count <= FlameGraph.maximumDepth })
+        #expect(
+            graph.cutFrames > 12 * 64 * (1024 - FlameGraph.maximumDepth), "past the depth, and past the frame limit")
+        #expect(graph.summary.contains("cut at \(FlameGraph.maximumNodes) distinct frames"))
+        let svg = graph.svg(title: "worst")
+        #expect(svg.components(separatedBy: "<rect ").count - 2 <= FlameGraph.maximumBoxes)
+        #expect(XMLParser(data: Data(svg.utf8)).parse())
+    }
+
+    /// One forged stall of 366 days, and a flood of the worst entries, written outside system
+    /// units: the flame graph of the services shows the services, and says what it left out;
+    /// `--all-writers` draws them apart, under their writer.
+    @Test func forgedDurationsCannotEraseTheServicesPicture() throws {
+        var forged = Self.worstEntry(1000, uid: "65534")
+        forged.fields["STALL_DURATION_USEC"] = "\(FieldLimits.maximumMicroseconds)"
+        let service = CollectorTests.entry(unit: "real.service", uid: "998", milliseconds: 400)
+        var services = ServiceFlameGraph()
+        var everything = ServiceFlameGraph(allWriters: true)
+        for entry in [forged, service, Self.worstEntry(1, uid: "65534")] {
+            let record = try StallRecord(journalFields: entry.fields)
+            services.add(record, fields: entry.fields)
+            everything.add(record, fields: entry.fields)
+        }
+        let graph = services.graph
+        #expect(graph.stalls == 1)
+        #expect(graph.totalMicroseconds == 400_000)
+        #expect(graph.folded == "Foo.bar() 400000")
+        #expect(graph.summary.contains("2 stalls written outside system units left out (--all-writers draws them)"))
+        let all = everything.graph
+        #expect(all.stalls == 3)
+        #expect(all.stacks.keys.contains { $0.first == "[uid 65534]" })
+        #expect(all.stacks[["Foo.bar()"]] == 400_000)
+    }
+
+    /// The schema's worst entry (see `CollectorCost.worst` in stallmon-bench), written by `uid`.
+    static func worstEntry(_ index: Int, uid: String) -> JournalEntry {
+        var entry = CollectorTests.entry(
+            unit: nil, uid: uid, fingerprint: CollectorTrustTests.fingerprint(index),
+            stallID: String(format: "%032llx", UInt64(index + 1)), cursor: "w\(index)")
+        entry.fields["STALL_BACKTRACE"] =
+            "#0 Service.refresh() at Service.swift:1" + String(repeating: "\n", count: 1023)
+        var lines = (0..<64).map { "=Outer.frame\($0)_\(index)() at Outer.swift:\($0)" }
+        lines += (0..<64).map { "0-1022,\(1024 + $0) 1" }
+        entry.fields["STALL_STACKS"] = lines.joined(separator: "\n")
+        return entry
+    }
+}
+
 extension Serial {
     /// The flame graph of real stalls of the fixture service, read back from a real journald,
     /// opened in headless Chromium.

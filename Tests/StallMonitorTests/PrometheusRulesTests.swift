@@ -21,6 +21,8 @@ struct PrometheusRulesTests {
         aggregator.ingest(
             CollectorTests.entry(unit: "bar.service", fingerprint: "bbbbbbbbbbbbbbbb", milliseconds: 1800, cursor: "2"))
         aggregator.ingest(CollectorTests.entry(.watchdog, milliseconds: 9000, cursor: "3"))
+        // A user's program outside any unit: budgeted by its _UID.
+        aggregator.ingest(CollectorTests.entry(unit: nil, uid: "1000", milliseconds: 400, cursor: "5"))
         var broken = CollectorTests.entry(cursor: "4")
         broken.fields["STALL_DURATION_USEC"] = "long"
         aggregator.ingest(broken)

@@ -21,6 +21,17 @@ final class JournalNamespace: @unchecked Sendable {
 
     var socketPath: String { "/run/systemd/journal.\(name)/socket" }
 
+    /// The folder of its journal files (`<machine-id>.<namespace>` under `/var/log/journal`, or
+    /// `/run/log/journal` without persistent storage), once journald made it.
+    var directory: String? {
+        let machineID = (try? String(contentsOfFile: "/etc/machine-id", encoding: .utf8))?
+            .trimmingCharacters(in: .whitespacesAndNewlines)
+        guard let machineID else { return nil }
+        return ["/var/log/journal", "/run/log/journal"].map { "\($0)/\(machineID).\(name)" }.first {
+            FileManager.default.fileExists(atPath: $0)
+        }
+    }
+
     /// Starts journald and waits until it takes a datagram; false when it cannot (not root).
     func start() -> Bool {
         let process = Process()
