@@ -36,7 +36,10 @@ enum JournalWriters {
         let json = try JSONSerialization.data(withJSONObject: entries.map { $0.map { [$0.0, $0.1] } })
         try json.write(to: URL(fileURLWithPath: file))
         chmod(file, 0o644)
-        let arguments = ["-c", script, socket, file, perSecond.map { "\($0)" } ?? "0"]
+        // A system unit's writer lingers for journald to read its cgroup (see `script`).
+        let linger: String
+        if case .systemUnit = writer { linger = "2" } else { linger = "0" }
+        let arguments = ["-c", script, socket, file, perSecond.map { "\($0)" } ?? "0", linger]
         let process = Process()
         switch writer {
         case .nobody:
@@ -114,5 +117,8 @@ enum JournalWriters {
                     time.sleep(0.01)
             if rate > 0:
                 time.sleep(1 / rate)
+        # journald reads a sender's cgroup (its _SYSTEMD_UNIT) from /proc when it gets to the
+        # datagram: a writer that is gone by then, on a loaded machine, is logged without a unit.
+        time.sleep(float(sys.argv[4]))
         """
 }
