@@ -71,15 +71,8 @@ struct HummingbirdBench {
             usleep(UInt32(plan.busySeconds) * 1_000_000)
             round.busyWakeupsPerSecond = Self.rate(before, Self.wakeups(of: monitored), since: started).watchdog
         }
-        for segment in 0..<plan.segments {
-            let order: [Variant] = (index + segment) % 2 == 1 ? [.unmonitored, .stallmon] : [.stallmon, .unmonitored]
-            for variant in order {
-                guard let service = services[variant] else { continue }
-                let cpu = service.cpuNanoseconds()
-                var result = try runWrk(port: service.port, seconds: 1)
-                result.cpuSeconds = Double(service.cpuNanoseconds() - cpu) / 1e9
-                round.segments[variant, default: []].append(result)
-            }
+        round.segments = try NIOBench.alternatingRuns(plan.segments, round: index, on: services) {
+            try runWrk(port: $0, seconds: 1)
         }
         usleep(UInt32(plan.idleSettle * 1e6))
         let idleBefore = (Self.wakeups(of: monitored), Self.wakeups(of: unmonitored))
@@ -239,8 +232,7 @@ struct HummingbirdBench {
 }
 
 /// What one round of the Hummingbird benchmark measured.
-struct HummingbirdRound: Sendable {
-    /// Each variant's one-second wrk runs, in order.
+struct HummingbirdRound: WrkComparison, Sendable {
     var segments: [Variant: [NIOBench.WrkResult]] = [:]
     /// Of stallmon's watchdog threads.
     var busyWakeupsPerSecond: Double?
@@ -252,28 +244,6 @@ struct HummingbirdRound: Sendable {
     /// Stalls the monitored service reported while under wrk (none expected).
     var stallsUnderLoad = 0
     var stalls: NIOBench.Stalls?
-
-    func rate(_ variant: Variant) -> Double? {
-        guard let runs = segments[variant], !runs.isEmpty else { return nil }
-        return runs.map(\.requests).reduce(0, +) / runs.map(\.seconds).reduce(0, +)
-    }
-
-    func cpuRate(_ variant: Variant) -> Double? {
-        guard let runs = segments[variant], !runs.isEmpty else { return nil }
-        let cpu = runs.map(\.cpuSeconds).reduce(0, +)
-        return cpu > 0 ? runs.map(\.requests).reduce(0, +) / cpu : nil
-    }
-
-    func p99(_ variant: Variant) -> Double? { Statistics.median(segments[variant]?.map(\.p99Microseconds) ?? []) }
-
-    private func ratio(_ value: (Variant) -> Double?) -> Double? {
-        guard let monitored = value(.stallmon), let bare = value(.unmonitored), bare > 0 else { return nil }
-        return monitored / bare
-    }
-
-    var requestsRatio: Double? { ratio(rate) }
-    var requestsCPURatio: Double? { ratio(cpuRate) }
-    var p99LatencyRatio: Double? { ratio(p99) }
 }
 
 /// Durations and settings of the Hummingbird benchmark, at a scale.

@@ -57,15 +57,8 @@ struct NIOBench {
                 round.busyWakeupsPerSecond = Double(after - before) / (Double(Kernel.now() - started) / 1e9)
             }
         }
-        for segment in 0..<plan.segments {
-            let order: [Variant] = (index + segment) % 2 == 1 ? [.unmonitored, .stallmon] : [.stallmon, .unmonitored]
-            for variant in order {
-                guard let server = servers[variant] else { continue }
-                let cpu = server.cpuNanoseconds()
-                var result = try runWrk(port: server.port, seconds: 1)
-                result.cpuSeconds = Double(server.cpuNanoseconds() - cpu) / 1e9
-                round.segments[variant, default: []].append(result)
-            }
+        round.segments = try Self.alternatingRuns(plan.segments, round: index, on: servers) {
+            try runWrk(port: $0, seconds: 1)
         }
         usleep(UInt32(plan.idleSettle * 1e6))
         let idleBefore = monitored.voluntarySwitches(ofThread: watchdog)
@@ -292,16 +285,36 @@ struct NIOBench {
     }
 }
 
-/// What one round of the SwiftNIO benchmark measured.
-struct NIORound: Sendable {
-    /// Each variant's one-second wrk runs, in order.
-    var segments: [Variant: [NIOBench.WrkResult]] = [:]
-    var busyWakeupsPerSecond: Double?
-    var idleWakeupsPerSecond: Double?
-    /// Stalls the monitored server reported while under wrk (none expected).
-    var stallsUnderLoad = 0
-    var stalls: NIOBench.Stalls?
+extension NIOBench {
+    /// `count` one-second wrk runs on each server, the order alternating from run to run and from
+    /// round to round (so that neighbouring runs share the machine's mood), each with the CPU time
+    /// the server spent meanwhile.
+    static func alternatingRuns(
+        _ count: Int, round index: Int, on servers: [Variant: NIOServerChild], run: (_ port: Int) throws -> WrkResult
+    ) throws -> [Variant: [WrkResult]] {
+        var runs: [Variant: [WrkResult]] = [:]
+        for segment in 0..<count {
+            let order: [Variant] = (index + segment) % 2 == 1 ? [.unmonitored, .stallmon] : [.stallmon, .unmonitored]
+            for variant in order {
+                guard let server = servers[variant] else { continue }
+                let cpu = server.cpuNanoseconds()
+                var result = try run(server.port)
+                result.cpuSeconds = Double(server.cpuNanoseconds() - cpu) / 1e9
+                runs[variant, default: []].append(result)
+            }
+        }
+        return runs
+    }
+}
 
+/// A round's wrk runs of the monitored and the unmonitored server, and the figures compared
+/// between them: the SwiftNIO and the Hummingbird benchmarks' alike.
+protocol WrkComparison {
+    /// Each variant's one-second wrk runs, in order.
+    var segments: [Variant: [NIOBench.WrkResult]] { get }
+}
+
+extension WrkComparison {
     /// Requests per second over all of a variant's runs.
     func rate(_ variant: Variant) -> Double? {
         guard let runs = segments[variant], !runs.isEmpty else { return nil }
@@ -326,6 +339,16 @@ struct NIORound: Sendable {
     var requestsRatio: Double? { ratio(rate) }
     var requestsCPURatio: Double? { ratio(cpuRate) }
     var p99LatencyRatio: Double? { ratio(p99) }
+}
+
+/// What one round of the SwiftNIO benchmark measured.
+struct NIORound: WrkComparison, Sendable {
+    var segments: [Variant: [NIOBench.WrkResult]] = [:]
+    var busyWakeupsPerSecond: Double?
+    var idleWakeupsPerSecond: Double?
+    /// Stalls the monitored server reported while under wrk (none expected).
+    var stallsUnderLoad = 0
+    var stalls: NIOBench.Stalls?
 }
 
 /// Durations and settings of the SwiftNIO benchmark, at a scale.
