@@ -82,26 +82,9 @@ final class FrameworkService: Sendable {
             .flatMap { $0 > 0 ? $0 : nil }
     }
 
-    /// `curl ARGUMENTS`; its standard output, or a failure naming the exit status.
-    private func curl(_ arguments: [String], timeout: Double) throws -> Data {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/curl")
-        process.arguments = ["-s", "--max-time", String(Int(timeout))] + arguments
-        let output = Pipe()
-        process.standardOutput = output
-        process.standardError = FileHandle.nullDevice
-        try process.run()
-        let data = output.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
-        guard process.terminationStatus == 0 else {
-            throw Failure(description: "curl \(arguments.last ?? "") exited with \(process.terminationStatus)")
-        }
-        return data
-    }
-
     /// An HTTP GET over loopback, a new connection each time; returns the body.
     func get(_ path: String, timeout: Double = 20) throws -> String {
-        String(decoding: try curl(["http://127.0.0.1:\(port)\(path)"], timeout: timeout), as: UTF8.self)
+        String(decoding: try Curl.run(["http://127.0.0.1:\(port)\(path)"], timeout: timeout), as: UTF8.self)
     }
 
     /// A unary call of the gRPC service's `method` over HTTP/2 without TLS (curl, prior knowledge),
@@ -116,7 +99,7 @@ final class FrameworkService: Sendable {
             "stallmon-grpc-\(getpid())-\(UInt32.random(in: 0...UInt32.max))")
         try framed.write(to: file)
         defer { try? FileManager.default.removeItem(at: file) }
-        let response = try curl(
+        let response = try Curl.run(
             [
                 "--http2-prior-knowledge", "-X", "POST", "-H", "content-type: application/grpc", "-H", "te: trailers",
                 "--data-binary", "@\(file.path)", "http://127.0.0.1:\(port)/stallmon.examples.Stalls/\(method)",

@@ -42,19 +42,7 @@ final class NIOServer: Sendable {
 
     /// One request with curl (a new connection each time); returns the body.
     func get(_ path: String, timeout: Double = 20) throws -> String {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/curl")
-        process.arguments = ["-s", "--max-time", String(Int(timeout)), "http://127.0.0.1:\(port)\(path)"]
-        let output = Pipe()
-        process.standardOutput = output
-        process.standardError = FileHandle.nullDevice
-        try process.run()
-        let data = output.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
-        guard process.terminationStatus == 0 else {
-            throw Failure(description: "curl \(path) exited with \(process.terminationStatus)")
-        }
-        return String(decoding: data, as: UTF8.self)
+        String(decoding: try Curl.run(["http://127.0.0.1:\(port)\(path)"], timeout: timeout), as: UTF8.self)
     }
 
     /// A stalling handler's answer: which loop ran it and how long it measured itself.
@@ -90,5 +78,29 @@ final class NIOServer: Sendable {
     @discardableResult
     func stop() -> Executable.Result {
         running.terminate(grace: 10)
+    }
+}
+
+/// The HTTP client of the server tests: curl over loopback.
+enum Curl {
+    struct Failure: Error, CustomStringConvertible {
+        var description: String
+    }
+
+    /// `curl -s --max-time TIMEOUT ARGUMENTS`; its standard output, or a failure naming the exit status.
+    static func run(_ arguments: [String], timeout: Double) throws -> Data {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/curl")
+        process.arguments = ["-s", "--max-time", String(Int(timeout))] + arguments
+        let output = Pipe()
+        process.standardOutput = output
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        let data = output.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        guard process.terminationStatus == 0 else {
+            throw Failure(description: "curl \(arguments.last ?? "") exited with \(process.terminationStatus)")
+        }
+        return data
     }
 }
