@@ -186,24 +186,15 @@ public final class StallMonitor: Sendable {
                 + "MultiThreadedEventLoopGroup.singleton, whose stalls stallmon reports"
             : "stalls of async jobs on that executor go unreported; with SwiftNIO's event loops as the global "
                 + "executor, startService() of StallMonitorNIO watches the loops they run on"
-        if configuration.cooperativePool == nil {
-            // Automatic: a pool that cannot be watched is said so, and the rest still starts.
-            let reason: String? =
-                CooperativePoolSession.hookTaken
-                ? "another library has set swift_task_enqueueGlobal_hook (a custom global executor, such as "
-                    + "SwiftNIO's event loops); \(coverage)"
-                : CooperativePoolSession.isWatched ? "another monitor of this process watches it already" : nil
-            if let reason {
-                logger.warning(
-                    "stallmon does not watch the cooperative pool: \(reason)",
-                    metadata: ["stallmon.loop": "\(MonitorDescription.cooperativePoolLoop)"])
-                return nil
+        if let (reason, hookTaken) = CooperativePoolSession.unavailableReason {
+            // Asked for, it is an error at once; automatic, it is said so, and the rest still starts.
+            guard configuration.cooperativePool == nil else {
+                throw StallMonitorError.cooperativePoolHookUnavailable(reason: reason)
             }
-        } else if CooperativePoolSession.hookTaken {
-            // Asked for: the hook that someone else holds now is an error at once.
-            throw StallMonitorError.cooperativePoolHookUnavailable(
-                reason: "another library has set swift_task_enqueueGlobal_hook (a custom global executor, such as "
-                    + "SwiftNIO's event loops)")
+            logger.warning(
+                "stallmon does not watch the cooperative pool: \(reason)\(hookTaken ? "; \(coverage)" : "")",
+                metadata: ["stallmon.loop": "\(MonitorDescription.cooperativePoolLoop)"])
+            return nil
         }
         return try CooperativePoolSession(
             configuration: configuration, sinks: sinks, logger: logger,

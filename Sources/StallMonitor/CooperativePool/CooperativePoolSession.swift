@@ -63,8 +63,7 @@ final class CooperativePoolSession: @unchecked Sendable {
         configuration.sampleInterval = min(monitorConfiguration.sampleInterval, configuration.threshold)
         self.logger = logger
         guard !Self.watching.exchange(true, ordering: .acquiringAndReleasing) else {
-            throw StallMonitorError.cooperativePoolHookUnavailable(
-                reason: "another monitor in this process watches it already")
+            throw StallMonitorError.cooperativePoolHookUnavailable(reason: Self.watchedElsewhere)
         }
         let missing = Self.learnQueues(timeout: .seconds(1))
         if !atFirstSuspension {
@@ -117,11 +116,12 @@ final class CooperativePoolSession: @unchecked Sendable {
     }
 
     private static func reason(_ rc: Int32) -> String {
-        rc == -EBUSY
-            ? "another library has set swift_task_enqueueGlobal_hook (a custom global executor, such as "
-                + "SwiftNIO's event loops)"
-            : "this Swift runtime has no swift_task_enqueueGlobal_hook"
+        rc == -EBUSY ? hookTakenElsewhere : "this Swift runtime has no swift_task_enqueueGlobal_hook"
     }
+
+    static let hookTakenElsewhere =
+        "another library has set swift_task_enqueueGlobal_hook (a custom global executor, such as SwiftNIO's event loops)"
+    static let watchedElsewhere = "another monitor in this process watches it already"
 
     /// On the main thread, when the async main first suspends: sets the hook of the session that
     /// waits for it, or says why the pool goes unwatched. Under the lock that ``stop()`` takes, so
@@ -137,12 +137,13 @@ final class CooperativePoolSession: @unchecked Sendable {
             metadata: ["stallmon.loop": "\(EventLoopWatchdog.poolLoopName)"])
     }
 
-    /// Whether someone else's global-executor hook is set now (SwiftNIO's takeover, made before the
-    /// monitor started).
-    static var hookTaken: Bool { stallmon_pool_hook_taken() == 1 }
-
-    /// Whether a monitor of this process watches the pool now.
-    static var isWatched: Bool { watching.load(ordering: .acquiring) }
+    /// Why the pool cannot be watched now, if it cannot: someone else's global-executor hook is set
+    /// (SwiftNIO's takeover, made before the monitor started), or another monitor watches it.
+    static var unavailableReason: (reason: String, hookTaken: Bool)? {
+        if stallmon_pool_hook_taken() == 1 { return (hookTakenElsewhere, true) }
+        if watching.load(ordering: .acquiring) { return (watchedElsewhere, false) }
+        return nil
+    }
 
     /// Clears the hook, stops the watchdog (a stall in progress gets its ended report) and waits
     /// until every report is out.
