@@ -336,15 +336,6 @@ public final class StallMonitor: Sendable {
         #endif
     }
 
-    /// The event loops the running monitor owns, for measurements.
-    package var eventLoopSession: EventLoopGroupSession? {
-        #if STALLMON_LINUX
-        state.withLock { $0?.eventLoops }
-        #else
-        nil
-        #endif
-    }
-
     /// Kernel id of the cooperative pool's watchdog thread, for measurements (0 when it does not run).
     package var poolWatchdogThreadID: Int32 {
         #if STALLMON_LINUX

@@ -438,7 +438,7 @@ package final class EventLoopWatchdog: @unchecked Sendable {
 
     /// How often an awake heartbeat loop gets a heartbeat, and the watchdog looks at it: an eighth
     /// of the threshold. Half of it bounds the error of a stall's start.
-    package var beatPeriod: UInt64 { threshold / 8 }
+    private var beatPeriod: UInt64 { threshold / 8 }
 
     private func beat(_ state: LoopState, now: UInt64) {
         state.beatSent = now
