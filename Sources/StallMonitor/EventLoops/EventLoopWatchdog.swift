@@ -353,7 +353,7 @@ package final class EventLoopWatchdog: @unchecked Sendable {
                 } else {
                     next = start + threshold
                 }
-            case .stalled(let stall): next = min(stall.nextSample, finalReportDue(stall) ?? .max)
+            case .stalled(let stall): next = min(stall.nextSample, finalReportDue(stall)?.due ?? .max)
             }
             earliest = min(earliest ?? next, next)
         }
@@ -490,20 +490,18 @@ package final class EventLoopWatchdog: @unchecked Sendable {
     /// When the final report of `stall` is due: under `WatchdogSec=`, for a stall that will have
     /// held its loop past half the interval by then (the pings have stopped for it), early enough
     /// to land before systemd's kill; `nil` otherwise.
-    private func finalReportDue(_ stall: StallInProgress) -> UInt64? {
+    private func finalReportDue(_ stall: StallInProgress) -> (due: UInt64, deadline: UInt64, interval: UInt64)? {
         guard !stall.finalReportWritten, !stall.suppressed, let schedule = ServiceHealth.shared.finalReport,
             schedule.due >= stall.start + schedule.interval / 2
         else { return nil }
-        return schedule.due
+        return schedule
     }
 
     /// Writes the final report of `stall` once it is due, and waits until the sinks have it or
     /// systemd's deadline passes.
     private func writeFinalReportIfDue(_ state: LoopState, _ stall: StallInProgress, now: UInt64, to reporter: Reporter)
     {
-        guard let due = finalReportDue(stall), now >= due, let schedule = ServiceHealth.shared.finalReport else {
-            return
-        }
+        guard let schedule = finalReportDue(stall), now >= schedule.due else { return }
         stall.finalReportWritten = true
         var report = captured(
             state, stall, event: .watchdog, end: MonotonicClock.now(), stacks: stall.stacks.all,
@@ -797,7 +795,7 @@ extension EventLoopWatchdog {
                     finishPoolStall(index, state, stall, end: now)
                 } else {
                     writeFinalReportIfDue(state, stall, now: now, to: reporters[0])
-                    if let final = finalReportDue(stall) { due(final) }
+                    if let final = finalReportDue(stall) { due(final.due) }
                     if now >= stall.nextSample {
                         takeSample(state, stall)
                         stall.nextSample += sampleInterval
