@@ -20,6 +20,9 @@ public enum FieldLimits {
     public static let fingerprintDigits = 16
     /// `STALL_ID`: exactly this many lowercase hex digits.
     public static let stallIDDigits = 32
+    /// A W3C trace ID (`STALL_TRACE_ID`) and span ID (`STALL_SPAN_ID`), in lowercase hex.
+    public static let traceIDDigits = 32
+    public static let spanIDDigits = 16
     /// `MESSAGE`, in bytes.
     public static let messageBytes = 2048
     /// `STALL_FRAME`, in bytes.
@@ -117,6 +120,11 @@ struct FieldReader {
             throw JournalDecodingError(field: name, value: value, reason: "not \(digits) lowercase hex digits")
         }
         return value
+    }
+
+    func optionalHex(_ name: String, digits: Int) throws(JournalDecodingError) -> String? {
+        guard fields[name] != nil else { return nil }
+        return try hex(name, digits: digits)
     }
 
     func integer(_ name: String, in range: ClosedRange<Int64>) throws(JournalDecodingError) -> Int64 {

@@ -57,6 +57,10 @@ public struct StallRecord: Sendable, Hashable {
     /// stack taken earlier in the stall); empty when there is no stack.
     public var stackSource: String = ""
 
+    /// The request the stalled work served, where a span of swift-distributed-tracing was known
+    /// for it (`STALL_REQUEST_*`, `STALL_TRACE_ID`, `STALL_SPAN_ID`); `nil` for a stall outside any request.
+    public var request: Request?
+
     /// What a writer puts in `STALL_BACKTRACE` at most (see ``FieldLimits/backtraceWriteBytes``).
     public static let maximumBacktraceBytes = FieldLimits.backtraceWriteBytes
 
@@ -133,6 +137,7 @@ public struct StallRecord: Sendable, Hashable {
                 : [])
             + (sampledStacks.isEmpty ? [] : [JournalField(Field.stacks, sampledStacksValue)])
             + (stackSource.isEmpty ? [] : [JournalField(Field.stackSource, stackSource)])
+            + (request?.fields ?? [])
     }
 
     /// Field names of stall entries.
@@ -159,6 +164,13 @@ public struct StallRecord: Sendable, Hashable {
         public static let stackSource = "STALL_STACK_SOURCE"
         public static let watchdogMicroseconds = "STALL_WATCHDOG_USEC"
         public static let stacks = "STALL_STACKS"
+        public static let requestOperation = "STALL_REQUEST_OPERATION"
+        public static let requestMethod = "STALL_REQUEST_METHOD"
+        public static let requestRoute = "STALL_REQUEST_ROUTE"
+        public static let requestPath = "STALL_REQUEST_PATH"
+        public static let requestRPCMethod = "STALL_REQUEST_RPC_METHOD"
+        public static let traceID = "STALL_TRACE_ID"
+        public static let spanID = "STALL_SPAN_ID"
     }
 
     /// `STALL_STACKS` as written: the encoding is bounded when it is built from stacks, and a value
@@ -249,6 +261,7 @@ extension StallRecord {
             let lines = backtrace.split(separator: "\n", omittingEmptySubsequences: false).count
             sampledStacks = try SampledStacks(decoding: stacks, backtraceLineCount: lines)
         }
+        request = try Request(reader)
     }
 }
 
