@@ -12,6 +12,8 @@ let package = Package(
         .library(name: "StallMonitorNIO", targets: ["StallMonitorNIO"]),
         // For services built on swift-service-lifecycle: the monitor as a `Service` of a `ServiceGroup`.
         .library(name: "StallMonitorServiceLifecycle", targets: ["StallMonitorServiceLifecycle"]),
+        // For services traced with swift-distributed-tracing: stalls name their requests.
+        .library(name: "StallMonitorTracing", targets: ["StallMonitorTracing"]),
         .executable(name: "stallmon", targets: ["stallmon"]),
         .executable(name: "stallmond", targets: ["stallmond"]),
     ],
@@ -21,6 +23,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
         .package(url: "https://github.com/apple/swift-metrics.git", from: "2.13.0"),
+        .package(url: "https://github.com/apple/swift-distributed-tracing.git", from: "1.7.2"),
     ],
     targets: [
         // libsystemd: journald (sd_journal_sendv) and service notification (sd_notify).
@@ -84,6 +87,18 @@ let package = Package(
             dependencies: [
                 "StallMonitor",
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ]
+        ),
+        // StallmonTracer: a tracer (alone, or wrapping the service's) whose spans tell the monitor
+        // which request a thread serves; only services that use swift-distributed-tracing build it.
+        .target(
+            name: "StallMonitorTracing",
+            dependencies: [
+                "StallMonitor",
+                "StallJournal",
+                "CStallCapture",
+                .product(name: "Tracing", package: "swift-distributed-tracing"),
+                .product(name: "Instrumentation", package: "swift-distributed-tracing"),
             ]
         ),
         // The collector's logic: journal following, aggregation, state, metrics, digest.

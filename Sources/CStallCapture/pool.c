@@ -40,13 +40,14 @@
 #include <linux/membarrier.h>
 #include <sys/syscall.h>
 
+#include "requests.h"
+
 // libdispatch (linked by every Swift program that uses concurrency) and the Swift runtime. Weak:
 // without them nothing is installed.
 typedef struct dispatch_queue_s *dispatch_queue_t;
 extern void dispatch_async_f(dispatch_queue_t queue, void *context, void (*work)(void *)) __attribute__((weak));
 extern dispatch_queue_t dispatch_get_current_queue(void) __attribute__((weak));
 extern const char *dispatch_queue_get_label(dispatch_queue_t queue) __attribute__((weak));
-extern void *swift_task_getCurrent(void) __attribute__((weak, swiftcall));
 
 // The runtime's Job: the class metadata pointer at 0, SchedulerPrivate[2] at 16 (the second says
 // which dispatch queue kind runs it: 1 is the global executor), Flags at 32 with the priority in
@@ -68,6 +69,7 @@ typedef struct {
     _Atomic uint64_t start_ns;
     _Atomic uint64_t sequence;
     _Atomic pid_t tid;
+    _Atomic(void *) job;  // the running job, for the request it serves (requests.c)
     // Written by the watchdog, rarely: on a cache line of its own so that the thread's stores above
     // do not bounce it.
     _Atomic uint64_t watch_sequence __attribute__((aligned(64)));
@@ -160,6 +162,7 @@ void stallmon_pool_run_job(void *job) {
         return;
     }
     uint64_t sequence = atomic_load_explicit(&slot->sequence, memory_order_relaxed) + 1;
+    atomic_store_explicit(&slot->job, job, memory_order_relaxed);
     atomic_store_explicit(&slot->start_ns, now_ns(), memory_order_relaxed);
     atomic_store_explicit(&slot->sequence, sequence, memory_order_release);
     if (watchdog.asymmetric) {
@@ -178,6 +181,9 @@ void stallmon_pool_run_job(void *job) {
 }
 
 __attribute__((swiftcall)) static void enqueue_global(void *job, enqueue_original original) {
+    // A task made or woken by a request's task serves that request (requests.c): one load while no
+    // span is open.
+    stallmon_request_inherit(job);
     unsigned priority = *((const uint8_t *)job + JOB_PRIORITY_OFFSET);
     dispatch_queue_t queue =
         priority < PRIORITY_COUNT ? atomic_load_explicit(&queues[priority], memory_order_acquire) : NULL;
@@ -280,6 +286,20 @@ int stallmon_pool_read(int index, stallmon_pool_job *out) {
     out->sequence = atomic_load_explicit(&slot->sequence, memory_order_acquire);
     // A start stored before its sequence belongs to the next job: read again.
     return out->sequence == before ? 1 : 0;
+}
+
+uintptr_t stallmon_pool_job_of_thread(pid_t tid) {
+    int count = atomic_load_explicit(&slot_count, memory_order_acquire);
+    for (int index = 0; index < count; index++) {
+        pool_slot *slot = &slots[index];
+        if (atomic_load_explicit(&slot->tid, memory_order_acquire) != tid) continue;
+        uint64_t before = atomic_load_explicit(&slot->sequence, memory_order_acquire);
+        void *job = atomic_load_explicit(&slot->job, memory_order_relaxed);
+        uint64_t start = atomic_load_explicit(&slot->start_ns, memory_order_acquire);
+        if (start == 0 || atomic_load_explicit(&slot->sequence, memory_order_acquire) != before) return 0;
+        return (uintptr_t)job;
+    }
+    return 0;
 }
 
 void stallmon_pool_watch(int index, uint64_t sequence) {

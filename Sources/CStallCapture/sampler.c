@@ -35,6 +35,8 @@
 #include <ucontext.h>
 #include <libunwind.h>
 
+#include "requests.h"
+
 enum { SLOT_COUNT = 32 };
 
 enum {
@@ -73,6 +75,7 @@ typedef struct {
     int truncated;
     int unwind_error;
     int interrupted;  // the handler found that it had ended a system call with EINTR
+    uintptr_t task;   // the Swift task the thread ran (swift_task_getCurrent), 0 outside a task
     uint64_t enter_ns;
     uint64_t exit_ns;
     uintptr_t frames[STALLMON_MAX_FRAMES];
@@ -159,6 +162,8 @@ static void sample_handler(int signo, siginfo_t *info, void *context) {
         slot->frame_count = count;
     }
     slot->interrupted = interrupted_system_call(context);
+    // A thread-local load in the Swift runtime: which request the interrupted work serves.
+    slot->task = swift_task_getCurrent != NULL ? (uintptr_t)swift_task_getCurrent() : 0;
     slot->exit_ns = monotonic_ns();
     atomic_store_explicit(&slot->state, SLOT_DONE, memory_order_release);
     sem_post(&slot->done);
@@ -600,6 +605,7 @@ void stallmon_sample_stack(int index, pid_t tid, int signo, int max_frames, uint
     out->handler_exit_ns = slot->exit_ns;
     out->truncated = slot->truncated;
     out->interrupted_syscall = slot->interrupted;
+    out->current_task = slot->task;
     if (slot->unwind_error != 0) {
         out->status = STALLMON_SAMPLE_UNWIND_FAILED;
         out->error = slot->unwind_error;

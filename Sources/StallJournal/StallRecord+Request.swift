@@ -41,9 +41,8 @@ extension StallRecord {
         /// What a reader groups by: the route, else the gRPC method, else the path, else the operation;
         /// with the HTTP method in front where there is one (`GET /users/:id`). Empty when none is known.
         public var endpoint: String {
-            let target = [route, rpcMethod, path, operation].first { !$0.isEmpty } ?? ""
-            guard !target.isEmpty else { return "" }
-            return method.isEmpty || target == operation ? target : "\(method) \(target)"
+            guard let target = [route, rpcMethod, path].first(where: { !$0.isEmpty }) else { return operation }
+            return method.isEmpty ? target : "\(method) \(target)"
         }
 
         /// The fields as written: each value held to its bound; an empty part, and the path where

@@ -1,3 +1,5 @@
+import StallJournal
+
 /// What a stall looked like: when it was detected (at the threshold, with the first stack) or when
 /// it ended (with the true duration and the heaviest stack).
 public struct StallReport: Sendable, Hashable {
@@ -167,6 +169,9 @@ public struct StallReport: Sendable, Hashable {
     public var watchdogInterval: Duration?
     /// Every distinct stack sampled so far, with how many samples showed it, heaviest first.
     public var sampledStacks: [SampledStack] = []
+    /// The request the stalled work served: what the swift-distributed-tracing span around it said
+    /// when the stall was reported; `nil` outside any span the monitor knows (see `StallmonTracer`).
+    public var request: Request?
 
     public init(
         event: Event, stallID: String, loop: String, threadID: Int, duration: Duration, threshold: Duration,
@@ -239,6 +244,9 @@ public struct StallReport: Sendable, Hashable {
             text += " at \(culprit.summary)"
         } else if let noStackReason {
             text += " (no stack: \(noStackReason))"
+        }
+        if let request, !request.isEmpty {
+            text += request.phrase
         }
         if isOnCPU {
             text += "; \(Int((cpuShare * 100).rounded()))% on CPU"

@@ -208,6 +208,7 @@ typedef struct {
     int interrupted_syscall;    ///< 1 when the handler found it had ended a system call with EINTR
     int recovered_frame_pointers;  ///< frame pointers a kernel-view unwind had to recover
     int reused;                 ///< 1 when a kernel-view stack was reused: the thread had not run since
+    uintptr_t current_task;     ///< STACK_SIGNAL: the Swift task the thread was running, 0 when none
     uintptr_t frames[STALLMON_MAX_FRAMES];  ///< frames[0] is the interrupted pc, the rest return addresses
 } stallmon_sample;
 

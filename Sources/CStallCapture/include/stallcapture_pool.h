@@ -53,6 +53,9 @@ typedef struct {
 int stallmon_pool_slot_count(void);
 /// Reads slot `index` consistently. Returns 1, or 0 while the thread is between two stores (read again).
 int stallmon_pool_read(int index, stallmon_pool_job *out);
+/// The job the pool thread `tid` runs now (for a task's job, the task itself), or 0 when it runs
+/// none or is no pool thread.
+uintptr_t stallmon_pool_job_of_thread(pid_t tid);
 /// Asks the thread in slot `index` to record the end of job `sequence` (0 stops watching).
 void stallmon_pool_watch(int index, uint64_t sequence);
 /// When job `sequence` of slot `index` has ended and its end was recorded, stores it and returns 1.

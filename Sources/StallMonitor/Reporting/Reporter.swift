@@ -230,6 +230,15 @@ final class Reporter: @unchecked Sendable {
             stackSource: index.flatMap { stall.stackSources.indices.contains($0) ? stall.stackSources[$0] : nil }
         )
         report.sampledStacks = SampledStack.symbolicate(stall.stacks, symbolicator: symbolicator)
+        if let record = stall.request?.record {
+            let request = record.stallRequest
+            report.request = request.isEmpty ? nil : request
+            record.noteStall(
+                StallNote(
+                    stallID: stall.stallID, startNanoseconds: stall.startNanoseconds,
+                    duration: .nanoseconds(stall.duration), ended: stall.event != .detected,
+                    threadID: report.threadID, frame: report.culprit?.summary ?? "", loop: stall.activity.rawValue))
+        }
         return report
     }
 }

@@ -162,6 +162,7 @@ extension StallRecord {
         watchdogMicroseconds = UInt64(clamping: report.watchdogInterval?.microseconds ?? 0)
         sampledStacks = SampledStacks(report.sampledStacks, backtrace: Self.clampBacktrace(backtrace))
         stackSource = report.stackSource?.rawValue ?? ""
+        request = report.request
     }
 }
 

@@ -28,6 +28,8 @@ struct CapturedStall: Sendable {
     var watchdogInterval: UInt64?
     /// The stalled thread, where it is not the reporter's own (a cooperative-pool thread).
     var threadID: Int? = nil
+    /// The request the stalled work served, where a span was registered for it.
+    var request: StallRequestHandle? = nil
 }
 
 extension CapturedStall {
@@ -55,6 +57,7 @@ extension CapturedStall {
             kernelView: stall.kernel.dominantWait, noStackReason: stall.firstStack.isEmpty ? stall.noStackReason : nil,
             capturedNanoseconds: MonotonicClock.now()
         )
+        request = stall.request
     }
 
     /// 128 random bits as 32 lowercase hex digits, like a journal MESSAGE_ID.

@@ -22,6 +22,9 @@ struct StallSamples {
     var noStackReason: String?
     /// Why the thread cannot be signalled at all (read with the first sample), or `nil`.
     fileprivate var blockedReason: String??
+    /// The request the stalled work serves, looked up with the first samples (see ``StallRequestHandle``).
+    var request: StallRequestHandle?
+    fileprivate var requestLooks = 0
 
     init(capacity: Int) {
         stacks = StackAggregator(capacity: capacity)
@@ -90,6 +93,7 @@ final class StallSampler {
             return idle()
         }
         guard let (addresses, source) = capture(&stall, threadID: loop.threadID) else {
+            findRequest(&stall, threadID: loop.threadID, signalled: false)
             stall.unanswered += 1
             return true
         }
@@ -99,9 +103,19 @@ final class StallSampler {
         // A sample that got no stack of its own counts as unanswered; the latest stack of the
         // stall stands in for it.
         if source == .previous { stall.unanswered += 1 }
+        findRequest(&stall, threadID: loop.threadID, signalled: source == .signal)
         stall.stacks.add(addresses, source: source)
         if stall.firstStack.isEmpty { (stall.firstStack, stall.firstSource) = (addresses, source) }
         return true
+    }
+
+    /// Looks the stalled thread's request up, at the first samples only: the task a signalled
+    /// thread was running is the surest key, so a sample without it is followed by one more look.
+    private func findRequest(_ stall: inout StallSamples, threadID: pid_t, signalled: Bool) {
+        guard stall.request == nil, stall.requestLooks < 2 else { return }
+        stall.requestLooks += 1
+        stall.request = StallRequestHandle.find(
+            threadID: threadID, currentTask: signalled ? UInt(sample.current_task) : 0)
     }
 
     /// The stack of one sample and how it was taken, or `nil` (with the reason in `stall`).
