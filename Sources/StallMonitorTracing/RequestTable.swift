@@ -1,0 +1,48 @@
+#if STALLMON_LINUX
+import CStallCapture
+#endif
+
+/// The monitor's table of requests in flight (CStallCapture's `stallmon_request_*`): where a span
+/// says which task or thread serves it. Elsewhere than on Linux there is no monitor to tell: spans
+/// register nowhere.
+enum RequestTable {
+    /// Registers `state` under the calling task (or thread): the slot, or -1.
+    static func register(_ state: RequestState) -> Int32 {
+        #if STALLMON_LINUX
+        let record = Unmanaged.passRetained(state).toOpaque()
+        let slot = stallmon_request_register(stallmon_request_current_key(), record)
+        if slot < 0 { Unmanaged<RequestState>.fromOpaque(record).release() }
+        return slot
+        #else
+        return -1
+        #endif
+    }
+
+    /// Withdraws the registration in `slot` and drops the table's reference.
+    static func withdraw(_ slot: Int32) {
+        #if STALLMON_LINUX
+        guard slot >= 0, let record = stallmon_request_withdraw(slot) else { return }
+        Unmanaged<RequestState>.fromOpaque(record).release()
+        #endif
+    }
+
+    /// The innermost span the calling task (or thread) serves now: the parent of a span it starts.
+    static func current() -> RequestState? {
+        #if STALLMON_LINUX
+        guard stallmon_request_live() > 0 else { return nil }
+        var key = stallmon_request_current_key()
+        guard let record = stallmon_request_acquire(&key, 1) else { return nil }
+        return Unmanaged<RequestState>.fromOpaque(record).takeRetainedValue()
+        #else
+        return nil
+        #endif
+    }
+
+    static func random() -> UInt64 {
+        #if STALLMON_LINUX
+        stallmon_request_random()
+        #else
+        UInt64.random(in: .min ... .max)
+        #endif
+    }
+}
