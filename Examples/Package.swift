@@ -14,10 +14,19 @@ let package = Package(
         .package(url: "https://github.com/vapor/vapor.git", from: "4.122.3"),
         .package(url: "https://github.com/grpc/grpc-swift-2.git", from: "2.4.3"),
         .package(url: "https://github.com/grpc/grpc-swift-nio-transport.git", from: "2.9.2"),
+        .package(url: "https://github.com/apple/swift-distributed-tracing.git", from: "1.7.2"),
     ],
     targets: [
         // What the three services share: the stalls their handlers make, and JSON lines on standard output.
-        .target(name: "ExampleStalls"),
+        // … and the tracer they bootstrap for EXAMPLE_TRACING (ExampleTracing.swift).
+        .target(
+            name: "ExampleStalls",
+            dependencies: [
+                .product(name: "StallMonitorTracing", package: "stallmon"),
+                .product(name: "Tracing", package: "swift-distributed-tracing"),
+                .product(name: "InMemoryTracing", package: "swift-distributed-tracing"),
+            ]
+        ),
         .executableTarget(
             name: "HummingbirdService",
             dependencies: [

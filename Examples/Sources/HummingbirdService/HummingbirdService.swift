@@ -15,6 +15,9 @@
 //   EXAMPLE_PRINT_REPORTS=1    with the reports on standard output instead of the journal, one line each:
 //                              `report <event> start_ns=N duration_ns=N threshold_ns=N emitted_ns=N tid=N`
 //   EXAMPLE_DENY_IO_URING=1    with io_uring_setup(2) failing (a seccomp filter), as valgrind needs
+//   EXAMPLE_TRACING=stallmon|memory  with TracingMiddleware and StallmonTracer (ExampleTracing.swift);
+//                              `memory` serves the finished spans at GET /spans
+//   EXAMPLE_BACKGROUND_STALL_MS=N    a stall of the service's own, in no request, 1 s after start
 //   EXAMPLE_MAIN_RUN_LOOP=1    (with EXAMPLE_STALLMON=off) with the main thread in RunLoop.main rather
 //                              than dispatch_main(), which valgrind cannot run
 import ExampleStalls
@@ -31,9 +34,12 @@ struct HummingbirdService {
         // EXAMPLE_STALLMON=off skips the two lines of stallmon (the benchmark's unmonitored server).
         let stallmon = ServiceEnvironment.stallmon ? try StallMonitor(sinks: PrintingSink.sinks) : nil
         try stallmon?.startService()  // main actor, cooperative pool, NIO singleton
+        // EXAMPLE_TRACING: InstrumentationSystem.bootstrap(StallmonTracer()), so that stalls name their requests.
+        let traced = ExampleTracing.bootstrap()
+        BackgroundStall.start()
 
         let app = Application(
-            router: buildRouter(),
+            router: buildRouter(traced: traced),
             configuration: .init(address: .hostname("127.0.0.1", port: ServiceEnvironment.port)),
             onServerRunning: { channel in
                 ServiceOutput.listening(port: channel.localAddress?.port ?? -1)
@@ -42,8 +48,12 @@ struct HummingbirdService {
         try await app.runService()
     }
 
-    static func buildRouter() -> Router<BasicRequestContext> {
+    static func buildRouter(traced: Bool) -> Router<BasicRequestContext> {
         let router = Router()
+        if traced {
+            router.add(middleware: TracingMiddleware())
+            router.get("spans") { _, _ in ExampleTracing.finishedSpansJSON() }
+        }
         router.get("hello") { _, _ in "hello" }
         router.get("cpu") { request, _ in
             spinInHandler(milliseconds: milliseconds(request)).json

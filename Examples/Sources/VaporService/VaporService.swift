@@ -13,7 +13,9 @@
 // once it does. STALLMON_* variables configure the monitor (config/README.md).
 // EXAMPLE_NIO_TAKEOVER=before|after installs NIO's singleton event loops as Swift Concurrency's
 // global executor before or after stallmon starts (as Vapor's template did in 2024), and prints
-// `{"event":"nio-takeover","when":…,"installed":true|false}`. SIGTERM shuts it down.
+// `{"event":"nio-takeover","when":…,"installed":true|false}`. EXAMPLE_TRACING=stallmon|memory adds
+// TracingMiddleware with StallmonTracer (ExampleTracing.swift; `memory` serves the finished spans at
+// GET /spans; the synchronous handler then runs in the middleware's task). SIGTERM shuts it down.
 import ExampleStalls
 import NIOCore
 import NIOPosix
@@ -29,10 +31,16 @@ enum VaporService {
         let stallmon = try StallMonitor()
         try stallmon.startService()  // main actor, cooperative pool, NIO singleton
         if ServiceEnvironment.nioTakeover == "after" { takeOverConcurrency() }
+        // EXAMPLE_TRACING: InstrumentationSystem.bootstrap(StallmonTracer()), so that stalls name their requests.
+        let traced = ExampleTracing.bootstrap()
 
         let app = try await Application.make(env)
         app.http.server.configuration.hostname = "127.0.0.1"
         app.http.server.configuration.port = ServiceEnvironment.port
+        if traced {
+            app.middleware.use(TracingMiddleware())
+            app.get("spans") { _ in ExampleTracing.finishedSpansJSON() }
+        }
         routes(app)
         // The server `execute()` starts, made here before anything else can make another.
         let server = app.http.server.shared

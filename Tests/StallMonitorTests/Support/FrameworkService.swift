@@ -83,8 +83,11 @@ final class FrameworkService: Sendable {
     }
 
     /// An HTTP GET over loopback, a new connection each time; returns the body.
-    func get(_ path: String, timeout: Double = 20) throws -> String {
-        String(decoding: try Curl.run(["http://127.0.0.1:\(port)\(path)"], timeout: timeout), as: UTF8.self)
+    func get(_ path: String, headers: [String: String] = [:], timeout: Double = 20) throws -> String {
+        let headerArguments = headers.sorted { $0.key < $1.key }.flatMap { ["-H", "\($0.key): \($0.value)"] }
+        return String(
+            decoding: try Curl.run(headerArguments + ["http://127.0.0.1:\(port)\(path)"], timeout: timeout),
+            as: UTF8.self)
     }
 
     /// A unary call of the gRPC service's `method` over HTTP/2 without TLS (curl, prior knowledge),

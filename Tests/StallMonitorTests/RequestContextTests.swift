@@ -1,0 +1,113 @@
+import Foundation
+import StallJournal
+import Testing
+
+extension Serial {
+    /// A stall names its request: the example services with their framework's TracingMiddleware
+    /// and `StallmonTracer` (EXAMPLE_TRACING), driven over loopback with a W3C `traceparent`, and
+    /// the reports read back from a real journald.
+    @Suite
+    struct RequestContextTests {
+        static let traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
+        static let traceparent = "00-\(traceID)-00f067aa0ba902b7-01"
+        static let environment = FrameworkServiceTests.environment
+
+        /// Each handler's stall, reported with the request it served: method, route (Hummingbird
+        /// names the route only once the handler returns, so a detected report has the path), the
+        /// header's trace ID, and a span ID of that trace's server span. A pool stall, a blocked
+        /// one and a main-actor hop, on Hummingbird and on Vapor (whose async handler runs in a task
+        /// of its own, made by the middleware's task: it inherits the request).
+        @Test(arguments: [FrameworkService.Kind.hummingbird, .vapor])
+        func aStallInsideARequestNamesItsRouteMethodAndTrace(kind: FrameworkService.Kind) throws {
+            try #require(Journald.ensureRunning(), "journald is not running and cannot be started")
+            guard let binary = FrameworkServiceTests.binary(kind) else { return }
+            let service = try FrameworkService(
+                kind, binary: binary, environment: Self.environment.merging(["EXAMPLE_TRACING": "stallmon"]) { $1 })
+            defer { service.stop() }
+            let routes = ["/cpu", "/sleep", "/main-actor"]
+            for route in routes {
+                _ = try service.get("\(route)?ms=300", headers: ["traceparent": Self.traceparent])
+            }
+            let ended = try service.entries(MessageID.stallEnded, atLeast: routes.count)
+            let detected = try service.entries(MessageID.stallDetected, atLeast: routes.count)
+            #expect(ended.count == routes.count && detected.count == routes.count)
+            var spanIDs: Set<String> = []
+            for (route, (detected, ended)) in zip(routes, zip(detected, ended)) {
+                for entry in [detected, ended] {
+                    let what = "\(kind) \(route) \(entry["STALL_EVENT"] ?? "?")"
+                    #expect(entry["STALL_REQUEST_METHOD"] == "GET", "\(what): \(entry)")
+                    let target = entry["STALL_REQUEST_ROUTE"] ?? entry["STALL_REQUEST_PATH"]
+                    #expect(target == route, "\(what): \(entry)")
+                    #expect(entry["STALL_TRACE_ID"] == Self.traceID, "\(what): \(entry)")
+                    let span = entry["STALL_SPAN_ID"] ?? ""
+                    #expect(FieldLimits.isLowercaseHex(span, digits: 16) && span != "00f067aa0ba902b7", "\(what)")
+                    spanIDs.insert(span)
+                    let message = entry["MESSAGE"] ?? ""
+                    #expect(message.contains("serving GET \(route), trace \(Self.traceID)"), "\(what): \(message)")
+                }
+            }
+            // One server span per request: the detected and ended report of a stall share it.
+            #expect(spanIDs.count == routes.count, "\(spanIDs)")
+        }
+
+        /// A stall outside any request (the service's own task, made by `main()`, with no span)
+        /// carries no request fields, though the tracer is bootstrapped and requests come and go;
+        /// and none carries any when no tracer is.
+        @Test(arguments: [true, false])
+        func aStallOutsideAnyRequestCarriesNoRequestFields(traced: Bool) throws {
+            try #require(Journald.ensureRunning(), "journald is not running and cannot be started")
+            guard let binary = FrameworkServiceTests.binary(.hummingbird) else { return }
+            var environment = Self.environment
+            if traced {
+                environment["EXAMPLE_TRACING"] = "stallmon"
+                environment["EXAMPLE_BACKGROUND_STALL_MS"] = "300"
+            }
+            let service = try FrameworkService(.hummingbird, binary: binary, environment: environment)
+            defer { service.stop() }
+            if traced {
+                for _ in 0..<10 { _ = try service.get("/hello", headers: ["traceparent": Self.traceparent]) }
+            } else {
+                _ = try service.get("/cpu?ms=300", headers: ["traceparent": Self.traceparent])
+            }
+            let entries = try service.entries(MessageID.stallEnded, atLeast: 1)
+            let entry = try #require(entries.first)
+            #expect((entry["STALL_FRAME"] ?? "").contains("spinInHandler"), "\(entry)")
+            #expect(entry.keys.filter { $0.hasPrefix("STALL_REQUEST_") || $0 == "STALL_TRACE_ID" }.isEmpty, "\(entry)")
+            #expect(!(entry["MESSAGE"] ?? "").contains("serving"))
+        }
+
+        /// The trace shows the stall: the span a stall happened in, exported by the wrapped tracer
+        /// (swift-distributed-tracing's InMemoryTracer here), carries a `stall` event with the
+        /// stall's ID, duration, thread and frame, and `stallmon.stalled`; a span without a stall
+        /// carries neither.
+        @Test(arguments: [FrameworkService.Kind.hummingbird, .vapor])
+        func theStalledSpanCarriesAStallEvent(kind: FrameworkService.Kind) throws {
+            try #require(Journald.ensureRunning(), "journald is not running and cannot be started")
+            guard let binary = FrameworkServiceTests.binary(kind) else { return }
+            let service = try FrameworkService(
+                kind, binary: binary, environment: Self.environment.merging(["EXAMPLE_TRACING": "memory"]) { $1 })
+            defer { service.stop() }
+            _ = try service.get("/sleep?ms=300")
+            _ = try service.get("/hello")
+            let ended = try #require(try service.entries(MessageID.stallEnded, atLeast: 1).first)
+            // The wrapped tracer's IDs are not W3C (InMemoryTracer's own): no trace ID, but the request.
+            #expect(ended["STALL_REQUEST_METHOD"] == "GET" && ended["STALL_REQUEST_ROUTE"] == "/sleep", "\(ended)")
+            let json = try service.get("/spans")
+            let spans = try #require(try JSONSerialization.jsonObject(with: Data(json.utf8)) as? [[String: Any]])
+            let stalled = try #require(
+                spans.first { ($0["operation"] as? String)?.contains("/sleep") == true }, "\(json)")
+            let events = try #require(stalled["events"] as? [[String: Any]])
+            let stall = try #require(events.first { $0["name"] as? String == "stall" }, "\(stalled)")
+            let attributes = try #require(stall["attributes"] as? [String: String])
+            #expect(attributes["stallmon.stall.id"]?.contains(ended["STALL_ID"] ?? "?") == true, "\(attributes)")
+            #expect(attributes["thread.id"]?.contains(ended["STALL_THREAD_TID"] ?? "?") == true, "\(attributes)")
+            #expect(attributes["code.function"]?.contains("sleepInHandler(milliseconds:)") == true, "\(attributes)")
+            #expect(attributes["stallmon.stall.duration_ms"] != nil)
+            #expect((stalled["attributes"] as? [String: String])?["stallmon.stalled"]?.contains("true") == true)
+            let hello = try #require(
+                spans.first { ($0["operation"] as? String)?.contains("/hello") == true }, "\(json)")
+            #expect((hello["events"] as? [Any])?.isEmpty == true)
+            #expect((hello["attributes"] as? [String: String])?["stallmon.stalled"] == nil)
+        }
+    }
+}
