@@ -133,7 +133,11 @@ let package = Package(
         // Measures the monitor's cost against an unmonitored loop, a no-op observer and the blog design.
         .executableTarget(
             name: "stallmon-bench",
-            dependencies: ["StallMonitor", "CStallCapture", "StallCollector", "StallJournal"]
+            dependencies: [
+                "StallMonitor", "CStallCapture", "StallCollector", "StallJournal", "StallMonitorTracing",
+                .product(name: "Tracing", package: "swift-distributed-tracing"),
+                .product(name: "InMemoryTracing", package: "swift-distributed-tracing"),
+            ]
         ),
         // What the fixture services share: clocks, JSON lines on standard output, the reporting sink.
         .target(
@@ -199,6 +203,10 @@ let package = Package(
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "InMemoryLogging", package: "swift-log"),
+                // StallmonTracer's spans and the table of requests, in process.
+                "StallMonitorTracing", "CStallCapture",
+                .product(name: "Tracing", package: "swift-distributed-tracing"),
+                .product(name: "InMemoryTracing", package: "swift-distributed-tracing"),
             ]
         ),
     ]

@@ -74,6 +74,10 @@ typedef struct {
     // do not bounce it.
     _Atomic uint64_t watch_sequence __attribute__((aligned(64)));
     _Atomic uint64_t watched_end_ns;
+    // The latest watched job that ended, kept after the watchdog is done with it: its span's
+    // `stall` event takes the stall's true end from here (requests).
+    _Atomic uint64_t last_watched_start_ns;
+    _Atomic uint64_t last_watched_end_ns;
 } __attribute__((aligned(64))) pool_slot;
 
 static pool_slot slots[STALLMON_POOL_MAX_THREADS];
@@ -163,7 +167,8 @@ void stallmon_pool_run_job(void *job) {
     }
     uint64_t sequence = atomic_load_explicit(&slot->sequence, memory_order_relaxed) + 1;
     atomic_store_explicit(&slot->job, job, memory_order_relaxed);
-    atomic_store_explicit(&slot->start_ns, now_ns(), memory_order_relaxed);
+    uint64_t start = now_ns();
+    atomic_store_explicit(&slot->start_ns, start, memory_order_relaxed);
     atomic_store_explicit(&slot->sequence, sequence, memory_order_release);
     if (watchdog.asymmetric) {
         atomic_signal_fence(memory_order_seq_cst);
@@ -175,7 +180,11 @@ void stallmon_pool_run_job(void *job) {
     // Only the end of a job that became a stall is wanted (the watchdog asked for it): the clock is
     // read then only.
     if (__builtin_expect(atomic_load_explicit(&slot->watch_sequence, memory_order_relaxed) == sequence, 0)) {
-        atomic_store_explicit(&slot->watched_end_ns, now_ns(), memory_order_relaxed);
+        uint64_t end = now_ns();
+        atomic_store_explicit(&slot->watched_end_ns, end, memory_order_relaxed);
+        atomic_store_explicit(&slot->last_watched_end_ns, 0, memory_order_relaxed);
+        atomic_store_explicit(&slot->last_watched_start_ns, start, memory_order_release);
+        atomic_store_explicit(&slot->last_watched_end_ns, end, memory_order_release);
     }
     atomic_store_explicit(&slot->start_ns, 0, memory_order_release);
 }
@@ -298,6 +307,19 @@ uintptr_t stallmon_pool_job_of_thread(pid_t tid) {
         uint64_t start = atomic_load_explicit(&slot->start_ns, memory_order_acquire);
         if (start == 0 || atomic_load_explicit(&slot->sequence, memory_order_acquire) != before) return 0;
         return (uintptr_t)job;
+    }
+    return 0;
+}
+
+uint64_t stallmon_pool_stall_end_of_thread(pid_t tid, uint64_t at_ns) {
+    int count = atomic_load_explicit(&slot_count, memory_order_acquire);
+    for (int index = 0; index < count; index++) {
+        pool_slot *slot = &slots[index];
+        if (atomic_load_explicit(&slot->tid, memory_order_acquire) != tid) continue;
+        uint64_t end = atomic_load_explicit(&slot->last_watched_end_ns, memory_order_acquire);
+        uint64_t start = atomic_load_explicit(&slot->last_watched_start_ns, memory_order_acquire);
+        if (end == 0 || atomic_load_explicit(&slot->last_watched_end_ns, memory_order_acquire) != end) return 0;
+        return start <= at_ns && at_ns < end ? end : 0;
     }
     return 0;
 }

@@ -137,6 +137,19 @@ final class RequestState: StallRequestRecord, @unchecked Sendable {
         let wallNow = DefaultTracerClock.now.nanosecondsSinceEpoch
         let monotonicNow = MonotonicClock.now()
         return notes.map { note in
+            var note = note
+            // A span often ends before the monitor has seen its stall end. The pool thread stamps
+            // the end of a stalled job (a Vapor handler's task ends before the middleware's span);
+            // else the stall lasted at most until now (a Hummingbird span ends inside the job that
+            // stalled, which is still running).
+            if !note.ended {
+                if let end = RequestTable.poolJobEnd(threadID: note.threadID, start: note.startNanoseconds) {
+                    note.duration = .nanoseconds(end - note.startNanoseconds)
+                    note.ended = true
+                } else if monotonicNow > note.startNanoseconds {
+                    note.duration = max(note.duration, .nanoseconds(monotonicNow - note.startNanoseconds))
+                }
+            }
             let ago = monotonicNow > note.startNanoseconds ? monotonicNow - note.startNanoseconds : 0
             var attributes: SpanAttributes = [:]
             attributes["stallmon.stall.id"] = note.stallID

@@ -38,6 +38,17 @@ enum RequestTable {
         #endif
     }
 
+    /// When the pool thread `threadID` ended the job it ran at `start` that the monitor watched as
+    /// a stall, if it has.
+    static func poolJobEnd(threadID: Int, start: UInt64) -> UInt64? {
+        #if STALLMON_LINUX
+        let end = stallmon_pool_stall_end_of_thread(pid_t(threadID), start)
+        return end == 0 ? nil : end
+        #else
+        return nil
+        #endif
+    }
+
     static func random() -> UInt64 {
         #if STALLMON_LINUX
         stallmon_request_random()

@@ -122,10 +122,10 @@ struct Bench {
             }
         }
 
-        progress("collector: CPU and memory per journal entry, typical and the schema's worst")
+        progress("collector: CPU and memory per journal entry, typical and the schema's worst; tracing: cost per span")
         let figures =
             Figures.compute(rounds: rounds, memory: memory, firstStall: firstStall, instructions: instructions)
-            + CollectorCost.figures(scale: options.scale)
+            + CollectorCost.figures(scale: options.scale) + TracingCost.figures(scale: options.scale)
         let elapsed = Double(Kernel.now() - started) / 1e9
         var table = Report.table(
             figures: figures, rounds: rounds, memory: memory, instructions: instructions, plan: plan, options: options,

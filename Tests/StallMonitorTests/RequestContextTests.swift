@@ -111,3 +111,44 @@ extension Serial {
         }
     }
 }
+
+extension Serial.RequestContextTests {
+    /// With swift-otel's backend wrapped (Hummingbird, EXAMPLE_TRACING=otel) exporting OTLP/JSON to
+    /// a receiver on loopback: the report's trace and span IDs are those of the exported server
+    /// span, in the header's trace, and that span carries the `stall` event with the report's
+    /// stall ID and the stall's true duration.
+    @Test func withSwiftOTelTheExportedSpanIsTheReportsAndCarriesTheStall() throws {
+        try #require(Journald.ensureRunning(), "journald is not running and cannot be started")
+        guard let binary = Serial.FrameworkServiceTests.binary(.hummingbird) else { return }
+        let receiver = try OTLPReceiver()
+        defer { receiver.stop() }
+        let service = try FrameworkService(
+            .hummingbird, binary: binary,
+            environment: Self.environment.merging([
+                "EXAMPLE_TRACING": "otel",
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:\(receiver.port)/v1/traces",
+                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/json", "OTEL_BSP_SCHEDULE_DELAY": "100",
+            ]) { $1 })
+        defer { service.stop() }
+        let answer = try FrameworkService.Answer(
+            service.get("/sleep?ms=300", headers: ["traceparent": Self.traceparent]))
+        let ended = try #require(try service.entries(MessageID.stallEnded, atLeast: 1).first)
+        #expect(ended["STALL_TRACE_ID"] == Self.traceID, "\(ended)")
+        let spanID = try #require(ended["STALL_SPAN_ID"])
+        let span = try #require(
+            receiver.span { OTLPReceiver.hex($0["spanId"]) == spanID },
+            "no exported span \(spanID): \(receiver.spans())")
+        #expect(OTLPReceiver.hex(span["traceId"]) == Self.traceID)
+        #expect(OTLPReceiver.hex(span["parentSpanId"]) == "00f067aa0ba902b7")
+        #expect(OTLPReceiver.attributes(span["attributes"])["stallmon.stalled"] == "1", "\(span)")
+        let events = span["events"] as? [[String: Any]] ?? []
+        let stall = try #require(events.first { $0["name"] as? String == "stall" }, "\(span)")
+        let attributes = OTLPReceiver.attributes(stall["attributes"])
+        #expect(attributes["stallmon.stall.id"] == ended["STALL_ID"], "\(attributes)")
+        #expect(attributes["thread.id"] == String(answer.tid), "\(attributes)")
+        #expect(attributes["code.function"]?.contains("sleepInHandler(milliseconds:)") == true, "\(attributes)")
+        // The pool thread stamped the job's end before the span ended: the true duration.
+        let duration = Double(attributes["stallmon.stall.duration_ms"] ?? "") ?? 0
+        #expect(duration >= answer.truthMilliseconds - 5 && duration <= answer.truthMilliseconds + 60, "\(attributes)")
+    }
+}

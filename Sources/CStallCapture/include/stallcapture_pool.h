@@ -56,6 +56,9 @@ int stallmon_pool_read(int index, stallmon_pool_job *out);
 /// The job the pool thread `tid` runs now (for a task's job, the task itself), or 0 when it runs
 /// none or is no pool thread.
 uintptr_t stallmon_pool_job_of_thread(pid_t tid);
+/// When the latest job of pool thread `tid` that the watchdog watched as a stall ended
+/// (CLOCK_MONOTONIC), if that job ran at `at_ns`; else 0.
+uint64_t stallmon_pool_stall_end_of_thread(pid_t tid, uint64_t at_ns);
 /// Asks the thread in slot `index` to record the end of job `sequence` (0 stops watching).
 void stallmon_pool_watch(int index, uint64_t sequence);
 /// When job `sequence` of slot `index` has ended and its end was recorded, stores it and returns 1.

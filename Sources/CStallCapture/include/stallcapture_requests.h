@@ -46,6 +46,14 @@ void *stallmon_request_acquire(const uint64_t *keys, int count);
 /// trace and span IDs, where stallmon makes them.
 uint64_t stallmon_request_random(void);
 
+/// What the pool hook does for a job `job` enqueued by the work of key `current` (for tests).
+void stallmon_request_inherit_for(uint64_t current, uint64_t job);
+
+/// For benchmarks: what the pool hook adds to the enqueue of `jobs` jobs (distinct, never run)
+/// made by the work of `current` (a key that serves a request, or 0: the calling thread's task, as
+/// the hook sees it), in nanoseconds per job.
+double stallmon_request_measure_inherit_ns(long jobs, uint64_t current);
+
 /// Spans registered now; spans refused for a full table since start; aliases made by the pool hook.
 int64_t stallmon_request_live(void);
 uint64_t stallmon_request_refused(void);

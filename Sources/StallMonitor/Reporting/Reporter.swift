@@ -237,7 +237,7 @@ final class Reporter: @unchecked Sendable {
                 StallNote(
                     stallID: stall.stallID, startNanoseconds: stall.startNanoseconds,
                     duration: .nanoseconds(stall.duration), ended: stall.event != .detected,
-                    threadID: report.threadID, frame: report.culprit?.summary ?? "", loop: stall.activity.rawValue))
+                    threadID: report.threadID, frame: report.culprit?.summary ?? "", loop: report.loop))
         }
         return report
     }

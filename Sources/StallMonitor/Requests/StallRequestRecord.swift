@@ -18,8 +18,21 @@ package struct StallNote: Sendable {
     package var threadID: Int
     /// The culprit frame, e.g. `Service.refresh() (Service.swift:42)`; empty without a stack.
     package var frame: String
-    /// `pool job`, `main-actor job`, `event-loop cycle`… (``StallReport/Activity``).
+    /// The loop that stalled, as `STALL_LOOP` names it: `cooperative-pool`, `main`, an event loop's thread.
     package var loop: String
+
+    package init(
+        stallID: String, startNanoseconds: UInt64, duration: Duration, ended: Bool, threadID: Int, frame: String,
+        loop: String
+    ) {
+        self.stallID = stallID
+        self.startNanoseconds = startNanoseconds
+        self.duration = duration
+        self.ended = ended
+        self.threadID = threadID
+        self.frame = frame
+        self.loop = loop
+    }
 }
 
 /// A span as the monitor sees it: what it reports of the request, and where it keeps the notes of
