@@ -15,6 +15,9 @@ let package = Package(
         .package(url: "https://github.com/grpc/grpc-swift-2.git", from: "2.4.3"),
         .package(url: "https://github.com/grpc/grpc-swift-nio-transport.git", from: "2.9.2"),
         .package(url: "https://github.com/apple/swift-distributed-tracing.git", from: "1.7.2"),
+        // OTLP over HTTP only: the gRPC exporter would add swift-protobuf's gRPC code for nothing here.
+        .package(url: "https://github.com/swift-otel/swift-otel.git", from: "1.6.0", traits: ["OTLPHTTP"]),
+        .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
     ],
     targets: [
         // What the three services share: the stalls their handlers make, and JSON lines on standard output.
@@ -27,10 +30,23 @@ let package = Package(
                 .product(name: "InMemoryTracing", package: "swift-distributed-tracing"),
             ]
         ),
+        // EXAMPLE_TRACING=otel: swift-otel's OTLP exporter, wrapped in StallmonTracer.
+        .target(
+            name: "ExampleOTel",
+            dependencies: [
+                .product(name: "StallMonitorTracing", package: "stallmon"),
+                .product(name: "OTel", package: "swift-otel"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "Instrumentation", package: "swift-distributed-tracing"),
+            ]
+        ),
         .executableTarget(
             name: "HummingbirdService",
             dependencies: [
                 "ExampleStalls",
+                "ExampleOTel",
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "UnixSignals", package: "swift-service-lifecycle"),
                 .product(name: "StallMonitorNIO", package: "stallmon"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "NIOCore", package: "swift-nio"),

@@ -1,3 +1,4 @@
+import ExampleOTel
 // A Hummingbird 2 service on the framework's defaults (MultiThreadedEventLoopGroup.singleton,
 // handlers on Swift's cooperative pool), monitored by stallmon. Its routes stall on request:
 //
@@ -15,8 +16,9 @@
 //   EXAMPLE_PRINT_REPORTS=1    with the reports on standard output instead of the journal, one line each:
 //                              `report <event> start_ns=N duration_ns=N threshold_ns=N emitted_ns=N tid=N`
 //   EXAMPLE_DENY_IO_URING=1    with io_uring_setup(2) failing (a seccomp filter), as valgrind needs
-//   EXAMPLE_TRACING=stallmon|memory  with TracingMiddleware and StallmonTracer (ExampleTracing.swift);
-//                              `memory` serves the finished spans at GET /spans
+//   EXAMPLE_TRACING=stallmon|memory|otel  with TracingMiddleware and StallmonTracer (ExampleTracing.swift);
+//                              `memory` serves the finished spans at GET /spans; `otel` wraps swift-otel's
+//                              backend, which exports them over OTLP (OTEL_EXPORTER_OTLP_* say where)
 //   EXAMPLE_BACKGROUND_STALL_MS=N    a stall of the service's own, in no request, 1 s after start
 //   EXAMPLE_MAIN_RUN_LOOP=1    (with EXAMPLE_STALLMON=off) with the main thread in RunLoop.main rather
 //                              than dispatch_main(), which valgrind cannot run
@@ -24,7 +26,9 @@ import ExampleStalls
 import Foundation
 import Hummingbird
 import NIOCore
+import ServiceLifecycle
 import StallMonitorNIO
+import UnixSignals
 
 @main
 struct HummingbirdService {
@@ -35,7 +39,8 @@ struct HummingbirdService {
         let stallmon = ServiceEnvironment.stallmon ? try StallMonitor(sinks: PrintingSink.sinks) : nil
         try stallmon?.startService()  // main actor, cooperative pool, NIO singleton
         // EXAMPLE_TRACING: InstrumentationSystem.bootstrap(StallmonTracer()), so that stalls name their requests.
-        let traced = ExampleTracing.bootstrap()
+        let otel = try ExampleOTel.bootstrap(ExampleTracing.mode)
+        let traced = otel != nil || ExampleTracing.bootstrap()
         BackgroundStall.start()
 
         let app = Application(
@@ -45,7 +50,18 @@ struct HummingbirdService {
                 ServiceOutput.listening(port: channel.localAddress?.port ?? -1)
             }
         )
-        try await app.runService()
+        if let otel {
+            // The exporter runs beside the application; SIGTERM stops both, the exporter last.
+            let group = ServiceGroup(
+                configuration: .init(
+                    services: [
+                        .init(service: otel), .init(service: app, successTerminationBehavior: .gracefullyShutdownGroup),
+                    ],
+                    gracefulShutdownSignals: [.sigterm], logger: app.logger))
+            try await group.run()
+        } else {
+            try await app.runService()
+        }
     }
 
     static func buildRouter(traced: Bool) -> Router<BasicRequestContext> {
