@@ -11,11 +11,11 @@ struct Follow: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Print new stall reports as they reach the journal.",
         discussion: """
-            Runs until interrupted. Shows detected, ended, watchdog and suppression entries, each \\
-            stall with the request it served (endpoint and trace ID) where it served one. Entries \\
-            that do not match the schema are named on standard error, and make the exit status 65 \\
-            when it ends; a journal this user may not read exits 69. Control characters from the \\
-            journal are shown escaped (\\\\x1b).
+            Runs until interrupted. Shows detected, ended, watchdog and suppression entries, each \
+            stall with the request it served (endpoint and trace ID) where it served one. Entries \
+            that do not match the schema are named on standard error, and make the exit status 65 \
+            when it ends; a journal this user may not read exits 69. Control characters from the \
+            journal are shown escaped (\\x1b).
             """
     )
 
