@@ -100,7 +100,8 @@ public struct StallObservation: Sendable, Hashable {
 /// Everything in it is bounded, whatever the journal holds: at most ``CollectorConfiguration/maximumUnits``
 /// units (later ones count under ``CollectorState/otherUnits``), at most
 /// ``CollectorConfiguration/maximumFingerprintsPerUnit`` fingerprints per unit (later ones count
-/// under ``CollectorState/otherFingerprint``), at most ``CollectorConfiguration/maximumHosts`` hosts
+/// under ``CollectorState/otherFingerprint``), at most ``CollectorConfiguration/maximumEndpointsPerUnit``
+/// endpoints per unit (later ones count under ``Endpoint/other``), at most ``CollectorConfiguration/maximumHosts`` hosts
 /// (later ones count under ``CollectorState/otherHosts``), ``CollectorConfiguration/maximumTrackedStalls``
 /// recent stalls, 1000 watchdog stall IDs, and strings as long as the journal schema allows. One
 /// position per source machine (``sources``): as many as the journal files read hold.
@@ -403,7 +404,8 @@ extension Int {
     }
 }
 
-/// Counts stalls per unit × fingerprint over the collector's lifetime and its windows.
+/// Counts stalls per unit × fingerprint over the collector's lifetime and its windows, and the
+/// stalls in requests per unit × endpoint (see ``Endpoint``).
 ///
 /// Whom it trusts: journald's trusted fields (`_UID`, `_SYSTEMD_UNIT`, `_SYSTEMD_USER_UNIT`, …),
 /// which no writer can forge. A system unit's stalls always have a series of their own: root
@@ -412,8 +414,8 @@ extension Int {
 /// ``CollectorConfiguration/maximumUnits`` series. A user's new series past its budget takes the
 /// place of the user's least recently stalled series once that one has not stalled for the
 /// longest window, and is otherwise counted under ``CollectorState/otherUnits``: folding takes
-/// only the entries of the user who makes the series. Fingerprints give way the same way within
-/// their unit. Everything is decided by the entries' receive times, so a restart, or a state
+/// only the entries of the user who makes the series. Fingerprints and endpoints give way the
+/// same way within their unit. Everything is decided by the entries' receive times, so a restart, or a state
 /// rebuilt from the journal's head, comes to the same series.
 ///
 /// Ingesting one entry costs the same whatever the state holds: a few dictionary look-ups, an
