@@ -11,6 +11,8 @@ import Glibc
 /// stallmond's stalls per endpoint: named by route, gRPC method or span name (never the URL path),
 /// at most `max_endpoints_per_unit` a unit, the rest folded and counted, kept across restarts.
 struct CollectorRouteTests {
+    static let traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
+
     /// An ended stall of `unit` (or of `identifier`, written by `uid` outside any unit) serving `request`.
     static func entry(
         _ request: StallRecord.Request?, unit: String? = "api.service", identifier: String = "api",
@@ -46,7 +48,7 @@ struct CollectorRouteTests {
             Endpoint.label(of: Request(operation: "HTTP GET route not found", method: "GET", path: "/users/42"))
                 == Endpoint.unrouted)
         #expect(Endpoint.label(of: Request(method: "POST")) == Endpoint.unrouted)
-        #expect(Endpoint.label(of: Request(traceID: RequestFieldsTests.traceID)) == Endpoint.unrouted)
+        #expect(Endpoint.label(of: Request(traceID: Self.traceID)) == Endpoint.unrouted)
     }
 
     @Test func stallsInRequestsAreCountedPerUnitAndEndpoint() {
@@ -319,12 +321,14 @@ extension Serial {
     /// restart, and a state with impossible endpoint counts is refused with 69.
     @Suite
     struct CollectorRouteEndToEndTests {
+        static let traceID = CollectorRouteTests.traceID
+
         static func stall(_ identifier: String, route: String, fingerprint: Int) -> [(String, String)] {
             var fields = HostileJournalTests.stall(
                 identifier: identifier, fingerprint: HostileJournalTests.fingerprint(fingerprint))
             fields += [
                 ("STALL_REQUEST_OPERATION", "GET \(route)"), ("STALL_REQUEST_METHOD", "GET"),
-                ("STALL_REQUEST_ROUTE", route), ("STALL_TRACE_ID", RequestFieldsTests.traceID),
+                ("STALL_REQUEST_ROUTE", route), ("STALL_TRACE_ID", Self.traceID),
             ]
             return fields
         }
