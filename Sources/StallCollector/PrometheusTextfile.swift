@@ -162,20 +162,25 @@ public enum PrometheusTextfile {
     /// `max_endpoints_per_unit` endpoints a unit, and `endpoint="(other endpoints)"`; a unit with no
     /// stall in a request has none.
     static func renderEndpoints(_ state: CollectorState, units: [String], into lines: inout [String]) {
-        let families = [
+        let families: [(name: String, help: String, value: (CollectorState.EndpointStats) -> String)] = [
             (
                 "stallmon_endpoint_stalls_total",
-                "Stalls inside a request, by unit and endpoint (route, gRPC method or span name, never the URL path); bounded per unit by max_endpoints_per_unit, the rest under endpoint=\"(other endpoints)\"."
+                "Stalls inside a request, by unit and endpoint (route, gRPC method or span name, never the URL path); bounded per unit by max_endpoints_per_unit, the rest under endpoint=\"(other endpoints)\".",
+                { "\($0.stalls)" }
             ),
-            ("stallmon_endpoint_stall_seconds_total", "Time stalled inside a request, by unit and endpoint."),
+            (
+                "stallmon_endpoint_stall_seconds_total", "Time stalled inside a request, by unit and endpoint.",
+                { seconds($0.totalMicroseconds) }
+            ),
         ]
-        for (index, (name, help)) in families.enumerated() {
-            lines.append("# HELP \(name) \(help)")
-            lines.append("# TYPE \(name) counter")
+        for family in families {
+            lines.append("# HELP \(family.name) \(family.help)")
+            lines.append("# TYPE \(family.name) counter")
             for unit in units {
                 for (endpoint, stats) in state.units[unit]!.endpoints.sorted(by: { $0.key < $1.key }) {
-                    let value = index == 0 ? "\(stats.stalls)" : seconds(stats.totalMicroseconds)
-                    lines.append("\(name){unit=\"\(escape(unit))\",endpoint=\"\(escape(endpoint))\"} \(value)")
+                    lines.append(
+                        "\(family.name){unit=\"\(escape(unit))\",endpoint=\"\(escape(endpoint))\"} \(family.value(stats))"
+                    )
                 }
             }
         }
