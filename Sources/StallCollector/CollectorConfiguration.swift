@@ -12,6 +12,9 @@ public struct CollectorConfiguration: Sendable, Hashable {
     public var windows: [Duration] = [.seconds(300), .seconds(3600), .seconds(86400)]
     /// Fingerprints per unit that get their own metric series; later ones count as `other`.
     public var maximumFingerprintsPerUnit: Int = 10
+    /// Endpoints (routes, gRPC methods, span names) per unit that get their own metric series;
+    /// later ones count as `(other endpoints)`.
+    public var maximumEndpointsPerUnit: Int = 20
     /// Upper bounds of the stall duration histogram.
     public var histogramBuckets: [Duration] = [250, 500, 1000, 2500, 5000, 10000, 30000].map { .milliseconds($0) }
     /// How often a digest entry goes to the journal; zero disables it.
@@ -48,6 +51,7 @@ public struct CollectorConfiguration: Sendable, Hashable {
         case metricsInterval = "metrics_interval_s"
         case windows = "windows_s"
         case maximumFingerprintsPerUnit = "max_fingerprints_per_unit"
+        case maximumEndpointsPerUnit = "max_endpoints_per_unit"
         case histogramBuckets = "histogram_buckets_ms"
         case digestInterval = "digest_interval_s"
         case stateDirectory = "state_directory"
@@ -152,6 +156,7 @@ public struct CollectorConfiguration: Sendable, Hashable {
         case .metricsInterval: metricsInterval = try value.seconds(key: name, source: source)
         case .windows: windows = try value.durationList(key: name, source: source, unit: 1e9)
         case .maximumFingerprintsPerUnit: maximumFingerprintsPerUnit = try value.integer(key: name, source: source)
+        case .maximumEndpointsPerUnit: maximumEndpointsPerUnit = try value.integer(key: name, source: source)
         case .histogramBuckets:
             // To the microsecond, the precision of the metrics' `le` label.
             histogramBuckets = try value.durationList(key: name, source: source, unit: 1e6).map {
@@ -220,6 +225,9 @@ public struct CollectorConfiguration: Sendable, Hashable {
         try check(
             (1...1000).contains(maximumFingerprintsPerUnit), .maximumFingerprintsPerUnit,
             "\(maximumFingerprintsPerUnit)", "must be between 1 and 1000")
+        try check(
+            (1...1000).contains(maximumEndpointsPerUnit), .maximumEndpointsPerUnit, "\(maximumEndpointsPerUnit)",
+            "must be between 1 and 1000")
         func milliseconds(_ duration: Duration) -> String {
             let nanoseconds = duration.nanoseconds
             return nanoseconds % 1_000_000 == 0 ? "\(nanoseconds / 1_000_000)" : "\(Double(nanoseconds) / 1e6)"
@@ -296,6 +304,7 @@ public struct CollectorConfiguration: Sendable, Hashable {
             "metrics_path=\(metricsPath)", "metrics_interval_s=\(seconds(metricsInterval))",
             "windows_s=\(windows.map(seconds).joined(separator: ","))",
             "max_fingerprints_per_unit=\(maximumFingerprintsPerUnit)",
+            "max_endpoints_per_unit=\(maximumEndpointsPerUnit)",
             "histogram_buckets_ms=\(histogramBuckets.map { String($0.milliseconds) }.joined(separator: ","))",
             "digest_interval_s=\(seconds(digestInterval))", "state_directory=\(stateDirectory ?? "")",
             "monitor_threshold_ms=\(monitorThreshold.milliseconds)",

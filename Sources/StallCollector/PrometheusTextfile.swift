@@ -64,6 +64,8 @@ public enum PrometheusTextfile {
             }
         }
 
+        renderEndpoints(state, units: units, into: &lines)
+
         family(
             "stallmon_watchdog_stalls_total", "counter",
             "Stalls that outlasted WatchdogSec= (systemd killed the service).")
@@ -119,8 +121,9 @@ public enum PrometheusTextfile {
         lines.append("stallmond_malformed_entries_total \(state.malformedEntries)")
         family(
             "stallmond_folded_stalls_total", "counter",
-            "Stalls counted under fingerprint=\"other\", unit=\"(other units)\" or host=\"(other hosts)\" because a limit was reached."
+            "Stalls counted under fingerprint=\"other\", endpoint=\"(other endpoints)\", unit=\"(other units)\" or host=\"(other hosts)\" because a limit was reached."
         )
+        lines.append("stallmond_folded_stalls_total{what=\"endpoint\"} \(state.foldedEndpointStalls)")
         lines.append("stallmond_folded_stalls_total{what=\"fingerprint\"} \(state.foldedFingerprintStalls)")
         lines.append("stallmond_folded_stalls_total{what=\"host\"} \(state.foldedHostStalls)")
         lines.append("stallmond_folded_stalls_total{what=\"unit\"} \(state.foldedUnitStalls)")
@@ -136,6 +139,7 @@ public enum PrometheusTextfile {
             "stallmond_evicted_series_total", "counter",
             "Series that gave way to newer ones of the same user or unit after no stall for the longest window."
         )
+        lines.append("stallmond_evicted_series_total{what=\"endpoint\"} \(state.evictedEndpoints)")
         lines.append("stallmond_evicted_series_total{what=\"fingerprint\"} \(state.evictedFingerprints)")
         lines.append("stallmond_evicted_series_total{what=\"unit\"} \(state.evictedSeries)")
         family(
@@ -151,6 +155,35 @@ public enum PrometheusTextfile {
         family("stallmond_last_entry_timestamp_seconds", "gauge", "When the newest counted entry reached the journal.")
         lines.append("stallmond_last_entry_timestamp_seconds \(seconds(state.lastEntryMicroseconds))")
         return lines.joined(separator: "\n") + "\n"
+    }
+
+    /// The stalls of each unit's endpoints (see ``Endpoint``): two counters, so that a rate of the
+    /// seconds over a rate of the stalls is the mean. Bounded like fingerprints: at most
+    /// `max_endpoints_per_unit` endpoints a unit, and `endpoint="(other endpoints)"`; a unit with no
+    /// stall in a request has none.
+    static func renderEndpoints(_ state: CollectorState, units: [String], into lines: inout [String]) {
+        let families: [(name: String, help: String, value: (CollectorState.EndpointStats) -> String)] = [
+            (
+                "stallmon_endpoint_stalls_total",
+                "Stalls inside a request, by unit and endpoint (route, gRPC method or span name, never the URL path); bounded per unit by max_endpoints_per_unit, the rest under endpoint=\"(other endpoints)\".",
+                { "\($0.stalls)" }
+            ),
+            (
+                "stallmon_endpoint_stall_seconds_total", "Time stalled inside a request, by unit and endpoint.",
+                { seconds($0.totalMicroseconds) }
+            ),
+        ]
+        for family in families {
+            lines.append("# HELP \(family.name) \(family.help)")
+            lines.append("# TYPE \(family.name) counter")
+            for unit in units {
+                for (endpoint, stats) in state.units[unit]!.endpoints.sorted(by: { $0.key < $1.key }) {
+                    lines.append(
+                        "\(family.name){unit=\"\(escape(unit))\",endpoint=\"\(escape(endpoint))\"} \(family.value(stats))"
+                    )
+                }
+            }
+        }
     }
 
     /// The longest label value written, in bytes of UTF-8 before escaping. The schema bounds

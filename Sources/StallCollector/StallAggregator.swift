@@ -22,6 +22,8 @@ public struct StallObservation: Sendable, Hashable {
     /// Who wrote it, by journald's trusted fields: `nil` for a system unit, else the writer's
     /// `_UID` (`""` where the entry has none). See ``owner(of:)``.
     public var owner: String?
+    /// The request the stall served (`STALL_REQUEST_*`, `STALL_TRACE_ID`), `nil` outside any.
+    package var request: StallRecord.Request?
 
     public init(
         unit: String, stallID: String, fingerprint: String, frame: String, callout: String,
@@ -80,6 +82,7 @@ public struct StallObservation: Sendable, Hashable {
             realtimeMicroseconds: realtimeMicroseconds, backtrace: record.backtrace,
             isWatchdog: record.event == .watchdog, machineID: machineID, host: host
         )
+        request = record.request
     }
 
     /// A stall read from `entry`, with its unit, writer, time and host.
@@ -97,7 +100,8 @@ public struct StallObservation: Sendable, Hashable {
 /// Everything in it is bounded, whatever the journal holds: at most ``CollectorConfiguration/maximumUnits``
 /// units (later ones count under ``CollectorState/otherUnits``), at most
 /// ``CollectorConfiguration/maximumFingerprintsPerUnit`` fingerprints per unit (later ones count
-/// under ``CollectorState/otherFingerprint``), at most ``CollectorConfiguration/maximumHosts`` hosts
+/// under ``CollectorState/otherFingerprint``), at most ``CollectorConfiguration/maximumEndpointsPerUnit``
+/// endpoints per unit (later ones count under ``Endpoint/other``), at most ``CollectorConfiguration/maximumHosts`` hosts
 /// (later ones count under ``CollectorState/otherHosts``), ``CollectorConfiguration/maximumTrackedStalls``
 /// recent stalls, 1000 watchdog stall IDs, and strings as long as the journal schema allows. One
 /// position per source machine (``sources``): as many as the journal files read hold.
@@ -136,6 +140,10 @@ public struct CollectorState: Codable, Sendable, Hashable {
     /// units of users, and fingerprints.
     public var evictedSeries: Int = 0
     public var evictedFingerprints: Int = 0
+    /// Endpoints that gave way to a newer one of their unit after they stopped stalling.
+    package var evictedEndpoints: Int = 0
+    /// Stalls counted under ``Endpoint/other`` because their unit's endpoint limit was reached.
+    package var foldedEndpointStalls: Int = 0
     /// Stalls of users first seen when ``CollectorConfiguration/maximumUsers`` users held series
     /// that still stall, counted under ``otherUnits``.
     public var foldedUserStalls: Int = 0
@@ -185,6 +193,8 @@ public struct CollectorState: Codable, Sendable, Hashable {
         evictedFingerprints = try container.decodeIfPresent(Int.self, forKey: .evictedFingerprints) ?? 0
         foldedUserStalls = try container.decodeIfPresent(Int.self, forKey: .foldedUserStalls) ?? 0
         users = try container.decodeIfPresent([String: UserStats].self, forKey: .users) ?? [:]
+        evictedEndpoints = try container.decodeIfPresent(Int.self, forKey: .evictedEndpoints) ?? 0
+        foldedEndpointStalls = try container.decodeIfPresent(Int.self, forKey: .foldedEndpointStalls) ?? 0
     }
 
     /// Where reading stands for one source machine: the cursor of its last entry read, and where
@@ -223,6 +233,9 @@ public struct CollectorState: Codable, Sendable, Hashable {
         public var fingerprints: [String: FingerprintStats] = [:]
         /// Stalls counted under ``otherFingerprint``.
         public var otherStalls: Int = 0
+        /// Its stalls in a request, by ``Endpoint/label(of:)``: the unit's first endpoints, and
+        /// ``Endpoint/other`` for the rest. Stalls outside any request count in none.
+        package var endpoints: [String: EndpointStats] = [:]
 
         public init(owner: String? = nil) { self.owner = owner }
 
@@ -237,6 +250,7 @@ public struct CollectorState: Codable, Sendable, Hashable {
             watchdogStalls = try container.decode(Int.self, forKey: .watchdogStalls)
             fingerprints = try container.decode([String: FingerprintStats].self, forKey: .fingerprints)
             otherStalls = try container.decode(Int.self, forKey: .otherStalls)
+            endpoints = try container.decodeIfPresent([String: EndpointStats].self, forKey: .endpoints) ?? [:]
         }
     }
 
@@ -282,6 +296,28 @@ public struct CollectorState: Codable, Sendable, Hashable {
         }
     }
 
+    /// The stalls of one endpoint of a unit (see ``Endpoint``).
+    package struct EndpointStats: Codable, Sendable, Hashable {
+        package var stalls: Int = 0
+        package var totalMicroseconds: UInt64 = 0
+        /// When its latest stall was received: the least recent endpoint gives way first.
+        package var lastSeenMicroseconds: UInt64 = 0
+
+        package init() {}
+
+        mutating func record(_ stall: StallObservation) {
+            stalls.saturatingIncrease(by: 1)
+            totalMicroseconds = totalMicroseconds.saturatingAdd(stall.durationMicroseconds)
+            lastSeenMicroseconds = max(lastSeenMicroseconds, stall.realtimeMicroseconds)
+        }
+
+        mutating func merge(_ other: Self) {
+            stalls.saturatingIncrease(by: other.stalls)
+            totalMicroseconds = totalMicroseconds.saturatingAdd(other.totalMicroseconds)
+            lastSeenMicroseconds = max(lastSeenMicroseconds, other.lastSeenMicroseconds)
+        }
+    }
+
     /// One stall remembered for the windows.
     public struct Recent: Codable, Sendable, Hashable {
         public var unit: String
@@ -307,6 +343,7 @@ extension CollectorState {
                 "duplicateEntries": duplicateEntries, "rejectedCursors": rejectedCursors,
                 "vanishedCursors": vanishedCursors, "evictedSeries": evictedSeries,
                 "evictedFingerprints": evictedFingerprints, "foldedUserStalls": foldedUserStalls,
+                "evictedEndpoints": evictedEndpoints, "foldedEndpointStalls": foldedEndpointStalls,
             ], in: "")
         {
             return problem
@@ -337,6 +374,7 @@ extension CollectorState {
                         "\(place)fingerprints[\(DisplayText.escaped(fingerprint))].stalls is \(counts.stalls), outside 0...\(stats.stalls)"
                 }
             }
+            if let problem = stats.endpointDamage { return place + problem }
         }
         for (user, stats) in users where stats.foldedStalls < 0 || stats.evictedSeries < 0 {
             return
@@ -366,7 +404,8 @@ extension Int {
     }
 }
 
-/// Counts stalls per unit × fingerprint over the collector's lifetime and its windows.
+/// Counts stalls per unit × fingerprint over the collector's lifetime and its windows, and the
+/// stalls in requests per unit × endpoint (see ``Endpoint``).
 ///
 /// Whom it trusts: journald's trusted fields (`_UID`, `_SYSTEMD_UNIT`, `_SYSTEMD_USER_UNIT`, …),
 /// which no writer can forge. A system unit's stalls always have a series of their own: root
@@ -375,8 +414,8 @@ extension Int {
 /// ``CollectorConfiguration/maximumUnits`` series. A user's new series past its budget takes the
 /// place of the user's least recently stalled series once that one has not stalled for the
 /// longest window, and is otherwise counted under ``CollectorState/otherUnits``: folding takes
-/// only the entries of the user who makes the series. Fingerprints give way the same way within
-/// their unit. Everything is decided by the entries' receive times, so a restart, or a state
+/// only the entries of the user who makes the series. Fingerprints and endpoints give way the
+/// same way within their unit. Everything is decided by the entries' receive times, so a restart, or a state
 /// rebuilt from the journal's head, comes to the same series.
 ///
 /// Ingesting one entry costs the same whatever the state holds: a few dictionary look-ups, an
@@ -696,6 +735,36 @@ public struct StallAggregator: Sendable {
         return stall.fingerprint
     }
 
+    /// The endpoint a stall in a request counts under within its unit, as fingerprints do: its own
+    /// while the unit's `max_endpoints_per_unit` allows, or in place of the unit's least recent
+    /// endpoint that stopped stalling; else ``Endpoint/other``. A writer's endpoints are only ever
+    /// in its own unit (or `(other units)`), so no flood of routes reaches a system unit's.
+    private mutating func admittedEndpoint(_ endpoint: String, of stall: StallObservation) -> String {
+        let unit = stall.unit
+        if state.units[unit]!.endpoints[endpoint] != nil { return endpoint }
+        if state.units[unit]!.labeledEndpoints >= configuration.maximumEndpointsPerUnit {
+            let lru = state.units[unit]!.endpoints.filter { $0.key != Endpoint.other }
+                .min { ($0.value.lastSeenMicroseconds, $0.key) < ($1.value.lastSeenMicroseconds, $1.key) }
+            guard let lru, idle(lru.value.lastSeenMicroseconds, at: stall.realtimeMicroseconds) else {
+                state.foldedEndpointStalls.saturatingIncrease(by: 1)
+                note(
+                    "endpoint", owner: state.units[unit]!.owner, series: unit,
+                    reason:
+                        "its \(configuration.maximumEndpointsPerUnit) endpoints (max_endpoints_per_unit) all stalled within \(idleAgeText)"
+                )
+                return Endpoint.other
+            }
+            state.units[unit]!.endpoints[lru.key] = nil
+            state.units[unit]!.endpoints[Endpoint.other, default: CollectorState.EndpointStats()].merge(lru.value)
+            state.evictedEndpoints.saturatingIncrease(by: 1)
+            note(
+                "endpoint", owner: state.units[unit]!.owner, series: "\(unit) \(lru.key)",
+                reason: "gave way to a newer endpoint: no stall within \(idleAgeText)")
+        }
+        state.units[unit]!.endpoints[endpoint] = CollectorState.EndpointStats()
+        return endpoint
+    }
+
     private mutating func count(_ observation: StallObservation) -> Outcome {
         var stall = observation
         stall.unit = admittedUnit(stall.unit, owner: stall.owner, time: stall.realtimeMicroseconds)
@@ -728,6 +797,10 @@ public struct StallAggregator: Sendable {
         state.units[stall.unit]!.buckets[bucket].saturatingIncrease(by: 1)
         if key == CollectorState.otherFingerprint { state.units[stall.unit]!.otherStalls.saturatingIncrease(by: 1) }
         state.units[stall.unit]!.fingerprints[key, default: CollectorState.FingerprintStats()].record(stall)
+        if let endpoint = Endpoint.label(of: stall.request) {
+            let admitted = admittedEndpoint(endpoint, of: stall)
+            state.units[stall.unit]!.endpoints[admitted, default: CollectorState.EndpointStats()].record(stall)
+        }
         stall.fingerprint = key
         remember(stall)
         return .stall(stall)
@@ -882,6 +955,27 @@ public struct StallAggregator: Sendable {
 }
 
 extension CollectorState.UnitStats {
+    /// Endpoints with their own series (all but ``Endpoint/other``).
+    var labeledEndpoints: Int { endpoints.count - (endpoints[Endpoint.other] == nil ? 0 : 1) }
+
+    /// What makes its endpoint counts impossible, or `nil`: a name no entry can give, a count
+    /// below zero, or more stalls in requests than the unit has.
+    var endpointDamage: String? {
+        var total = 0
+        for (endpoint, counts) in endpoints {
+            let place = "endpoints[\(DisplayText.escaped(FieldLimits.clamp(endpoint, toBytes: 80)))]"
+            if endpoint.isEmpty || endpoint.utf8.count > Endpoint.maximumBytes {
+                return "\(place) is not an endpoint: \(endpoint.utf8.count) bytes, not 1 to \(Endpoint.maximumBytes)"
+            }
+            if counts.stalls < 0 || counts.stalls > stalls {
+                return "\(place).stalls is \(counts.stalls), outside 0...\(stalls)"
+            }
+            total = total.saturatingAdd(counts.stalls)
+        }
+        if total > stalls { return "stalls is \(stalls), fewer than its endpoints' \(total)" }
+        return nil
+    }
+
     /// Fingerprints with their own series (all but ``CollectorState/otherFingerprint``).
     var labeledFingerprints: Int {
         fingerprints.count - (fingerprints[CollectorState.otherFingerprint] == nil ? 0 : 1)
@@ -902,6 +996,11 @@ extension CollectorState.UnitStats {
         if other.stalls > 0 || !other.fingerprints.isEmpty {
             fingerprints[CollectorState.otherFingerprint, default: CollectorState.FingerprintStats()].merge(folded)
             otherStalls.saturatingIncrease(by: other.stalls)
+        }
+        if !other.endpoints.isEmpty {
+            var endpoint = CollectorState.EndpointStats()
+            for stats in other.endpoints.values { endpoint.merge(stats) }
+            endpoints[Endpoint.other, default: CollectorState.EndpointStats()].merge(endpoint)
         }
     }
 }

@@ -11,10 +11,11 @@ struct Follow: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Print new stall reports as they reach the journal.",
         discussion: """
-            Runs until interrupted. Shows detected, ended, watchdog and suppression entries. Entries \\
-            that do not match the schema are named on standard error, and make the exit status 65 \\
-            when it ends; a journal this user may not read exits 69. Control characters from the \\
-            journal are shown escaped (\\\\x1b).
+            Runs until interrupted. Shows detected, ended, watchdog and suppression entries, each \
+            stall with the request it served (endpoint and trace ID) where it served one. Entries \
+            that do not match the schema are named on standard error, and make the exit status 65 \
+            when it ends; a journal this user may not read exits 69. Control characters from the \
+            journal are shown escaped (\\x1b).
             """
     )
 
@@ -98,6 +99,7 @@ struct Follow: ParsableCommand {
     static func render(_ entry: JournalEntry, json: Bool) -> Result<String, JournalDecodingError> {
         let fields: [JournalField]
         let fingerprint: String?
+        var request: StallRecord.Request?
         do {
             if entry["MESSAGE_ID"] == MessageID.reportsSuppressed {
                 fields = try SuppressionRecord(journalFields: entry.fields).fields
@@ -106,14 +108,18 @@ struct Follow: ParsableCommand {
                 let record = try StallRecord(journalFields: entry.fields)
                 fields = record.fields
                 fingerprint = record.event == .detected ? nil : record.fingerprint
+                request = record.request
             }
         } catch {
             return .failure(error)
         }
-        return .success(json ? Self.json(entry, fields: fields) : Self.line(entry, fingerprint: fingerprint))
+        return .success(
+            json ? Self.json(entry, fields: fields) : Self.line(entry, fingerprint: fingerprint, request: request))
     }
 
-    static func line(_ entry: JournalEntry, fingerprint: String?) -> String {
+    /// One line: time, what happened, the unit and PID, the message, the fingerprint and the
+    /// request the stall served (its endpoint and trace ID), every part from the journal escaped.
+    static func line(_ entry: JournalEntry, fingerprint: String?, request: StallRecord.Request? = nil) -> String {
         let time = Date(timeIntervalSince1970: Double(entry.realtimeMicroseconds) / 1e6)
         let formatter = DateFormatter()
         formatter.dateFormat = "HH:mm:ss.SSS"
@@ -129,7 +135,7 @@ struct Follow: ParsableCommand {
         var text =
             "\(formatter.string(from: time)) \(marker) \(unit)[\(pid)]: \(DisplayText.escaped(entry["MESSAGE"] ?? ""))"
         if let fingerprint { text += " [\(fingerprint)]" }
-        return text
+        return text + RequestText.suffix(request)
     }
 
     /// The entry's schema fields (as the schema bounds them), where it came from and its cursor.

@@ -3,14 +3,17 @@ import Foundation
 import StallCollector
 import StallJournal
 
-/// Groups the journal's stall reports by unit and fingerprint.
+/// Groups the journal's stall reports by unit and fingerprint, or by unit and route.
 struct Report: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Summarize the journal's stall reports by unit and fingerprint.",
         discussion: """
             Reads the ended (and watchdog) stall entries through the journal schema and prints one \
             row per unit and fingerprint: count, hosts, median and longest duration, callout and the \
-            frame of the longest stall. Entries that do not match the schema are named on standard \
+            frame of the longest stall, and the request it served (endpoint and trace ID) where a \
+            stall served one. --by route prints one row per unit and endpoint instead (the route, \
+            else the gRPC method, the URL path or the span's name, after the HTTP method). Entries \
+            that do not match the schema are named on standard \
             error and make the exit status 65; a journal this user may not read exits 69. Control \
             characters from the journal are shown escaped (\\x1b) and long cells are cut (…).
             """
@@ -39,6 +42,12 @@ struct Report: ParsableCommand {
 
     @Option(help: "Only entries since this time: 30s, 15m, 2h, 7d, today, yesterday, or YYYY-MM-DD[ HH:MM[:SS]].")
     var since: String?
+
+    @Option(
+        help: ArgumentHelp(
+            "Group by unit and fingerprint (the same stall in code) or by unit and route (the same request).",
+            valueName: "fingerprint|route"))
+    var by: Grouping = .fingerprint
 
     @Flag(help: "Print JSON instead of a table.")
     var json = false
@@ -71,6 +80,10 @@ struct Report: ParsableCommand {
             throw ValidationError("--host '\(host)' is not a host name or machine id.")
         }
         if json, folded { throw ValidationError("--json and --folded print different things: choose one.") }
+        if by != .fingerprint, flamegraph != nil || folded {
+            throw ValidationError(
+                "--by chooses the table's (or --json's) groups: --flamegraph and --folded draw stacks.")
+        }
         if allWriters, flamegraph == nil, !folded {
             throw ValidationError("--all-writers chooses what --flamegraph or --folded draw: give one of them.")
         }
@@ -122,7 +135,7 @@ struct Report: ParsableCommand {
             JournalSource.complain("report", "cannot read the journal: \(error)")
             throw ExitStatus.unavailable
         }
-        let groups = StallGroup.group(stalls)
+        let groups = StallGroup.group(stalls, by: by.grouping)
         if drawing {
             try drawStacks(graph.graph)
         } else if json {
@@ -130,7 +143,7 @@ struct Report: ParsableCommand {
             encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
             print(JSONText.escapingControls(String(decoding: try encoder.encode(groups), as: UTF8.self)))
         } else {
-            print(Self.table(groups))
+            print(by == .route ? Self.routeTable(groups) : Self.table(groups))
         }
         for problem in malformed {
             JournalSource.complain("report", "skipped malformed \(problem)")
@@ -145,22 +158,60 @@ struct Report: ParsableCommand {
     /// output carries the whole values, which the schema bounds (``FieldLimits``).
     static let columnLimits = [64, 16, 12, 8, 12, 24, 16, 160]
 
+    /// The table by unit and fingerprint. Where a group's longest stall served a request, two
+    /// columns say which (its endpoint and trace ID), before the heaviest frame; a journal without
+    /// requests gets the table it always got.
     static func table(_ groups: [StallGroup]) -> String {
         guard !groups.isEmpty else { return "no stalls" }
-        let header = ["UNIT", "FINGERPRINT", "COUNT", "HOSTS", "P50", "MAX", "CALLOUT", "HEAVIEST FRAME"]
+        let requests = groups.contains { $0.endpoint != nil || $0.traceID != nil }
+        var header = ["UNIT", "FINGERPRINT", "COUNT", "HOSTS", "P50", "MAX", "CALLOUT", "HEAVIEST FRAME"]
+        if requests { header.insert(contentsOf: ["REQUEST", "TRACE"], at: 7) }
         let rows = groups.map { group in
-            [
+            var cells = [
                 group.unit, group.fingerprint, String(group.count), String(group.hosts),
-                milliseconds(group.p50Microseconds),
-                milliseconds(group.maxMicroseconds)
-                    + (group.watchdogKills > 0 ? " (\(group.watchdogKills) killed)" : ""),
-                group.callout, group.heaviestFrame,
+                milliseconds(group.p50Microseconds), maximum(group), group.callout, group.heaviestFrame,
             ].enumerated().map { column, cell in DisplayText.cell(cell, limit: columnLimits[column]) }
+            if requests { cells.insert(contentsOf: requestCells(group), at: 7) }
+            return cells
         }
+        return layout(header: header, rows: rows, numeric: [2, 3, 4, 5])
+    }
+
+    /// The table by unit and endpoint (`--by route`): stalls outside any request are one row,
+    /// `(no request)`.
+    static func routeTable(_ groups: [StallGroup]) -> String {
+        guard !groups.isEmpty else { return "no stalls" }
+        let header = ["UNIT", "ENDPOINT", "COUNT", "HOSTS", "P50", "MAX", "TRACE", "HEAVIEST FRAME"]
+        let rows = groups.map { group in
+            let request = requestCells(group)
+            return [
+                DisplayText.cell(group.unit, limit: columnLimits[0]),
+                group.endpoint == nil ? "(no request)" : request[0],
+                String(group.count), String(group.hosts), milliseconds(group.p50Microseconds),
+                DisplayText.cell(maximum(group), limit: columnLimits[5]), request[1],
+                DisplayText.cell(group.heaviestFrame, limit: columnLimits[7]),
+            ]
+        }
+        return layout(header: header, rows: rows, numeric: [2, 3, 4, 5])
+    }
+
+    /// The endpoint and the trace ID of a group's longest stall, as cells: `-` for what it lacks.
+    static func requestCells(_ group: StallGroup) -> [String] {
+        [
+            group.endpoint.map { RequestText.endpoint($0) } ?? "-",
+            group.traceID.map { DisplayText.cell($0, limit: 32) } ?? "-",
+        ]
+    }
+
+    static func maximum(_ group: StallGroup) -> String {
+        milliseconds(group.maxMicroseconds) + (group.watchdogKills > 0 ? " (\(group.watchdogKills) killed)" : "")
+    }
+
+    /// Columns padded to their widest cell (numbers to the right); the last is not padded.
+    static func layout(header: [String], rows: [[String]], numeric: Set<Int>) -> String {
         let widths = header.indices.map { column in
             ([header] + rows).map { DisplayText.width($0[column]) }.max() ?? 0
         }
-        let numeric: Set<Int> = [2, 3, 4, 5]
         func line(_ cells: [String]) -> String {
             cells.enumerated().map { column, cell in
                 if column == cells.count - 1 { return cell }
@@ -169,6 +220,14 @@ struct Report: ParsableCommand {
             }.joined(separator: "  ")
         }
         return ([line(header)] + rows.map(line)).joined(separator: "\n")
+    }
+
+    /// `--by`'s values.
+    enum Grouping: String, ExpressibleByArgument, CaseIterable {
+        case fingerprint
+        case route
+
+        var grouping: StallGroup.Grouping { self == .route ? .route : .fingerprint }
     }
 
     static func milliseconds(_ microseconds: UInt64) -> String {

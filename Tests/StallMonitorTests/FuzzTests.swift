@@ -202,6 +202,7 @@ extension Serial {
                         } && zip(c.windows, c.windows.dropFirst()).allSatisfy { $0 < $1 }
                 ),
                 ("max_fingerprints_per_unit", (1...1000).contains(c.maximumFingerprintsPerUnit)),
+                ("max_endpoints_per_unit", (1...1000).contains(c.maximumEndpointsPerUnit)),
                 (
                     "histogram_buckets_ms",
                     (1...30).contains(c.histogramBuckets.count)
@@ -284,6 +285,7 @@ extension Serial {
                 "report", "follow", "demo", "--since", "--unit", "--json", "--lines", "--stall-ms", "--config",
                 "--check-config", "--help", "-h", "--version", "--", "-", "--since=", "--lines=", "30s", "15m", "2h",
                 "--folded", "--flamegraph", "--flamegraph=",
+                "--by", "route", "fingerprint",
                 "7d",
                 "today", "yesterday", "2026-11-22", "2026-11-22 23:59:60", "99999999999999999999d", "-1", "1e10",
                 "--generate-completion-script", "bash", "--experimental-dump-help",

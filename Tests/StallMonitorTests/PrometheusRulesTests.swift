@@ -23,6 +23,10 @@ struct PrometheusRulesTests {
         aggregator.ingest(CollectorTests.entry(.watchdog, milliseconds: 9000, cursor: "3"))
         // A user's program outside any unit: budgeted by its _UID.
         aggregator.ingest(CollectorTests.entry(unit: nil, uid: "1000", milliseconds: 400, cursor: "5"))
+        // A stall inside a request: the unit's endpoint series.
+        aggregator.ingest(
+            CollectorRouteTests.entry(
+                CollectorRouteTests.route("/users/:id"), unit: "foo.service", time: 1, cursor: "6"))
         var broken = CollectorTests.entry(cursor: "4")
         broken.fields["STALL_DURATION_USEC"] = "long"
         aggregator.ingest(broken)
