@@ -168,7 +168,7 @@ public struct StallReport: Sendable, Hashable {
     /// Every distinct stack sampled so far, with how many samples showed it, heaviest first.
     public var sampledStacks: [SampledStack] = []
 
-    public init(
+    package init(
         event: Event, stallID: String, loop: String, threadID: Int, duration: Duration, threshold: Duration,
         activity: Activity, runLoopMode: String, callout: Callout, threadState: String, syscall: String?,
         waitChannel: String?, cpuTime: Duration, samples: Int, unansweredSamples: Int, stackSamples: Int,
