@@ -18,6 +18,7 @@ let package = Package(
         // OTLP over HTTP only: the gRPC exporter would add swift-protobuf's gRPC code for nothing here.
         .package(url: "https://github.com/swift-otel/swift-otel.git", from: "1.6.0", traits: ["OTLPHTTP"]),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
+        .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
     ],
     targets: [
         // What the three services share: the stalls their handlers make, and JSON lines on standard output.
@@ -70,6 +71,28 @@ let package = Package(
                 .product(name: "StallMonitorNIO", package: "stallmon"),
                 .product(name: "GRPCCore", package: "grpc-swift-2"),
                 .product(name: "GRPCNIOTransportHTTP2", package: "grpc-swift-nio-transport"),
+            ]
+        ),
+        // Every Swift snippet of README.md and the DocC articles, written into Sources/Snippets/Generated
+        // by Scripts/check-snippets.sh (CI runs it before this build), beside what they take as given
+        // (Context.swift). A library: its snippets compile and are never run.
+        .target(
+            name: "Snippets",
+            dependencies: [
+                .product(name: "StallMonitorNIO", package: "stallmon"),
+                .product(name: "StallMonitorServiceLifecycle", package: "stallmon"),
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "Vapor", package: "vapor"),
+                .product(name: "GRPCCore", package: "grpc-swift-2"),
+                .product(name: "GRPCNIOTransportHTTP2", package: "grpc-swift-nio-transport"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "UnixSignals", package: "swift-service-lifecycle"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "StallMonitorTracing", package: "stallmon"),
+                .product(name: "Tracing", package: "swift-distributed-tracing"),
+                .product(name: "OTel", package: "swift-otel"),
             ]
         ),
     ]

@@ -4,7 +4,14 @@
 #        Scripts/format.sh --fix    rewrite the files in place
 set -euo pipefail
 cd "$(dirname "$0")/.."
-paths=(Package.swift Sources Tests Examples/Package.swift Examples/Sources)
+# Not the snippets that Scripts/check-snippets.sh copies from the Markdown into Examples/Sources/Snippets/Generated.
+paths=(Package.swift Sources Tests Examples/Package.swift)
+for path in Examples/Sources/* Examples/Sources/Snippets/*; do
+    case "$path" in
+        Examples/Sources/Snippets | Examples/Sources/Snippets/Generated) ;;
+        *) paths+=("$path") ;;
+    esac
+done
 if [[ "${1:-}" == "--fix" ]]; then
     swift format format --in-place --recursive "${paths[@]}"
     exit 0

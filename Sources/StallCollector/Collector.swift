@@ -15,8 +15,8 @@ import Glibc
 /// - Important: Confined to the main thread: the journal's descriptor is served by
 ///   `DispatchQueue.main`, which the main run loop drains. (`@unchecked Sendable` only so that
 ///   blocks on the main queue may hold it.)
-public final class Collector: @unchecked Sendable {
-    public private(set) var configuration: CollectorConfiguration
+package final class Collector: @unchecked Sendable {
+    package private(set) var configuration: CollectorConfiguration
     private var aggregator: StallAggregator
     private let store: StateStore
     /// One reader per journal directory (`nil` while the directory does not exist yet), or one
@@ -56,9 +56,9 @@ public final class Collector: @unchecked Sendable {
     /// Entries read since start, until the reader first reached the end of the journal.
     private var backlog: Int? = 0
     /// Entries counted since start, for the status line.
-    public private(set) var counted = 0
+    package private(set) var counted = 0
     /// Called on the main thread when the reader first reaches the end of the journal after start.
-    public var caughtUp: (() -> Void)?
+    package var caughtUp: (() -> Void)?
 
     /// At most this many entries are read in one turn of the main loop…
     static let sliceEntries = 1000
@@ -70,7 +70,7 @@ public final class Collector: @unchecked Sendable {
 
     /// Opens the journal, loads the saved state and positions the reader after its cursor.
     /// - Throws: when the journal cannot be opened or the saved state cannot be read.
-    public init(configuration: CollectorConfiguration, logger: Logger) throws {
+    package init(configuration: CollectorConfiguration, logger: Logger) throws {
         self.configuration = configuration
         self.logger = logger
         self.store = StateStore(directory: configuration.resolvedStateDirectory())
@@ -113,10 +113,10 @@ public final class Collector: @unchecked Sendable {
     }
 
     /// A journal directory that could not be opened.
-    public struct OpenError: Error, CustomStringConvertible {
-        public var directory: String
-        public var error: SystemdError
-        public var description: String { "cannot open the journal directory \(directory): \(error)" }
+    package struct OpenError: Error, CustomStringConvertible {
+        package var directory: String
+        package var error: SystemdError
+        package var description: String { "cannot open the journal directory \(directory): \(error)" }
     }
 
     /// Machines are looked up in the files at most this many at a time (a bound on memory: the
@@ -208,14 +208,14 @@ public final class Collector: @unchecked Sendable {
         return "the time of the last entry counted (\(time) µs since the epoch)"
     }
 
-    public var state: CollectorState { aggregator.state }
+    package var state: CollectorState { aggregator.state }
 
     /// Whether the reader has not yet reached the end of the journal since start.
-    public var isCatchingUp: Bool { backlog != nil }
+    package var isCatchingUp: Bool { backlog != nil }
 
     /// Reads every entry available now, in one go. Returns how many were read.
     @discardableResult
-    public func catchUp() -> Int {
+    package func catchUp() -> Int {
         pending = Array(repeating: true, count: readers.count)
         var read = 0
         while true {
@@ -326,7 +326,7 @@ public final class Collector: @unchecked Sendable {
 
     /// Saves the state (cursor and counts together) when due, and rewrites the metrics when due.
     /// - Parameter final: save now and wait until it is written (at stop).
-    public func flush(forceMetrics: Bool = false, final: Bool = false) {
+    package func flush(forceMetrics: Bool = false, final: Bool = false) {
         let now = MonotonicClock.now()
         // A failed save or metrics write is tried again.
         let failures = saving.takeFailures()
@@ -391,7 +391,7 @@ public final class Collector: @unchecked Sendable {
 
     /// Writes the digest of the shortest window that covers the digest interval to the journal.
     @discardableResult
-    public func writeDigest() -> DigestRecord {
+    package func writeDigest() -> DigestRecord {
         lastDigest = MonotonicClock.now()
         return Self.writeDigest(of: aggregator, configuration: configuration, writer: writer, logger: logger)
     }
@@ -411,13 +411,13 @@ public final class Collector: @unchecked Sendable {
     }
 
     /// `collecting: 12 stalls in 1h from 3 units; worst 540 ms in foo.service`.
-    public var statusLine: String {
+    package var statusLine: String {
         Self.statusLine(of: aggregator, windows: configuration.windows, backlog: backlog)
     }
 
     /// Computes ``statusLine`` off the main loop (it reads every recent stall) and hands it to `deliver`
     /// there.
-    public func publishStatus(_ deliver: @escaping @Sendable (String) -> Void) {
+    package func publishStatus(_ deliver: @escaping @Sendable (String) -> Void) {
         let (snapshot, windows, backlog) = (aggregator, configuration.windows, backlog)
         saveQueue.async { deliver(Self.statusLine(of: snapshot, windows: windows, backlog: backlog)) }
     }
@@ -439,7 +439,7 @@ public final class Collector: @unchecked Sendable {
 
     /// Takes a new configuration (a reload): metrics, windows, digest and histogram bounds.
     /// A new state directory takes effect at the next start.
-    public func apply(_ configuration: CollectorConfiguration) {
+    package func apply(_ configuration: CollectorConfiguration) {
         if configuration.resolvedStateDirectory() != self.configuration.resolvedStateDirectory() {
             logger.notice("state_directory changes take effect at the next start")
         }
@@ -457,7 +457,7 @@ public final class Collector: @unchecked Sendable {
     }
 
     /// Serves the journal's descriptor from the main queue and runs the periodic work.
-    public func start() throws {
+    package func start() throws {
         var journals: [any DispatchSourceProtocol] = []
         for reader in readers {
             guard let reader else { continue }
@@ -526,7 +526,7 @@ public final class Collector: @unchecked Sendable {
     }
 
     /// Stops following, and saves and writes the metrics before it returns.
-    public func stop() {
+    package func stop() {
         for source in sources { source.cancel() }
         sources = []
         flush(forceMetrics: true, final: true)

@@ -3,50 +3,50 @@ import StallConfiguration
 
 /// stallmond's configuration. `config/stallmond.json` holds every knob with its default, and
 /// `config/README.md` documents each one; `STALLMOND_<KEY>` variables override the file.
-public struct CollectorConfiguration: Sendable, Hashable {
+package struct CollectorConfiguration: Sendable, Hashable {
     /// Where the Prometheus textfile is written (atomically); empty disables metrics.
-    public var metricsPath: String = "/var/lib/prometheus/node-exporter/stallmon.prom"
+    package var metricsPath: String = "/var/lib/prometheus/node-exporter/stallmon.prom"
     /// How often the metrics file is rewritten when something changed.
-    public var metricsInterval: Duration = .seconds(15)
+    package var metricsInterval: Duration = .seconds(15)
     /// The windows the digest, the status line and the per-window gauges cover.
-    public var windows: [Duration] = [.seconds(300), .seconds(3600), .seconds(86400)]
+    package var windows: [Duration] = [.seconds(300), .seconds(3600), .seconds(86400)]
     /// Fingerprints per unit that get their own metric series; later ones count as `other`.
-    public var maximumFingerprintsPerUnit: Int = 10
+    package var maximumFingerprintsPerUnit: Int = 10
     /// Endpoints (routes, gRPC methods, span names) per unit that get their own metric series;
     /// later ones count as `(other endpoints)`.
-    public var maximumEndpointsPerUnit: Int = 20
+    package var maximumEndpointsPerUnit: Int = 20
     /// Upper bounds of the stall duration histogram.
-    public var histogramBuckets: [Duration] = [250, 500, 1000, 2500, 5000, 10000, 30000].map { .milliseconds($0) }
+    package var histogramBuckets: [Duration] = [250, 500, 1000, 2500, 5000, 10000, 30000].map { .milliseconds($0) }
     /// How often a digest entry goes to the journal; zero disables it.
-    public var digestInterval: Duration = .seconds(3600)
+    package var digestInterval: Duration = .seconds(3600)
     /// Where the cursor and aggregates are kept; `nil` uses `$STATE_DIRECTORY`, then `/var/lib/stallmond`.
-    public var stateDirectory: String? = nil
+    package var stateDirectory: String? = nil
     /// The threshold of stallmond's own stall monitor (it watches its own main run loop).
-    public var monitorThreshold: Duration = .milliseconds(250)
+    package var monitorThreshold: Duration = .milliseconds(250)
     /// Individual stalls remembered for the windows (memory bound); the oldest go first.
-    public var maximumTrackedStalls: Int = 100_000
+    package var maximumTrackedStalls: Int = 100_000
     /// Series per user (`_UID`) outside system units: a user's later series take the place of
     /// its least recent one that has not stalled for the longest window, or count under
     /// `(other units)`. System units always have their own series.
-    public var maximumUnits: Int = 50
+    package var maximumUnits: Int = 50
     /// Users (`_UID`s) with series of their own outside system units; a later user takes the
     /// place of the one whose latest stall is older than the longest window, or counts under
     /// `(other units)`.
-    public var maximumUsers: Int = 20
+    package var maximumUsers: Int = 20
     /// Hosts (machine ids) counted on their own; stalls of later hosts count under `(other hosts)`.
-    public var maximumHosts: Int = 1000
+    package var maximumHosts: Int = 1000
     /// The journal directories read (`sd_journal_open_directory` each, with their machine-id
     /// subdirectories); empty reads the local journal. ``remoteJournalDirectory`` is where
     /// `systemd-journal-remote` writes what the fleet's hosts upload.
-    public var journalDirectories: [String] = []
+    package var journalDirectories: [String] = []
 
     /// `systemd-journal-remote`'s output directory (its unit's `--output=`).
-    public static let remoteJournalDirectory = "/var/log/journal/remote"
+    package static let remoteJournalDirectory = "/var/log/journal/remote"
 
-    public init() {}
+    package init() {}
 
     /// The names in `config/stallmond.json`.
-    public enum Key: String, CaseIterable, Sendable {
+    package enum Key: String, CaseIterable, Sendable {
         case metricsPath = "metrics_path"
         case metricsInterval = "metrics_interval_s"
         case windows = "windows_s"
@@ -64,17 +64,17 @@ public struct CollectorConfiguration: Sendable, Hashable {
     }
 
     /// The default configuration file.
-    public static let defaultPath = "/etc/stallmon/stallmond.json"
+    package static let defaultPath = "/etc/stallmon/stallmond.json"
     /// The variable naming the configuration file when `--config` does not.
-    public static let fileEnvironmentVariable = "STALLMOND_CONFIG"
+    package static let fileEnvironmentVariable = "STALLMOND_CONFIG"
 
     /// Which file to read, and whether it must exist.
-    public struct Location: Sendable, Hashable {
-        public var path: String
+    package struct Location: Sendable, Hashable {
+        package var path: String
         /// `false` only for the default path: a missing default file means the defaults.
-        public var required: Bool
+        package var required: Bool
 
-        public init(path: String, required: Bool) {
+        package init(path: String, required: Bool) {
             self.path = path
             self.required = required
         }
@@ -82,7 +82,7 @@ public struct CollectorConfiguration: Sendable, Hashable {
         /// `--config PATH`, else `$STALLMOND_CONFIG`, else the default path (which may be absent).
         /// - Throws: ``ConfigurationError`` when either names an empty path: an empty value is a
         ///   mistake (`STALLMOND_CONFIG=$UNSET`), never a request for the default file.
-        public static func resolve(
+        package static func resolve(
             option: String?, environment: [String: String] = ProcessInfo.processInfo.environment
         ) throws(ConfigurationError) -> Self {
             if let option {
@@ -109,7 +109,7 @@ public struct CollectorConfiguration: Sendable, Hashable {
     /// The one way stallmond reads its configuration, at `--check-config`, at start and on
     /// reload alike: where the file is, the file, then the `STALLMOND_<KEY>` overrides, validated.
     /// - Throws: ``ConfigurationError`` naming the key, the value, why, and the file or variable.
-    public static func load(
+    package static func load(
         option: String?, environment: [String: String] = ProcessInfo.processInfo.environment
     ) throws(ConfigurationError) -> (configuration: Self, location: Location) {
         let location = try Location.resolve(option: option, environment: environment)
@@ -119,7 +119,7 @@ public struct CollectorConfiguration: Sendable, Hashable {
     /// Reads the file at `path` (a missing file at the default path means the defaults), then the
     /// `STALLMOND_<KEY>` overrides, and validates the result.
     /// - Throws: ``ConfigurationError`` naming the key, the value, why, and the file or variable.
-    public static func load(
+    package static func load(
         path: String, required: Bool, environment: [String: String] = ProcessInfo.processInfo.environment
     ) throws(ConfigurationError) -> Self {
         let json = required || FileManager.default.fileExists(atPath: path) ? try ConfigurationDocument.read(path) : nil
@@ -129,7 +129,7 @@ public struct CollectorConfiguration: Sendable, Hashable {
     /// The defaults, then the JSON document `json` (named `source` in errors) if any, then the
     /// `STALLMOND_<KEY>` overrides in `environment`, validated.
     /// - Throws: ``ConfigurationError`` naming the key, the value, why, and the file or variable.
-    public static func parse(json: Data?, source: String, environment: [String: String]) throws(ConfigurationError)
+    package static func parse(json: Data?, source: String, environment: [String: String]) throws(ConfigurationError)
         -> Self
     {
         let keys = Key.allCases.map(\.rawValue)
@@ -177,7 +177,7 @@ public struct CollectorConfiguration: Sendable, Hashable {
 
     /// The configuration of stallmond's own stall monitor, which watches its main run loop.
     /// ``validate()`` checks it, so that a configuration `--check-config` accepts also starts.
-    public var monitorConfiguration: StallMonitoring.Configuration {
+    package var monitorConfiguration: StallMonitoring.Configuration {
         var configuration = StallMonitoring.Configuration()
         configuration.threshold = monitorThreshold
         // A threshold under the default sampling interval samples at the threshold.
@@ -189,7 +189,7 @@ public struct CollectorConfiguration: Sendable, Hashable {
     /// Checks every value, stallmond's own monitor's included: `--check-config`, start and reload
     /// all run this one check.
     /// - Throws: ``ConfigurationError`` naming the first invalid value and why.
-    public func validate() throws(ConfigurationError) {
+    package func validate() throws(ConfigurationError) {
         func check(_ condition: Bool, _ key: Key, _ value: String, _ reason: String) throws(ConfigurationError) {
             guard condition else {
                 throw ConfigurationError(key: key.rawValue, value: ConfigurationValue.shown(value), reason: reason)
@@ -287,7 +287,7 @@ public struct CollectorConfiguration: Sendable, Hashable {
 
     /// The state directory in force: the configured one, `$STATE_DIRECTORY` (set by systemd's
     /// `StateDirectory=`), or `/var/lib/stallmond`.
-    public func resolvedStateDirectory(_ environment: [String: String] = ProcessInfo.processInfo.environment) -> String
+    package func resolvedStateDirectory(_ environment: [String: String] = ProcessInfo.processInfo.environment) -> String
     {
         if let stateDirectory { return stateDirectory }
         if let fromSystemd = environment["STATE_DIRECTORY"]?.split(separator: ":").first { return String(fromSystemd) }
@@ -295,7 +295,7 @@ public struct CollectorConfiguration: Sendable, Hashable {
     }
 
     /// Every value as `key=value`, space-separated.
-    public var summary: String {
+    package var summary: String {
         func seconds(_ duration: Duration) -> String {
             let value = duration.totalSeconds
             return value == value.rounded() ? "\(Int(value))" : "\(value)"

@@ -6,7 +6,7 @@ extension FlameGraph {
     /// the stall time spent in it and its callees, its full label, time and share in a tooltip.
     /// Frames of code with file:line are warm colours, the others (libraries, runtime) cool.
     /// - Parameter title: The first line, e.g. the command that drew it.
-    public func svg(title: String) -> String {
+    package func svg(title: String) -> String {
         let width = 1200.0
         let padding = 10.0
         let rowHeight = 17.0
@@ -53,7 +53,7 @@ extension FlameGraph {
     }
 
     /// `3 stalls, 1.8 s of stall time`, then what was cut at ``maximumNodes`` and the ``notes``.
-    public var summary: String {
+    package var summary: String {
         var text = "\(stalls) stall\(stalls == 1 ? "" : "s"), \(Self.duration(totalMicroseconds)) of stall time"
         if cutFrames > 0 {
             text +=

@@ -8,28 +8,28 @@ import StallJournal
 /// backtrace lines the reports carry. Everything comes from a journal anyone can write, so the
 /// renderings escape it (``folded`` like the terminal output, ``svg(title:)`` as XML) and bound
 /// it (``maximumBoxes``, ``maximumLabelScalars``).
-public struct FlameGraph: Sendable {
+package struct FlameGraph: Sendable {
     /// Stalls counted, and their total duration (µs).
-    public private(set) var stalls = 0
-    public private(set) var totalMicroseconds: UInt64 = 0
+    package private(set) var stalls = 0
+    package private(set) var totalMicroseconds: UInt64 = 0
     /// Frames not added because the graph held ``maximumNodes`` distinct frames (each stack is
     /// cut there, its time staying with the deepest frame kept), and the stall time of the stacks cut.
-    public private(set) var cutFrames = 0
-    public private(set) var cutMicroseconds: UInt64 = 0
+    package private(set) var cutFrames = 0
+    package private(set) var cutMicroseconds: UInt64 = 0
 
     /// Boxes drawn at most; narrower ones are left out first (their time stays in their parents).
-    public static let maximumBoxes = 5_000
+    package static let maximumBoxes = 5_000
     /// Frame labels are cut to this many Unicode scalars (after escaping), ending in `…`.
-    public static let maximumLabelScalars = 300
+    package static let maximumLabelScalars = 300
     /// Distinct frames (nodes of the merged tree) kept at most, whatever the entries hold: about
     /// 100 bytes each, and at most ``maximumLabelBytes`` of label text in all.
-    public static let maximumNodes = 100_000
+    package static let maximumNodes = 100_000
     /// Frames drawn of one stack at most, from the outermost: the sampler keeps 128 addresses, a
     /// few inline frames each at most, while the schema lets a hostile entry name 1,024 frames a
     /// stack; deeper frames are cut (counted in ``cutFrames``), their time staying with the last
     /// frame drawn.
-    public static let maximumDepth = 256
-    public static let maximumLabelBytes = 16 << 20
+    package static let maximumDepth = 256
+    package static let maximumLabelBytes = 16 << 20
 
     /// The merged tree, built as stalls are added: node 0 is the root; each node has a label
     /// (an index into `labels`), a parent, its total weight and the weight of stacks ending there.
@@ -46,15 +46,15 @@ public struct FlameGraph: Sendable {
     private var counted: [String: UInt64] = [:]
 
     /// Said after the summary, in the SVG and by `stallmon report` (e.g. what was left out).
-    public var notes: [String] = []
+    package var notes: [String] = []
 
     /// Whether no stack was added.
-    public var isEmpty: Bool { nodeLabel.count <= 1 }
+    package var isEmpty: Bool { nodeLabel.count <= 1 }
 
-    public init() {}
+    package init() {}
 
     /// The graph of `records`, as ``add(_:prefix:)`` adds them in order.
-    public init(_ records: [StallRecord]) {
+    package init(_ records: [StallRecord]) {
         for record in records { add(record) }
     }
 
@@ -63,7 +63,7 @@ public struct FlameGraph: Sendable {
     /// entries with the same `STALL_ID` (a watchdog and an ended report), the longer duration, the
     /// time past the first entry's drawn from the later entry's stacks.
     /// - Parameter prefix: An outermost frame to draw the stall under (e.g. who wrote it), if any.
-    public mutating func add(_ record: StallRecord, prefix: String? = nil) {
+    package mutating func add(_ record: StallRecord, prefix: String? = nil) {
         let previous = counted[record.stallID]
         if let previous, record.durationMicroseconds <= previous { return }
         let duration = record.durationMicroseconds - (previous ?? 0)
@@ -160,7 +160,7 @@ public struct FlameGraph: Sendable {
     }
 
     /// Distinct stacks, outermost frame first, with the stall time that ended in each (µs).
-    public var stacks: [[String]: UInt64] {
+    package var stacks: [[String]: UInt64] {
         var result: [[String]: UInt64] = [:]
         for node in 1..<nodeLabel.count where nodeSelf[node] > 0 {
             var frames: [String] = []
@@ -176,7 +176,7 @@ public struct FlameGraph: Sendable {
 
     /// A backtrace line (`0x55d4c1a2b3c4 Service.refresh() + 52 at Service.swift:42 [service]`) as a
     /// frame of the graph: `Service.refresh() (Service.swift:42)`; `[image]` without a symbol.
-    public static func label(_ line: String) -> String {
+    package static func label(_ line: String) -> String {
         var rest = Substring(line)
         if rest.hasPrefix("0x"), let space = rest.firstIndex(of: " ") {
             rest = rest[rest.index(after: space)...]
@@ -219,7 +219,7 @@ public struct FlameGraph: Sendable {
 
     /// The folded-stack text other flame graph tools read (`flamegraph.pl`, speedscope, inferno):
     /// one line per distinct stack, `outer;…;inner µs`, sorted.
-    public var folded: String {
+    package var folded: String {
         stacks.map { frames, weight in frames.map(Self.shown).joined(separator: ";") + " \(weight)" }
             .sorted().joined(separator: "\n")
     }
@@ -257,15 +257,15 @@ public struct FlameGraph: Sendable {
 /// picture. Where no system unit's stall matched (a developer's machine, a program started by
 /// hand), the others are drawn, and the graph says so. With `allWriters`, everything is drawn, the
 /// stalls written outside system units apart, each under a frame `[uid N]` naming its writer.
-public struct ServiceFlameGraph: Sendable {
-    public let allWriters: Bool
+package struct ServiceFlameGraph: Sendable {
+    package let allWriters: Bool
     private var services = FlameGraph()
     private var others = FlameGraph()
 
-    public init(allWriters: Bool = false) { self.allWriters = allWriters }
+    package init(allWriters: Bool = false) { self.allWriters = allWriters }
 
     /// Adds the stall of an entry whose fields (journald's trusted ones) say who wrote it.
-    public mutating func add(_ record: StallRecord, fields: [String: String]) {
+    package mutating func add(_ record: StallRecord, fields: [String: String]) {
         guard let owner = StallObservation.owner(of: fields) else {
             services.add(record)
             return
@@ -278,7 +278,7 @@ public struct ServiceFlameGraph: Sendable {
     }
 
     /// The graph to draw, with a note of what was left out.
-    public var graph: FlameGraph {
+    package var graph: FlameGraph {
         if allWriters || others.stalls == 0 { return services }
         if services.stalls == 0 {
             var graph = others

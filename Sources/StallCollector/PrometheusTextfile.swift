@@ -2,10 +2,10 @@ import Foundation
 import StallJournal
 
 /// The collector's metrics in Prometheus' text format, for node_exporter's textfile collector.
-public enum PrometheusTextfile {
+package enum PrometheusTextfile {
     /// Renders every metric. Counters only ever grow: a fingerprint keeps its own series once it
     /// has one, and fingerprints past the per-unit limit count under `fingerprint="other"`.
-    public static func render(_ state: CollectorState, windows: [Duration], now: UInt64, aggregator: StallAggregator)
+    package static func render(_ state: CollectorState, windows: [Duration], now: UInt64, aggregator: StallAggregator)
         -> String
     {
         var lines: [String] = []
@@ -229,7 +229,7 @@ public enum PrometheusTextfile {
     }
 
     /// Writes the file atomically (node_exporter must never read half a file).
-    public static func write(_ text: String, to path: String) throws {
+    package static func write(_ text: String, to path: String) throws {
         try AtomicFile.write(Data(text.utf8), to: path, mode: 0o644)
     }
 }

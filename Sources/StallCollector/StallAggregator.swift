@@ -2,30 +2,30 @@ import StallConfiguration
 import StallJournal
 
 /// One stall as the collector counts it, from an ended (or watchdog) journal entry.
-public struct StallObservation: Sendable, Hashable {
+package struct StallObservation: Sendable, Hashable {
     /// `_SYSTEMD_UNIT`, or `SYSLOG_IDENTIFIER` for processes outside a unit.
-    public var unit: String
-    public var stallID: String
-    public var fingerprint: String
-    public var frame: String
-    public var callout: String
-    public var durationMicroseconds: UInt64
+    package var unit: String
+    package var stallID: String
+    package var fingerprint: String
+    package var frame: String
+    package var callout: String
+    package var durationMicroseconds: UInt64
     /// When journald received the entry (microseconds since the epoch).
-    public var realtimeMicroseconds: UInt64
-    public var backtrace: String
+    package var realtimeMicroseconds: UInt64
+    package var backtrace: String
     /// A stall that outlasted `WatchdogSec=` (systemd killed the service).
-    public var isWatchdog: Bool
+    package var isWatchdog: Bool
     /// The machine it happened on (`_MACHINE_ID`; empty where the entry has none)…
-    public var machineID: String
+    package var machineID: String
     /// …and that machine's name (`_HOSTNAME`, cut like other identities; empty where none).
-    public var host: String
+    package var host: String
     /// Who wrote it, by journald's trusted fields: `nil` for a system unit, else the writer's
     /// `_UID` (`""` where the entry has none). See ``owner(of:)``.
-    public var owner: String?
+    package var owner: String?
     /// The request the stall served (`STALL_REQUEST_*`, `STALL_TRACE_ID`), `nil` outside any.
     package var request: StallRecord.Request?
 
-    public init(
+    package init(
         unit: String, stallID: String, fingerprint: String, frame: String, callout: String,
         durationMicroseconds: UInt64, realtimeMicroseconds: UInt64, backtrace: String, isWatchdog: Bool,
         machineID: String = "", host: String = ""
@@ -47,7 +47,7 @@ public struct StallObservation: Sendable, Hashable {
     /// outside any unit. Outside a system unit and written by a user other than root, the
     /// writer's `_UID` follows, `(tool) (uid 1000)`: anyone may write any identifier, so two
     /// users' entries are never one series.
-    public static func unit(of fields: [String: String]) -> String {
+    package static func unit(of fields: [String: String]) -> String {
         let name =
             fields["_SYSTEMD_UNIT"] ?? fields["_SYSTEMD_USER_UNIT"] ?? fields["SYSLOG_IDENTIFIER"].map { "(\($0))" }
             ?? "(unknown)"
@@ -59,7 +59,7 @@ public struct StallObservation: Sendable, Hashable {
     /// a system unit did (`_SYSTEMD_UNIT`, outside any user's slice, session or user manager:
     /// no `_SYSTEMD_USER_UNIT` and no `_SYSTEMD_OWNER_UID`), else the writer's `_UID` (`""`
     /// where the entry has none, as in an exported journal without it).
-    public static func owner(of fields: [String: String]) -> String? {
+    package static func owner(of fields: [String: String]) -> String? {
         if let unit = fields["_SYSTEMD_UNIT"], fields["_SYSTEMD_USER_UNIT"] == nil,
             fields["_SYSTEMD_OWNER_UID"] == nil, !(fields["_SYSTEMD_SLICE"]?.hasPrefix("user") ?? false),
             !(unit.hasPrefix("session-") && unit.hasSuffix(".scope")), !unit.hasPrefix("user@"),
@@ -73,7 +73,7 @@ public struct StallObservation: Sendable, Hashable {
         return uid
     }
 
-    public init(
+    package init(
         record: StallRecord, unit: String, realtimeMicroseconds: UInt64, machineID: String = "", host: String = ""
     ) {
         self.init(
@@ -86,7 +86,7 @@ public struct StallObservation: Sendable, Hashable {
     }
 
     /// A stall read from `entry`, with its unit, writer, time and host.
-    public init(record: StallRecord, entry: JournalEntry) {
+    package init(record: StallRecord, entry: JournalEntry) {
         self.init(
             record: record, unit: Self.unit(of: entry.fields), realtimeMicroseconds: entry.realtimeMicroseconds,
             machineID: entry.machineID ?? "", host: entry["_HOSTNAME"] ?? "")
@@ -105,67 +105,67 @@ public struct StallObservation: Sendable, Hashable {
 /// (later ones count under ``CollectorState/otherHosts``), ``CollectorConfiguration/maximumTrackedStalls``
 /// recent stalls, 1000 watchdog stall IDs, and strings as long as the journal schema allows. One
 /// position per source machine (``sources``): as many as the journal files read hold.
-public struct CollectorState: Codable, Sendable, Hashable {
+package struct CollectorState: Codable, Sendable, Hashable {
     /// The journal cursor of the last entry counted.
-    public var cursor: String?
+    package var cursor: String?
     /// Where reading stands for each machine whose entries were read, by `_MACHINE_ID` (`""` for
     /// entries without one): one journal over several machines' files has one order across them,
     /// and a machine whose entries arrive late (an uploader that was down) sorts behind the others.
-    public var sources: [String: Source] = [:]
+    package var sources: [String: Source] = [:]
     /// Hosts by machine id; hosts past the limit count under ``otherHosts``.
-    public var hosts: [String: HostStats] = [:]
+    package var hosts: [String: HostStats] = [:]
     /// Stalls of hosts past the host limit, counted under ``otherHosts``.
-    public var foldedHostStalls: Int = 0
+    package var foldedHostStalls: Int = 0
     /// Entries received twice (an uploader that died sends again what it had not yet confirmed),
     /// skipped.
-    public var duplicateEntries: Int = 0
-    public var units: [String: UnitStats] = [:]
+    package var duplicateEntries: Int = 0
+    package var units: [String: UnitStats] = [:]
     /// Histogram bounds (microseconds) the unit histograms were counted with.
-    public var bucketBounds: [UInt64] = []
+    package var bucketBounds: [UInt64] = []
     /// STALL_IDs of watchdog reports, so that a later ended report of the same stall is not counted twice.
-    public var watchdogStallIDs: [String] = []
+    package var watchdogStallIDs: [String] = []
     /// Entries that did not match the schema.
-    public var malformedEntries: Int = 0
+    package var malformedEntries: Int = 0
     /// Stalls of units past the unit limit, counted under ``otherUnits``.
-    public var foldedUnitStalls: Int = 0
+    package var foldedUnitStalls: Int = 0
     /// Stalls of fingerprints past a unit's fingerprint limit, counted under ``otherFingerprint``.
-    public var foldedFingerprintStalls: Int = 0
+    package var foldedFingerprintStalls: Int = 0
     /// Saved positions the journal refused (a cursor it cannot parse): reading resumed after the
     /// machine's last entry by its boot and monotonic time instead.
-    public var rejectedCursors: Int = 0
+    package var rejectedCursors: Int = 0
     /// Saved positions whose entry the journal no longer holds (vacuumed): reading resumed at the
     /// first entry after it.
-    public var vanishedCursors: Int = 0
+    package var vanishedCursors: Int = 0
     /// Series that gave way to a newer one after they stopped stalling (see ``StallAggregator``):
     /// units of users, and fingerprints.
-    public var evictedSeries: Int = 0
-    public var evictedFingerprints: Int = 0
+    package var evictedSeries: Int = 0
+    package var evictedFingerprints: Int = 0
     /// Endpoints that gave way to a newer one of their unit after they stopped stalling.
     package var evictedEndpoints: Int = 0
     /// Stalls counted under ``Endpoint/other`` because their unit's endpoint limit was reached.
     package var foldedEndpointStalls: Int = 0
     /// Stalls of users first seen when ``CollectorConfiguration/maximumUsers`` users held series
     /// that still stall, counted under ``otherUnits``.
-    public var foldedUserStalls: Int = 0
+    package var foldedUserStalls: Int = 0
     /// Per user (`_UID`) holding series of its own: what folding took from it.
-    public var users: [String: UserStats] = [:]
+    package var users: [String: UserStats] = [:]
     /// When the latest counted entry was received (microseconds since the epoch).
-    public var lastEntryMicroseconds: UInt64 = 0
+    package var lastEntryMicroseconds: UInt64 = 0
     /// The stalls of the longest window, oldest first, for the windows and the digest.
-    public var recent: [Recent] = []
+    package var recent: [Recent] = []
 
     /// The unit that stalls of units past the unit limit count under.
-    public static let otherUnits = "(other units)"
+    package static let otherUnits = "(other units)"
     /// The fingerprint that stalls past a unit's fingerprint limit count under.
-    public static let otherFingerprint = "other"
+    package static let otherFingerprint = "other"
     /// The machine id key that stalls of hosts past the host limit count under.
-    public static let otherHosts = "(other hosts)"
+    package static let otherHosts = "(other hosts)"
 
-    public init() {}
+    package init() {}
 
     /// Reads state files of earlier versions too: fields they lack take their defaults, and their
     /// per-fingerprint recent stalls (now kept in one list) are left behind.
-    public init(from decoder: any Decoder) throws {
+    package init(from decoder: any Decoder) throws {
         let container = try decoder.container(keyedBy: CodingKeys.self)
         // Every version saved its units (an empty object when there were none): a document
         // without them (`{}`) is not a state, and is never taken for a fresh start.
@@ -200,46 +200,46 @@ public struct CollectorState: Codable, Sendable, Hashable {
     /// Where reading stands for one source machine: the cursor of its last entry read, and where
     /// that entry stands in the machine's own order (its boot and monotonic time), so that an
     /// entry received a second time is recognized.
-    public struct Source: Codable, Sendable, Hashable {
-        public var cursor: String
-        public var bootID: String
-        public var monotonicMicroseconds: UInt64
+    package struct Source: Codable, Sendable, Hashable {
+        package var cursor: String
+        package var bootID: String
+        package var monotonicMicroseconds: UInt64
     }
 
     /// One host (machine).
-    public struct HostStats: Codable, Sendable, Hashable {
+    package struct HostStats: Codable, Sendable, Hashable {
         /// Its latest `_HOSTNAME`.
-        public var name: String = ""
+        package var name: String = ""
         /// Its bit in ``FingerprintStats/hostBits``.
-        public var index: Int = 0
-        public var stalls: Int = 0
-        public var lastSeenMicroseconds: UInt64 = 0
+        package var index: Int = 0
+        package var stalls: Int = 0
+        package var lastSeenMicroseconds: UInt64 = 0
     }
 
-    public struct UnitStats: Codable, Sendable, Hashable {
+    package struct UnitStats: Codable, Sendable, Hashable {
         /// Who writes its entries: `nil` for a system unit (and ``otherUnits``), else the `_UID`
         /// (see ``StallObservation/owner(of:)``), whose budget it counts against.
-        public var owner: String?
+        package var owner: String?
         /// When its latest stall was received (microseconds since the epoch): the least recent
         /// of a user's series gives way first.
-        public var lastSeenMicroseconds: UInt64 = 0
-        public var stalls: Int = 0
-        public var totalMicroseconds: UInt64 = 0
+        package var lastSeenMicroseconds: UInt64 = 0
+        package var stalls: Int = 0
+        package var totalMicroseconds: UInt64 = 0
         /// Lifetime counts per histogram bucket (the last one is +Inf).
-        public var buckets: [Int] = []
-        public var suppressedReports: Int = 0
-        public var watchdogStalls: Int = 0
+        package var buckets: [Int] = []
+        package var suppressedReports: Int = 0
+        package var watchdogStalls: Int = 0
         /// The unit's first fingerprints (they keep their own series for good), and ``otherFingerprint``.
-        public var fingerprints: [String: FingerprintStats] = [:]
+        package var fingerprints: [String: FingerprintStats] = [:]
         /// Stalls counted under ``otherFingerprint``.
-        public var otherStalls: Int = 0
+        package var otherStalls: Int = 0
         /// Its stalls in a request, by ``Endpoint/label(of:)``: the unit's first endpoints, and
         /// ``Endpoint/other`` for the rest. Stalls outside any request count in none.
         package var endpoints: [String: EndpointStats] = [:]
 
-        public init(owner: String? = nil) { self.owner = owner }
+        package init(owner: String? = nil) { self.owner = owner }
 
-        public init(from decoder: any Decoder) throws {
+        package init(from decoder: any Decoder) throws {
             let container = try decoder.container(keyedBy: CodingKeys.self)
             owner = try container.decodeIfPresent(String.self, forKey: .owner)
             lastSeenMicroseconds = try container.decodeIfPresent(UInt64.self, forKey: .lastSeenMicroseconds) ?? 0
@@ -255,34 +255,34 @@ public struct CollectorState: Codable, Sendable, Hashable {
     }
 
     /// What folding took from one user (a `_UID` whose entries come from outside system units).
-    public struct UserStats: Codable, Sendable, Hashable {
+    package struct UserStats: Codable, Sendable, Hashable {
         /// Its stalls counted under ``otherUnits`` because its series budget was full of series
         /// that still stall.
-        public var foldedStalls: Int = 0
+        package var foldedStalls: Int = 0
         /// Its series that gave way to newer ones of its own after they stopped stalling.
-        public var evictedSeries: Int = 0
+        package var evictedSeries: Int = 0
     }
 
-    public struct FingerprintStats: Codable, Sendable, Hashable {
-        public var stalls: Int = 0
-        public var totalMicroseconds: UInt64 = 0
-        public var worstMicroseconds: UInt64 = 0
-        public var lastSeenMicroseconds: UInt64 = 0
-        public var frame: String = ""
-        public var callout: String = ""
+    package struct FingerprintStats: Codable, Sendable, Hashable {
+        package var stalls: Int = 0
+        package var totalMicroseconds: UInt64 = 0
+        package var worstMicroseconds: UInt64 = 0
+        package var lastSeenMicroseconds: UInt64 = 0
+        package var frame: String = ""
+        package var callout: String = ""
         /// The backtrace of the longest stall.
-        public var heaviestBacktrace: String = ""
+        package var heaviestBacktrace: String = ""
         /// Whether it has its own metric series: every fingerprint but ``otherFingerprint``.
-        public var labeled: Bool = false
+        package var labeled: Bool = false
         /// The hosts it occurred on, one bit per ``HostStats/index`` (bounded by the host limit).
-        public var hostBits: [UInt64] = []
+        package var hostBits: [UInt64] = []
 
         /// On how many hosts it occurred.
-        public var hostCount: Int { hostBits.reduce(0) { $0 + $1.nonzeroBitCount } }
+        package var hostCount: Int { hostBits.reduce(0) { $0 + $1.nonzeroBitCount } }
 
-        public init() {}
+        package init() {}
 
-        public init(from decoder: any Decoder) throws {
+        package init(from decoder: any Decoder) throws {
             let container = try decoder.container(keyedBy: CodingKeys.self)
             stalls = try container.decode(Int.self, forKey: .stalls)
             totalMicroseconds = try container.decode(UInt64.self, forKey: .totalMicroseconds)
@@ -319,11 +319,11 @@ public struct CollectorState: Codable, Sendable, Hashable {
     }
 
     /// One stall remembered for the windows.
-    public struct Recent: Codable, Sendable, Hashable {
-        public var unit: String
-        public var fingerprint: String
-        public var time: UInt64
-        public var duration: UInt64
+    package struct Recent: Codable, Sendable, Hashable {
+        package var unit: String
+        package var fingerprint: String
+        package var time: UInt64
+        package var duration: UInt64
     }
 }
 
@@ -331,7 +331,7 @@ extension CollectorState {
     /// What makes this state impossible, or `nil` when nothing does: a count below zero, a part
     /// counted more often than its whole, a histogram or host table that does not fit. A state
     /// that saved counts cannot hold such values; a damaged file can, and is never exported as is.
-    public var damage: String? {
+    package var damage: String? {
         func negative(_ pairs: KeyValuePairs<String, Int>, in place: String) -> String? {
             for (name, value) in pairs where value < 0 { return "\(place)\(name) is \(value), below zero" }
             return nil
@@ -421,8 +421,8 @@ extension Int {
 /// Ingesting one entry costs the same whatever the state holds: a few dictionary look-ups, an
 /// append to ``CollectorState/recent`` and a trim of its oldest end; when a series must give way,
 /// a pass over the series of that one user (at most its budget).
-public struct StallAggregator: Sendable {
-    public private(set) var state: CollectorState
+package struct StallAggregator: Sendable {
+    package private(set) var state: CollectorState
     private var configuration: CollectorConfiguration
     /// Index of the oldest live element of `state.recent`; the dead prefix is dropped in batches.
     private var recentStart = 0
@@ -432,7 +432,7 @@ public struct StallAggregator: Sendable {
     private var foldNotes: [FoldNote: Int] = [:]
     static let maximumFoldNotes = 64
 
-    public init(state: CollectorState = CollectorState(), configuration: CollectorConfiguration) {
+    package init(state: CollectorState = CollectorState(), configuration: CollectorConfiguration) {
         self.state = state
         self.configuration = configuration
         for (unit, stats) in state.units {
@@ -444,22 +444,22 @@ public struct StallAggregator: Sendable {
 
     /// One kind of folding: a user's stalls counted under ``CollectorState/otherUnits`` or a
     /// fingerprint under ``CollectorState/otherFingerprint``, or a series that gave way.
-    public struct FoldNote: Sendable, Hashable, CustomStringConvertible {
+    package struct FoldNote: Sendable, Hashable, CustomStringConvertible {
         /// `unit`, `user` or `fingerprint`.
-        public var what: String
+        package var what: String
         /// The user (`_UID`) whose series it was; `nil` for a system unit.
-        public var owner: String?
+        package var owner: String?
         /// The series folded, or the one that gave way.
-        public var series: String
-        public var reason: String
+        package var series: String
+        package var reason: String
 
-        public var description: String {
+        package var description: String {
             "\(what) \(DisplayText.escaped(series))\(owner.map { " of uid \($0.isEmpty ? "(none)" : $0)" } ?? ""): \(reason)"
         }
     }
 
     /// What folding did since the last call, with how often, for the log.
-    public mutating func takeFoldNotes() -> [(note: FoldNote, count: Int)] {
+    package mutating func takeFoldNotes() -> [(note: FoldNote, count: Int)] {
         defer { foldNotes = [:] }
         return foldNotes.map { ($0.key, $0.value) }.sorted { $0.count > $1.count }
     }
@@ -498,7 +498,7 @@ public struct StallAggregator: Sendable {
     }
 
     /// Takes a new configuration; histograms counted with other bounds start again.
-    public mutating func apply(_ configuration: CollectorConfiguration) {
+    package mutating func apply(_ configuration: CollectorConfiguration) {
         self.configuration = configuration
         let bounds = configuration.histogramBuckets.map {
             UInt64($0.microseconds)
@@ -516,7 +516,7 @@ public struct StallAggregator: Sendable {
     /// Counts a saved position of `machine` the journal refused (`rejected`: its cursor is
     /// dropped, and the machine is read after its boot and monotonic time until an entry of it is
     /// read) or whose entry it no longer holds.
-    public mutating func noteCursorRecovery(rejected: Bool, machine: String) {
+    package mutating func noteCursorRecovery(rejected: Bool, machine: String) {
         if rejected {
             state.rejectedCursors.saturatingIncrease(by: 1)
             state.sources[machine]?.cursor = ""
@@ -527,13 +527,13 @@ public struct StallAggregator: Sendable {
 
     /// Reads `machine` from `cursor` on, where nothing was read from it yet: for a state saved
     /// when one cursor stood for every machine.
-    public mutating func adopt(cursor: String, for machine: String) {
+    package mutating func adopt(cursor: String, for machine: String) {
         guard state.sources[machine] == nil else { return }
         state.sources[machine] = CollectorState.Source(cursor: cursor, bootID: "", monotonicMicroseconds: 0)
     }
 
     /// What an entry did to the counts.
-    public enum Outcome: Sendable, Equatable {
+    package enum Outcome: Sendable, Equatable {
         case stall(StallObservation)
         case stallUpdated(StallObservation)
         case suppressed(unit: String, count: Int)
@@ -546,7 +546,7 @@ public struct StallAggregator: Sendable {
     /// Counts one journal entry (an ended, watchdog or suppression entry) and moves the cursor past it,
     /// whatever the entry holds: one that cannot be counted is counted as malformed.
     @discardableResult
-    public mutating func ingest(_ entry: JournalEntry) -> Outcome {
+    package mutating func ingest(_ entry: JournalEntry) -> Outcome {
         state.cursor = entry.cursor
         // One position per machine. An entry of a machine's boot at or before the last one read
         // from it was received twice: systemd-journal-upload sends again, after a restart, what
@@ -816,7 +816,7 @@ public struct StallAggregator: Sendable {
 
     /// Forgets stalls older than the longest window, and the oldest past the tracking limit. Costs
     /// as many steps as stalls it forgets (the recent stalls are in the order they were received).
-    public mutating func trim(now: UInt64) {
+    package mutating func trim(now: UInt64) {
         let longest = configuration.windows.map { UInt64($0.microseconds) }.max() ?? 0
         let horizon = now > longest ? now - longest : 0
         while recentStart < state.recent.count,
@@ -837,24 +837,24 @@ public struct StallAggregator: Sendable {
     }
 
     /// The state to save: without the forgotten stalls.
-    public mutating func snapshot() -> CollectorState {
+    package mutating func snapshot() -> CollectorState {
         compactRecent()
         return state
     }
 
     /// One unit × fingerprint over a window.
-    public struct WindowGroup: Sendable, Hashable {
-        public var unit: String
-        public var fingerprint: String
-        public var stalls: Int
-        public var totalMicroseconds: UInt64
-        public var worstMicroseconds: UInt64
-        public var frame: String
-        public var callout: String
+    package struct WindowGroup: Sendable, Hashable {
+        package var unit: String
+        package var fingerprint: String
+        package var stalls: Int
+        package var totalMicroseconds: UInt64
+        package var worstMicroseconds: UInt64
+        package var frame: String
+        package var callout: String
     }
 
     /// The groups with stalls received in the last `window` before `now` (epoch microseconds), worst first.
-    public func groups(window: Duration, now: UInt64) -> [WindowGroup] {
+    package func groups(window: Duration, now: UInt64) -> [WindowGroup] {
         struct Key: Hashable {
             var unit: String
             var fingerprint: String
@@ -892,7 +892,7 @@ public struct StallAggregator: Sendable {
     }
 
     /// Stalls per unit received in each of `windows` before `now`, in one pass over the recent stalls.
-    public func stallsPerUnit(windows: [Duration], now: UInt64) -> [[String: Int]] {
+    package func stallsPerUnit(windows: [Duration], now: UInt64) -> [[String: Int]] {
         let starts = windows.map { Self.start(of: $0, now: now) }
         var counts = Array(repeating: [String: Int](), count: windows.count)
         for stall in state.recent[recentStart...] {
@@ -907,7 +907,7 @@ public struct StallAggregator: Sendable {
     /// When a count of ``stallsPerUnit(windows:now:)`` next changes with time alone: the moment
     /// the earliest stall counted in one of `windows` at `now` leaves it (`nil` when none is
     /// counted). A gauge rendered at `now` is stale from then on, even if no stall comes.
-    public func nextWindowExpiry(windows: [Duration], now: UInt64) -> UInt64? {
+    package func nextWindowExpiry(windows: [Duration], now: UInt64) -> UInt64? {
         let lengths = windows.map { UInt64($0.microseconds) }
         var earliest: UInt64?
         for stall in state.recent[recentStart...] {
@@ -927,7 +927,7 @@ public struct StallAggregator: Sendable {
     }
 
     /// The digest of the last `window`.
-    public func digest(window: Duration, now: UInt64) -> DigestRecord {
+    package func digest(window: Duration, now: UInt64) -> DigestRecord {
         let groups = groups(window: window, now: now)
         let stalls = groups.reduce(0) { $0 + $1.stalls }
         let units = Set(groups.map(\.unit)).count

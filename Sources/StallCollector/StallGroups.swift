@@ -1,20 +1,20 @@
 import StallJournal
 
 /// Stalls grouped by unit × fingerprint (or unit × endpoint), as `stallmon report` shows them.
-public struct StallGroup: Sendable, Hashable, Codable {
-    public var unit: String
-    public var fingerprint: String
-    public var count: Int
-    public var p50Microseconds: UInt64
-    public var maxMicroseconds: UInt64
+package struct StallGroup: Sendable, Hashable, Codable {
+    package var unit: String
+    package var fingerprint: String
+    package var count: Int
+    package var p50Microseconds: UInt64
+    package var maxMicroseconds: UInt64
     /// The callout kind seen most often.
-    public var callout: String
+    package var callout: String
     /// The frame of the longest stall.
-    public var heaviestFrame: String
+    package var heaviestFrame: String
     /// How many of them outlasted the service watchdog.
-    public var watchdogKills: Int
+    package var watchdogKills: Int
     /// On how many hosts (distinct `_MACHINE_ID`s) it stalled.
-    public var hosts: Int
+    package var hosts: Int
     /// The request the longest stall served (``StallJournal/StallRecord/Request/endpoint``), and
     /// its W3C trace ID: `nil` when it served none (or its trace is unknown).
     package var endpoint: String?
@@ -30,7 +30,7 @@ public struct StallGroup: Sendable, Hashable, Codable {
     }
 
     /// Groups stalls; a stall with both a watchdog and an ended report counts once, at its longer duration.
-    public static func group(_ stalls: [StallObservation]) -> [StallGroup] { group(stalls, by: .fingerprint) }
+    package static func group(_ stalls: [StallObservation]) -> [StallGroup] { group(stalls, by: .fingerprint) }
 
     /// Groups stalls by unit and `grouping`; a stall with both a watchdog and an ended report
     /// counts once, at its longer duration.

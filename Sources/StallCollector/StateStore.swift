@@ -5,17 +5,17 @@ import Glibc
 #endif
 
 /// Keeps ``CollectorState`` in `state.json` of the state directory, replaced atomically.
-public struct StateStore: Sendable {
-    public let directory: String
-    public var path: String { directory + "/state.json" }
+package struct StateStore: Sendable {
+    package let directory: String
+    package var path: String { directory + "/state.json" }
 
-    public init(directory: String) {
+    package init(directory: String) {
         self.directory = directory
     }
 
     /// The saved state, or a fresh one when there is none yet.
     /// - Throws: when the file exists but cannot be read or decoded (it is never silently replaced).
-    public func load() throws -> CollectorState {
+    package func load() throws -> CollectorState {
         var status = stat()
         if lstat(path, &status) != 0 {
             guard errno == ENOENT else {
@@ -47,7 +47,7 @@ public struct StateStore: Sendable {
         return state
     }
 
-    public func save(_ state: CollectorState) throws {
+    package func save(_ state: CollectorState) throws {
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys]
@@ -74,9 +74,9 @@ public struct StateStore: Sendable {
         }
     }
 
-    public struct StateError: Error, CustomStringConvertible {
-        public var path: String
-        public var reason: String
-        public var description: String { "\(path): \(reason)" }
+    package struct StateError: Error, CustomStringConvertible {
+        package var path: String
+        package var reason: String
+        package var description: String { "\(path): \(reason)" }
     }
 }

@@ -150,7 +150,7 @@ extension StallMonitoring {
 
         /// The longest `syslog_identifier`: RFC 5424's bound on APP-NAME, which a syslog relay fed
         /// by journald (`ForwardToSyslog=`) passes on.
-        public static let maximumSyslogIdentifierLength = 48
+        package static let maximumSyslogIdentifierLength = 48
 
         /// Printable ASCII without spaces, `=`, `[` or `:` (journald reads the syslog form
         /// `IDENTIFIER[PID]: MESSAGE` up to the first of them), 1 to 48 characters.

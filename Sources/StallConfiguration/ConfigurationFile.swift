@@ -193,7 +193,7 @@ package enum SignalName {
 
 extension StallMonitoring.Configuration {
     /// Every value as `key=value`, space-separated, in the file's key names.
-    public var summary: String {
+    package var summary: String {
         ConfigurationKey.allCases.map { "\($0.rawValue)=\(text(for: $0))" }.joined(separator: " ")
     }
 

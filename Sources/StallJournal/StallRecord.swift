@@ -1,6 +1,9 @@
 /// A stall report as it is stored in the journal: the one definition of the field schema, used by
 /// the writer (the monitor's journald sink) and by every reader (CLI, collector).
 public struct StallRecord: Sendable, Hashable {
+    /// Which report of a stall the entry is (`STALL_EVENT`).
+    ///
+    /// Later versions may add cases: a `switch` over it keeps a `default`.
     public enum Event: String, Sendable, Hashable {
         /// Written when the stall reaches the threshold, with the first stack.
         case detected

@@ -12,7 +12,7 @@ public struct SystemdError: Error, Sendable, Hashable, CustomStringConvertible {
     /// The positive errno value.
     public var errno: Int32
 
-    public init(function: String, errno: Int32) {
+    package init(function: String, errno: Int32) {
         self.function = function
         self.errno = errno
     }
@@ -23,7 +23,7 @@ public struct SystemdError: Error, Sendable, Hashable, CustomStringConvertible {
 
     /// Returns `result` when it is not negative, and throws for `-errno` otherwise.
     @discardableResult
-    public static func check(_ function: String, _ result: Int32) throws(SystemdError) -> Int32 {
+    package static func check(_ function: String, _ result: Int32) throws(SystemdError) -> Int32 {
         guard result >= 0 else { throw SystemdError(function: function, errno: -result) }
         return result
     }

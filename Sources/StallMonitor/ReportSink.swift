@@ -84,27 +84,27 @@ public struct StallMonitorEvent: Sendable {
         self.suppression = suppression
     }
 
-    public static func started(_ monitor: MonitorDescription) -> Self {
+    package static func started(_ monitor: MonitorDescription) -> Self {
         Self(.started, monitor: monitor)
     }
 
-    public static func stopped(_ monitor: MonitorDescription, _ statistics: StallMonitor.Statistics) -> Self {
+    package static func stopped(_ monitor: MonitorDescription, _ statistics: StallMonitor.Statistics) -> Self {
         Self(.stopped, monitor: monitor, statistics: statistics)
     }
 
-    public static func stallDetected(_ report: StallReport) -> Self {
+    package static func stallDetected(_ report: StallReport) -> Self {
         Self(.stallDetected, report: report)
     }
 
-    public static func stallEnded(_ report: StallReport) -> Self {
+    package static func stallEnded(_ report: StallReport) -> Self {
         Self(.stallEnded, report: report)
     }
 
-    public static func watchdogStall(_ report: StallReport) -> Self {
+    package static func watchdogStall(_ report: StallReport) -> Self {
         Self(.watchdogStall, report: report)
     }
 
-    public static func suppressed(_ suppression: SuppressionReport) -> Self {
+    package static func suppressed(_ suppression: SuppressionReport) -> Self {
         Self(.suppressed, suppression: suppression)
     }
 }

@@ -35,6 +35,8 @@ public final class StallMonitor: Sendable {
     private let state = StateBox()
 
     /// Which thread's run loop to monitor.
+    ///
+    /// Later versions may add targets: a `switch` over it keeps a `default`.
     public enum Target: Sendable {
         /// The main thread's run loop (`RunLoop.main`), which also drains `DispatchQueue.main` and
         /// `@MainActor` work while it runs. An async `@main` never runs it on Linux: use
@@ -278,7 +280,7 @@ public final class StallMonitor: Sendable {
     /// Sends `KEY=value` assignments (newline-separated) to the service manager, e.g. `RELOADING=1`.
     /// Without `$NOTIFY_SOCKET` it does nothing and returns false. The corresponding C function is `sd_notify`.
     @discardableResult
-    public static func notifyServiceManager(_ state: String) -> Bool {
+    package static func notifyServiceManager(_ state: String) -> Bool {
         ServiceNotifier.notify(state)
     }
 

@@ -173,7 +173,7 @@ public struct StallReport: Sendable, Hashable {
     /// when the stall was reported; `nil` outside any span the monitor knows (see `StallmonTracer`).
     public var request: Request?
 
-    public init(
+    package init(
         event: Event, stallID: String, loop: String, threadID: Int, duration: Duration, threshold: Duration,
         activity: Activity, runLoopMode: String, callout: Callout, threadState: String, syscall: String?,
         waitChannel: String?, cpuTime: Duration, samples: Int, unansweredSamples: Int, stackSamples: Int,

@@ -9,16 +9,16 @@ import StallMonitor
 import Glibc
 #endif
 
-public enum Fixture {
+package enum Fixture {
     /// CLOCK_MONOTONIC in nanoseconds, the monitor's clock.
-    public static func now() -> UInt64 { MonotonicClock.now() }
+    package static func now() -> UInt64 { MonotonicClock.now() }
 
-    public static func milliseconds() -> Double { Double(now()) / 1e6 }
+    package static func milliseconds() -> Double { Double(now()) / 1e6 }
 
     /// CLOCK_THREAD_CPUTIME_ID of the calling thread.
-    public static func threadCPU() -> UInt64 { nanoseconds(CLOCK_THREAD_CPUTIME_ID) }
+    package static func threadCPU() -> UInt64 { nanoseconds(CLOCK_THREAD_CPUTIME_ID) }
 
-    public static func processCPU() -> UInt64 { nanoseconds(CLOCK_PROCESS_CPUTIME_ID) }
+    package static func processCPU() -> UInt64 { nanoseconds(CLOCK_PROCESS_CPUTIME_ID) }
 
     private static func nanoseconds(_ clock: clockid_t) -> UInt64 {
         var time = timespec()
@@ -27,7 +27,7 @@ public enum Fixture {
     }
 
     /// One JSON object on standard output, on a line of its own.
-    public static func print(_ object: [String: Any]) {
+    package static func print(_ object: [String: Any]) {
         guard let data = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys]) else { return }
         FileHandle.standardOutput.write(data + Data("\n".utf8))
     }
@@ -35,7 +35,7 @@ public enum Fixture {
     /// Records the true extent of a stall, the CPU time its thread used meanwhile (on a busy
     /// machine a CPU-bound stall gets less CPU than its duration), and whether it ran on the main
     /// thread: the tests compare them with what the monitor reported.
-    public static func truth(_ name: String, _ body: () -> Void) {
+    package static func truth(_ name: String, _ body: () -> Void) {
         let startCPU = threadCPU()
         let start = now()
         body()
@@ -50,14 +50,14 @@ public enum Fixture {
 
 /// Prints every event as one JSON line: the journal fields, the event, when it was emitted, and
 /// the symbolicated frames.
-public struct JSONLinesSink: ReportSink {
+package struct JSONLinesSink: ReportSink {
     let identifier: String
 
-    public init(identifier: String) {
+    package init(identifier: String) {
         self.identifier = identifier
     }
 
-    public func emit(_ event: StallMonitorEvent) {
+    package func emit(_ event: StallMonitorEvent) {
         var object: [String: Any] = ["ns": Fixture.now()]
         for field in JournalSink.fields(for: event, syslogIdentifier: identifier) {
             object[field.name] = field.value

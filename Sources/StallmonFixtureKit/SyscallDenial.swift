@@ -7,7 +7,7 @@ import Foundation
 import Glibc
 #endif
 
-public enum SyscallDenial {
+package enum SyscallDenial {
     /// One BPF instruction (`struct sock_filter`).
     struct Instruction {
         var code: UInt16
@@ -23,7 +23,7 @@ public enum SyscallDenial {
     }
 
     /// How the filter is installed.
-    public enum Scope {
+    package enum Scope {
         /// seccomp(2) with SECCOMP_FILTER_FLAG_TSYNC: every thread of the process.
         case allThreads
         /// prctl(PR_SET_SECCOMP): the calling thread and the threads it starts afterwards (for
@@ -39,7 +39,7 @@ public enum SyscallDenial {
 
     /// From now on `number` fails with ENOSYS; every other call is allowed. Returns why the filter
     /// could not be installed, or `nil`.
-    public static func install(denying number: UInt32, _ scope: Scope) -> String? {
+    package static func install(denying number: UInt32, _ scope: Scope) -> String? {
         let program: [Instruction] = [
             Instruction(code: 0x20, jumpIfTrue: 0, jumpIfFalse: 0, value: 0),  // ld [nr]
             Instruction(code: 0x15, jumpIfTrue: 0, jumpIfFalse: 1, value: number),  // jeq number

@@ -43,7 +43,7 @@ public struct StandardErrorSink: ReportSink {
 
     /// The readable form of an event: its message, then details and the backtrace indented; empty
     /// for a kind this version does not know.
-    public static func render(_ event: StallMonitorEvent) -> String {
+    package static func render(_ event: StallMonitorEvent) -> String {
         if let suppression = event.suppression { return suppression.message }
         guard let report = event.report else {
             switch (event.kind, event.monitor, event.statistics) {

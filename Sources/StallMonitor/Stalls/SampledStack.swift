@@ -6,7 +6,7 @@ public struct SampledStack: Sendable, Hashable {
     public var frames: [StallFrame]
     public var count: Int
 
-    public init(frames: [StallFrame], count: Int) {
+    package init(frames: [StallFrame], count: Int) {
         self.frames = frames
         self.count = count
     }

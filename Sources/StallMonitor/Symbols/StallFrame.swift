@@ -16,7 +16,7 @@ public struct StallFrame: Sendable, Hashable {
     /// Whether the compiler inlined this frame into the next one (both share ``address``).
     public var isInlined: Bool
 
-    public init(
+    package init(
         address: UInt, image: String? = nil, symbol: String? = nil, function: String? = nil, offset: UInt = 0,
         file: String? = nil, line: Int = 0, column: Int = 0, isInlined: Bool = false
     ) {
