@@ -8,10 +8,11 @@
 // end withdraws; the pool hook makes aliases; the watchdog reads. Nobody waits on anybody, but for
 // one case: a span that ends while a watchdog retains its record waits for that retain.
 //
-// Reclaiming the records: the table holds one reference to each record it publishes. A reader pins
-// the slot, loads the record and retains it, then unpins; a withdrawal takes the record out first
-// and releases its reference only once no reader holds a pin (sequentially consistent on both
-// sides, so that either the reader sees no record or the withdrawal sees the pin).
+// The records' lifetimes: the table holds no reference. A reader pins the slot, loads the record
+// and tries to retain it (which fails once the record is being deinitialized), then unpins; a
+// withdrawal, at the span's end or in its record's deinit, takes the record out and returns only
+// once no reader holds a pin (sequentially consistent on both sides, so that either the reader sees
+// no record or the withdrawal sees the pin): a record is never freed under a reader.
 
 #define _GNU_SOURCE
 #include "requests.h"
@@ -26,8 +27,10 @@
 #include <sys/syscall.h>
 #include <time.h>
 
-// The Swift runtime's retain (libswiftCore): a reader's +1 on a record it found.
-extern void *swift_retain(void *object);
+// The Swift runtime's retain that fails on an object being deinitialized (libswiftCore): a
+// reader's +1 on a record it found. It returns the object, or NULL when it failed (its C++
+// declaration says bool, but the function returns the pointer: test it as one).
+extern void *swift_tryRetain(void *object);
 
 enum {
     WINDOW = 4,
@@ -39,14 +42,15 @@ _Static_assert(STALLMON_REQUEST_SLOTS <= (1 << LINK_SLOT_BITS), "a slot index fi
 
 typedef struct {
     _Atomic uint64_t key;       // 0: free
-    _Atomic uint64_t sequence;  // an owner's registration number once published; 0 otherwise
-    _Atomic(void *) record;     // an owner's record (retained by the table)
+    _Atomic uint64_t sequence;  // an owner's registration number in this slot once published; 0 otherwise
+    uint64_t registrations;     // the slot's owners so far: written by its claimer only
+    _Atomic uint32_t depth;     // an owner's spans around it: the innermost of a key is the deepest
+    _Atomic(void *) record;     // an owner's record (not retained: a reader tries to retain it)
     _Atomic uint64_t link;      // an alias: owner's sequence << 16 | owner's slot; 0 otherwise
     _Atomic uint32_t pins;      // readers retaining the record now
 } __attribute__((aligned(64))) request_slot;
 
 static request_slot slots[STALLMON_REQUEST_SLOTS];
-static _Atomic uint64_t next_sequence;
 static _Atomic int64_t live;
 static _Atomic uint64_t refused;
 static _Atomic uint64_t inherited;
@@ -115,7 +119,7 @@ static int claim(uint64_t key) {
     return -1;
 }
 
-int stallmon_request_register(uint64_t key, void *record) {
+int stallmon_request_register(uint64_t key, void *record, uint32_t depth) {
     if (key == 0 || record == NULL) return -1;
     int index = claim(key);
     if (index < 0) {
@@ -123,7 +127,8 @@ int stallmon_request_register(uint64_t key, void *record) {
         return -1;
     }
     request_slot *slot = &slots[index];
-    uint64_t sequence = atomic_fetch_add_explicit(&next_sequence, 1, memory_order_relaxed) + 1;
+    uint64_t sequence = ++slot->registrations;
+    atomic_store_explicit(&slot->depth, depth, memory_order_relaxed);
     atomic_store_explicit(&slot->record, record, memory_order_relaxed);
     atomic_store_explicit(&slot->sequence, sequence, memory_order_release);
     atomic_fetch_add_explicit(&live, 1, memory_order_relaxed);
@@ -132,31 +137,34 @@ int stallmon_request_register(uint64_t key, void *record) {
     return index;
 }
 
-void *stallmon_request_withdraw(int index) {
-    if (index < 0 || index >= STALLMON_REQUEST_SLOTS) return NULL;
+void stallmon_request_withdraw(int index) {
+    if (index < 0 || index >= STALLMON_REQUEST_SLOTS) return;
     request_slot *slot = &slots[index];
-    if (atomic_load_explicit(&slot->sequence, memory_order_relaxed) == 0) return NULL;
+    if (atomic_load_explicit(&slot->sequence, memory_order_relaxed) == 0) return;
     // Aliases of this owner and readers looking for it see it gone from here on.
-    atomic_store_explicit(&slot->sequence, 0, memory_order_seq_cst);
-    void *record = atomic_exchange_explicit(&slot->record, NULL, memory_order_seq_cst);
+    atomic_store_explicit(&slot->sequence, 0, memory_order_release);
+    atomic_exchange_explicit(&slot->record, NULL, memory_order_seq_cst);
     while (atomic_load_explicit(&slot->pins, memory_order_seq_cst) != 0) sched_yield();
     atomic_store_explicit(&slot->key, 0, memory_order_release);
     atomic_fetch_sub_explicit(&live, 1, memory_order_relaxed);
-    return record;
 }
 
-// The link of the owner serving `key`: its own latest registration, else the owner it inherited.
+// The link of the owner serving `key`: its own innermost registration, else the owner it inherited.
 static uint64_t find(uint64_t key) {
     unsigned base = home(key);
-    uint64_t best = 0, best_sequence = 0, alias = 0;
+    uint64_t best = 0, alias = 0;
+    int64_t best_depth = -1;
     for (int step = 0; step < WINDOW; step++) {
         request_slot *slot = at(base, step);
         if (atomic_load_explicit(&slot->key, memory_order_acquire) != key) continue;
         uint64_t sequence = atomic_load_explicit(&slot->sequence, memory_order_acquire);
-        if (sequence > best_sequence) {
-            best_sequence = sequence;
-            best = link_of((base + step) & SLOT_MASK, sequence);
-        } else if (sequence == 0) {
+        if (sequence != 0) {
+            int64_t depth = atomic_load_explicit(&slot->depth, memory_order_relaxed);
+            if (depth > best_depth) {
+                best_depth = depth;
+                best = link_of((base + step) & SLOT_MASK, sequence);
+            }
+        } else {
             uint64_t link = atomic_load_explicit(&slot->link, memory_order_acquire);
             if (link_valid(link)) alias = link;
         }
@@ -171,7 +179,7 @@ static void *retain_owner(uint64_t link) {
     atomic_fetch_add_explicit(&slot->pins, 1, memory_order_seq_cst);
     if (atomic_load_explicit(&slot->sequence, memory_order_seq_cst) == link >> LINK_SLOT_BITS) {
         record = atomic_load_explicit(&slot->record, memory_order_seq_cst);
-        if (record != NULL) swift_retain(record);
+        if (record != NULL && swift_tryRetain(record) == NULL) record = NULL;
     }
     atomic_fetch_sub_explicit(&slot->pins, 1, memory_order_seq_cst);
     return record;

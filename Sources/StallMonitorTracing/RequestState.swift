@@ -11,49 +11,101 @@ import Tracing
 /// `@unchecked Sendable`: `slot` is written once, by the thread that starts the span, before
 /// anything but ``StallmonSpan/end(at:)`` reads it; the rest is immutable or behind a mutex.
 final class RequestState: StallRequestRecord, @unchecked Sendable {
-    struct Own {
-        var operationName: String
+    /// What changes while the span runs.
+    struct Mutable {
+        /// Alone: the span's name and attributes.
+        var operationName = ""
         var attributes: SpanAttributes = [:]
+        /// Stalls inside the span, for its events.
+        var notes: [StallNote] = []
     }
 
-    /// Alone: the span's name and attributes (the wrapped tracer keeps none).
-    let own: Mutex<Own>
+    let mutable: Mutex<Mutable>
+    /// Whether a stall was noted: a span that ends without one takes no lock for it.
+    private let stalledFlag = Atomic<Bool>(false)
     let recordsItself: Bool
     /// Alone: the span's trace context.
-    private let trace: TraceParent?
+    let trace: TraceParent?
+    /// Whether this is a span of this process (not the caller's trace context read from a header).
+    let isLocal: Bool
     /// Wrapping: the wrapped tracer's span, read on the reporting thread (a span is Sendable), and
     /// the tracer, which says the span's W3C IDs when asked to inject its context.
-    private let inner: (any Tracing.Span)?
-    private let instrument: (any Instrument)?
+    let inner: (any Tracing.Span)?
+    private let injector: InjectorBox?
+    /// Alone, without a span around it here: the context it started in (a `traceparent`
+    /// extracted into it stays there).
+    let startContext: InstrumentationContext?
     /// The span the task or thread was serving when this one started: the request's method and
     /// route, when this span (a database call's, say) has none of its own.
     let parent: RequestState?
+    /// Spans around it in its task or thread, or those of the request its task serves.
+    let depth: UInt32
     var slot: Int32 = -1
 
-    private let notes = Mutex<[StallNote]>([])
-
-    init(ownOperation: String, trace: TraceParent, parent: RequestState?) {
-        self.own = Mutex(Own(operationName: ownOperation))
+    init(ownOperation: String, trace: TraceParent, parent: RequestState?, context: InstrumentationContext? = nil) {
+        self.mutable = Mutex(Mutable(operationName: ownOperation))
         self.recordsItself = true
         self.trace = trace
+        self.isLocal = true
         self.inner = nil
-        self.instrument = nil
+        self.injector = nil
+        self.startContext = context
         self.parent = parent
+        self.depth = parent.map { $0.depth &+ 1 } ?? 0
     }
 
-    init(inner: any Tracing.Span, instrument: any Instrument, parent: RequestState?) {
-        self.own = Mutex(Own(operationName: ""))
+    /// The trace context of an incoming request (`traceparent`): the parent of its server span.
+    init(remote trace: TraceParent) {
+        self.mutable = Mutex(Mutable())
+        self.recordsItself = true
+        self.trace = trace
+        self.isLocal = false
+        self.inner = nil
+        self.injector = nil
+        self.startContext = nil
+        self.parent = nil
+        self.depth = 0
+    }
+
+    init(inner: any Tracing.Span, injector: InjectorBox, parent: RequestState?) {
+        self.mutable = Mutex(Mutable())
         self.recordsItself = false
         self.trace = nil
+        self.isLocal = true
         self.inner = inner
-        self.instrument = instrument
+        self.injector = injector
+        self.startContext = nil
         self.parent = parent
+        self.depth = parent.map { $0.depth &+ 1 } ?? 0
     }
 
     /// Withdraws the span from the table: stalls from here on are not its own.
     func end() {
         RequestTable.withdraw(slot)
         slot = -1
+    }
+
+    /// A span dropped without its end withdraws here: a reader never retains it from then on.
+    deinit {
+        if slot >= 0 { RequestTable.withdraw(slot) }
+    }
+
+    /// Alone: the span's attributes, read and replaced as a whole (as the `Span` protocol sets
+    /// them); the value replaced is released outside the lock.
+    var ownAttributes: SpanAttributes {
+        get { mutable.withLock { $0.attributes } }
+        set {
+            var replaced = newValue
+            mutable.withLock { swap(&$0.attributes, &replaced) }
+        }
+    }
+
+    static func text(_ value: SpanAttribute) -> String {
+        switch value {
+        case .string(let value): value
+        case .stringConvertible(let value): value.description
+        default: "\(value)"
+        }
     }
 
     // MARK: What a report says of the request
@@ -73,18 +125,15 @@ final class RequestState: StallRequestRecord, @unchecked Sendable {
     /// Fills the parts of `request` still empty from this span: its name and span ID only for the
     /// innermost span, the request's parts from any.
     private func fill(_ request: inout StallReport.Request, innermost: Bool) {
-        let (operation, attributes) =
-            recordsItself
-            ? own.withLock { ($0.operationName, $0.attributes) } : (inner!.operationName, inner!.attributes)
+        let operation: String
+        var attributes: SpanAttributes
+        if recordsItself {
+            (operation, attributes) = mutable.withLock { ($0.operationName, $0.attributes) }
+        } else {
+            (operation, attributes) = (inner!.operationName, inner!.attributes)
+        }
         func text(_ names: String...) -> String {
-            for name in names {
-                switch attributes.get(name) {
-                case .string(let value)?: return value
-                case .stringConvertible(let value)?: return value.description
-                case let value?: return "\(value)"
-                case nil: continue
-                }
-            }
+            for name in names { if let value = attributes.get(name) { return Self.text(value) } }
             return ""
         }
         if innermost {
@@ -106,9 +155,9 @@ final class RequestState: StallRequestRecord, @unchecked Sendable {
     /// The span's W3C trace and span IDs: its own alone, else what the wrapped tracer injects.
     private func ids() -> (trace: String, span: String)? {
         if let trace { return (trace.traceID, trace.spanIDText) }
-        guard let inner, let instrument else { return nil }
+        guard let inner, let injector else { return nil }
         var headers: [String: String] = [:]
-        instrument.inject(inner.context, into: &headers, using: HeaderInjector())
+        injector.instrument.inject(inner.context, into: &headers, using: HeaderInjector())
         guard let header = headers[TraceParent.header], let parsed = TraceParent(header) else { return nil }
         return (parsed.traceID, parsed.spanIDText)
     }
@@ -116,23 +165,23 @@ final class RequestState: StallRequestRecord, @unchecked Sendable {
     // MARK: Stalls inside the span
 
     func noteStall(_ note: StallNote) {
-        notes.withLock { notes in
-            if let index = notes.firstIndex(where: { $0.stallID == note.stallID }) {
-                if !notes[index].ended || note.ended { notes[index] = note }
-            } else if notes.count < Self.maximumNotes {
-                notes.append(note)
+        mutable.withLock { state in
+            if let index = state.notes.firstIndex(where: { $0.stallID == note.stallID }) {
+                if !state.notes[index].ended || note.ended { state.notes[index] = note }
+            } else if state.notes.count < Self.maximumNotes {
+                state.notes.append(note)
             }
         }
+        stalledFlag.store(true, ordering: .releasing)
     }
 
     /// Stalls a span keeps for its events, at most: a span that stalls more often is broken anyway.
     static let maximumNotes = 16
 
-    var stalled: Bool { notes.withLock { !$0.isEmpty } }
-
     /// One `stall` event per stall inside the span, at its start.
     func stallEvents() -> [SpanEvent] {
-        let notes = notes.withLock { $0 }
+        guard stalledFlag.load(ordering: .acquiring) else { return [] }
+        let notes = mutable.withLock { $0.notes }
         guard !notes.isEmpty else { return [] }
         let wallNow = DefaultTracerClock.now.nanosecondsSinceEpoch
         let monotonicNow = MonotonicClock.now()
@@ -163,6 +212,15 @@ final class RequestState: StallRequestRecord, @unchecked Sendable {
                 at: DefaultTracerClock.Timestamp(nanosecondsSinceEpoch: wallNow > ago ? wallNow - ago : 0),
                 attributes: attributes)
         }
+    }
+}
+
+/// The wrapped tracer, once per ``StallmonTracer``: what a span asks for its W3C IDs.
+final class InjectorBox: Sendable {
+    let instrument: any Instrument
+
+    init(_ instrument: any Instrument) {
+        self.instrument = instrument
     }
 }
 

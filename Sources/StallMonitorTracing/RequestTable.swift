@@ -6,23 +6,21 @@ import CStallCapture
 /// says which task or thread serves it. Elsewhere than on Linux there is no monitor to tell: spans
 /// register nowhere.
 enum RequestTable {
-    /// Registers `state` under the calling task (or thread): the slot, or -1.
+    /// Registers `state` under the calling task (or thread): the slot, or -1. The table keeps no
+    /// reference: `state` withdraws before it is freed.
     static func register(_ state: RequestState) -> Int32 {
         #if STALLMON_LINUX
-        let record = Unmanaged.passRetained(state).toOpaque()
-        let slot = stallmon_request_register(stallmon_request_current_key(), record)
-        if slot < 0 { Unmanaged<RequestState>.fromOpaque(record).release() }
-        return slot
+        stallmon_request_register(
+            stallmon_request_current_key(), Unmanaged.passUnretained(state).toOpaque(), state.depth)
         #else
-        return -1
+        -1
         #endif
     }
 
-    /// Withdraws the registration in `slot` and drops the table's reference.
+    /// Withdraws the registration in `slot`.
     static func withdraw(_ slot: Int32) {
         #if STALLMON_LINUX
-        guard slot >= 0, let record = stallmon_request_withdraw(slot) else { return }
-        Unmanaged<RequestState>.fromOpaque(record).release()
+        stallmon_request_withdraw(slot)
         #endif
     }
 

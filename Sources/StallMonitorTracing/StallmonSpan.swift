@@ -6,71 +6,76 @@ import Tracing
 /// A span of ``StallmonTracer``: the wrapped tracer's span, registered with stallmon while it runs.
 /// Everything a span does is handed to the wrapped one; when it ends, every stall that happened
 /// inside it becomes a `stall` event on it, and its `stallmon.stalled` attribute is set.
-public struct StallmonSpan<Inner: Tracing.Span>: Tracing.Span {
-    let inner: Inner
+///
+/// Alone (``StallmonTracer/init()``), a span keeps its name and its attributes for a report, and
+/// its context is the one it started in: inserting into a context would cost more than all the rest
+/// of a span.
+public struct StallmonSpan: Tracing.Span {
+    /// Everything of the span, so that a copy of it costs one retain.
     let state: RequestState
-    /// Alone (the wrapped tracer records nothing): the parent's context with this span's trace context.
-    private let ownContext: InstrumentationContext?
 
-    init<Wrapped: Tracer>(
-        _ inner: Inner, operationName: String, parent: InstrumentationContext, tracer: StallmonTracer<Wrapped>
-    ) where Wrapped.Span == Inner {
-        self.inner = inner
-        if tracer.recordsItself {
-            let trace = TraceParent.child(of: parent.stallmonTrace)
-            var context = parent
-            context.stallmonTrace = trace
-            self.ownContext = context
-            self.state = RequestState(ownOperation: operationName, trace: trace, parent: RequestTable.current())
-        } else {
-            self.ownContext = nil
-            self.state = RequestState(inner: inner, instrument: tracer.wrapped, parent: RequestTable.current())
-        }
+    init(alone operationName: String, context: @autoclosure () -> InstrumentationContext) {
+        // A child of the span its task (or thread) serves, else of the caller's trace context
+        // read from a request's header.
+        let around = RequestTable.current()
+        let context = around == nil ? context() : nil
+        state = RequestState(
+            ownOperation: operationName, trace: TraceParent.child(of: around?.trace ?? context?.stallmonState?.trace),
+            parent: around, context: context)
         state.slot = RequestTable.register(state)
     }
 
-    public var context: InstrumentationContext { ownContext ?? inner.context }
+    init(wrapping inner: any Tracing.Span, injector: InjectorBox) {
+        state = RequestState(inner: inner, injector: injector, parent: RequestTable.current())
+        state.slot = RequestTable.register(state)
+    }
+
+    public var context: InstrumentationContext { state.inner?.context ?? state.startContext ?? .current ?? .topLevel }
 
     public var operationName: String {
-        get { state.recordsItself ? state.own.withLock { $0.operationName } : inner.operationName }
+        get { state.inner?.operationName ?? state.mutable.withLock { $0.operationName } }
         nonmutating set {
-            if state.recordsItself {
-                state.own.withLock { $0.operationName = newValue }
-            } else {
+            if let inner = state.inner {
                 inner.operationName = newValue
+            } else {
+                state.mutable.withLock { $0.operationName = newValue }
             }
         }
     }
 
     public var attributes: SpanAttributes {
-        get { state.recordsItself ? state.own.withLock { $0.attributes } : inner.attributes }
+        get { state.inner?.attributes ?? state.ownAttributes }
         nonmutating set {
-            if state.recordsItself {
-                state.own.withLock { $0.attributes = newValue }
-            } else {
+            if let inner = state.inner {
                 inner.attributes = newValue
+            } else {
+                state.ownAttributes = newValue
             }
         }
     }
 
-    public var isRecording: Bool { inner.isRecording }
+    public var isRecording: Bool { state.inner?.isRecording ?? false }
 
-    public func setStatus(_ status: SpanStatus) { inner.setStatus(status) }
+    public func setStatus(_ status: SpanStatus) { state.inner?.setStatus(status) }
 
-    public func addEvent(_ event: SpanEvent) { inner.addEvent(event) }
+    public func addEvent(_ event: SpanEvent) { state.inner?.addEvent(event) }
 
     public func recordError<Instant: TracerInstant>(
         _ error: any Error, attributes: SpanAttributes, at instant: @autoclosure () -> Instant
     ) {
-        inner.recordError(error, attributes: attributes, at: instant())
+        state.inner?.recordError(error, attributes: attributes, at: instant())
     }
 
-    public func addLink(_ link: SpanLink) { inner.addLink(link) }
+    public func addLink(_ link: SpanLink) { state.inner?.addLink(link) }
 
     public func end<Instant: TracerInstant>(at instant: @autoclosure () -> Instant) {
         state.end()
-        for event in state.stallEvents() { inner.addEvent(event) }
-        if state.stalled { inner.attributes["stallmon.stalled"] = true }
+        guard let inner = state.inner else { return }
+        let events = state.stallEvents()
+        if !events.isEmpty {
+            for event in events { inner.addEvent(event) }
+            inner.attributes["stallmon.stalled"] = true
+        }
         inner.end(at: instant())
     }
 }

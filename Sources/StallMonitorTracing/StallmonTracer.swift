@@ -16,22 +16,31 @@ import Tracing
 ///
 /// Alone, it keeps what a report needs and nothing else: it reads W3C `traceparent` headers,
 /// makes trace and span IDs, and writes `traceparent` into outgoing requests. Wrapping a tracer,
-/// it hands every call to it, and reads the IDs from what that tracer injects.
+/// it hands every call to it, and reads the IDs from what that tracer injects, only for a stall.
 ///
-/// Cost: one allocation and a few atomic operations per span. Nothing is added to the spans the
-/// wrapped tracer exports but the `stall` events and the `stallmon.stalled` attribute of spans that
-/// stalled.
-public struct StallmonTracer<Wrapped: Tracer>: Tracer {
-    public typealias Span = StallmonSpan<Wrapped.Span>
+/// Cost: one allocation and a few atomic operations per span (`span_cost_ns` in stallmon-bench).
+/// Nothing is added to the spans the wrapped tracer exports but the `stall` events and the
+/// `stallmon.stalled` attribute of spans that stalled. Not generic, so that the code that starts
+/// spans through `any Tracer` (`InstrumentationSystem.tracer`) looks no type up at run time.
+public struct StallmonTracer: Tracer {
+    public typealias Span = StallmonSpan
 
-    let wrapped: Wrapped
-    /// Whether the spans keep their attributes and IDs themselves: the wrapped tracer records none.
-    let recordsItself: Bool
+    /// The service's tracer; `nil` alone.
+    let wrapped: (any Tracer)?
+    /// The same, boxed once: what a span asks for its W3C IDs.
+    let injector: InjectorBox?
+
+    /// A tracer for a service without a tracing backend: its spans only tell stallmon their requests.
+    public init() {
+        self.wrapped = nil
+        self.injector = nil
+    }
 
     /// A tracer that registers the spans of `wrapped` with stallmon and hands everything else to it.
-    public init(wrapping wrapped: Wrapped) {
-        self.wrapped = wrapped
-        self.recordsItself = wrapped is NoOpTracer
+    public init(wrapping wrapped: some Tracer) {
+        let recording = !(wrapped is NoOpTracer)
+        self.wrapped = recording ? wrapped : nil
+        self.injector = recording ? InjectorBox(wrapped) : nil
     }
 
     public func startSpan<Instant: TracerInstant>(
@@ -42,42 +51,42 @@ public struct StallmonTracer<Wrapped: Tracer>: Tracer {
         function: String,
         file fileID: String,
         line: UInt
-    ) -> StallmonSpan<Wrapped.Span> {
-        let parent = context()
+    ) -> StallmonSpan {
+        guard let wrapped, let injector else {
+            return StallmonSpan(alone: operationName, context: context())
+        }
         let inner = wrapped.startSpan(
-            operationName, context: parent, ofKind: kind, at: instant(), function: function, file: fileID, line: line)
-        return StallmonSpan(inner, operationName: operationName, parent: parent, tracer: self)
+            operationName, context: context(), ofKind: kind, at: instant(), function: function, file: fileID,
+            line: line)
+        return StallmonSpan(wrapping: inner, injector: injector)
     }
 
     @available(*, deprecated)
     public func forceFlush() {
-        wrapped.forceFlush()
+        wrapped?.forceFlush()
     }
 
     public func extract<Carrier, Extract>(
         _ carrier: Carrier, into context: inout InstrumentationContext, using extractor: Extract
     ) where Extract: Extractor, Extract.Carrier == Carrier {
-        wrapped.extract(carrier, into: &context, using: extractor)
-        if recordsItself, let header = extractor.extract(key: TraceParent.header, from: carrier),
+        if let wrapped {
+            wrapped.extract(carrier, into: &context, using: extractor)
+        } else if let header = extractor.extract(key: TraceParent.header, from: carrier),
             let parent = TraceParent(header)
         {
-            context.stallmonTrace = parent
+            context.stallmonState = RequestState(remote: parent)
         }
     }
 
     public func inject<Carrier, Inject>(
         _ context: InstrumentationContext, into carrier: inout Carrier, using injector: Inject
     ) where Inject: Injector, Inject.Carrier == Carrier {
-        wrapped.inject(context, into: &carrier, using: injector)
-        if recordsItself, let trace = context.stallmonTrace {
+        if let wrapped {
+            wrapped.inject(context, into: &carrier, using: injector)
+        } else if let trace = RequestTable.current()?.trace ?? context.stallmonState?.trace {
+            // The span the calling task serves (a span's context does not carry it: see
+            // StallmonSpan), else the trace context the request came with.
             injector.inject(trace.header, forKey: TraceParent.header, into: &carrier)
         }
-    }
-}
-
-extension StallmonTracer where Wrapped == NoOpTracer {
-    /// A tracer for a service without a tracing backend: its spans only tell stallmon their requests.
-    public init() {
-        self.init(wrapping: NoOpTracer())
     }
 }

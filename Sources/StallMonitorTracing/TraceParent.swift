@@ -69,15 +69,15 @@ struct TraceParent: Sendable, Hashable {
 }
 
 extension InstrumentationContext {
-    private enum StallmonTraceKey: InstrumentationContextKey {
-        typealias Value = TraceParent
-        static let nameOverride: String? = "stallmon-trace"
+    private enum StallmonStateKey: InstrumentationContextKey {
+        typealias Value = RequestState
+        static let nameOverride: String? = "stallmon-span"
     }
 
-    /// The trace context `StallmonTracer` keeps when it is the only tracer: of the current span,
-    /// or extracted from an incoming request.
-    var stallmonTrace: TraceParent? {
-        get { self[StallmonTraceKey.self] }
-        set { self[StallmonTraceKey.self] = newValue }
+    /// What `StallmonTracer` keeps in a context when it is the only tracer: the current span's
+    /// state, or the caller's trace context extracted from an incoming request.
+    var stallmonState: RequestState? {
+        get { self[StallmonStateKey.self] }
+        set { self[StallmonStateKey.self] = newValue }
     }
 }

@@ -20,6 +20,10 @@ struct Bench {
             Report.emit(table: "", figures: CollectorCost.figures(scale: options.scale), json: true)
             return 0
         }
+        if options.tracingOnly {
+            Report.emit(table: "", figures: TracingCost.figures(scale: options.scale), json: true)
+            return 0
+        }
         let started = Kernel.now()
         defer { runner.removeLog() }
         if options.hummingbirdOnly {

@@ -8,6 +8,8 @@ struct Options: Sendable {
     var quick = false
     /// Whether only the collector's cost per journal entry is measured.
     var collectorOnly = false
+    /// Whether only what `StallmonTracer` adds to a span and the pool hook to a job is measured.
+    var tracingOnly = false
     /// Whether the children run their loop with CFRunLoopRun() rather than RunLoop.main.run().
     var cfRunLoop = false
     /// Whether the SwiftNIO benchmark runs (wrk against StallmonNIOServer), and whether only it does.
@@ -74,6 +76,7 @@ struct Options: Sendable {
             case "--quick": quick = true
             case "--json": json = true
             case "--collector-only": collectorOnly = true
+            case "--tracing-only": tracingOnly = true
             case "--callgrind": callgrind = true
             case "--no-callgrind": callgrind = false
             case "--cf-run-loop": cfRunLoop = true

@@ -22,8 +22,9 @@ struct RequestTableTests {
 
     var here: UInt64 { stallmon_request_current_key() }
 
-    @Test func aSpanIsFoundUnderItsThreadWhileItRunsAndNotAfter() {
+    @Test func aSpanIsFoundUnderItsTaskWhileItRunsAndNotAfter() {
         let tracer = StallmonTracer()
+
         #expect(request(for: here) == nil)
         tracer.withSpan("GET /users/:id", ofKind: .server) { span in
             span.attributes["http.request.method"] = "GET"
@@ -83,7 +84,7 @@ struct RequestTableTests {
     @Test func aFullTableRefusesSpansAndRecovers() {
         let tracer = StallmonTracer()
         let refused = stallmon_request_refused()
-        var spans: [StallmonTracer<NoOpTracer>.Span] = []
+        var spans: [StallmonSpan] = []
         for index in 0..<(Int(STALLMON_REQUEST_SLOTS) + 100) {
             spans.append(tracer.startSpan("span \(index)"))
         }
@@ -92,6 +93,18 @@ struct RequestTableTests {
         for span in spans { span.end() }
         #expect(stallmon_request_live() == 0)
         tracer.withSpan("after") { _ in #expect(request(for: here)?.operation == "after") }
+    }
+
+    /// A span dropped without its end leaves the table as its record goes: the table keeps no
+    /// reference, and a reader never finds a record being freed.
+    @Test func aSpanDroppedWithoutItsEndLeavesTheTable() {
+        do {
+            let span = StallmonTracer().startSpan("never ended")
+            #expect(request(for: here)?.operation == "never ended")
+            _ = span
+        }
+        #expect(stallmon_request_live() == 0)
+        #expect(request(for: here) == nil)
     }
 
     @Test func alonesTraceContextFollowsAnIncomingTraceparentAndGoesOut() throws {

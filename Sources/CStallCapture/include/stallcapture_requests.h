@@ -29,17 +29,17 @@ uint64_t stallmon_request_current_key(void);
 /// The key of thread `tid`, outside a task.
 uint64_t stallmon_request_thread_key(pid_t tid);
 
-/// Registers `record` (a retained object pointer, whose +1 the table keeps) under `key`. Returns the
-/// slot, or -1 when the table is full near the key (the caller releases `record` then).
-int stallmon_request_register(uint64_t key, void *record);
-/// Withdraws the registration in `slot` and returns its record for the caller to release (NULL
-/// when `slot` is not registered). Waits only while a watchdog retains that record at this moment
-/// (the time of one retain).
-void *stallmon_request_withdraw(int slot);
+/// Registers `record` (an object pointer, not retained: the caller withdraws it before the object
+/// is freed, in its deinit at the latest) under `key`, inside `depth` spans of its task or thread.
+/// Returns the slot, or -1 when the table is full near the key.
+int stallmon_request_register(uint64_t key, void *record, uint32_t depth);
+/// Withdraws the registration in `slot`. Waits only while a watchdog retains that record at this
+/// moment (the time of one retain).
+void stallmon_request_withdraw(int slot);
 
 /// The record serving the first of `keys` that has one, retained (+1, for the caller to release),
 /// or NULL. A record registered under a key itself is preferred to one the key inherited, and the
-/// latest registered to earlier ones (the innermost span).
+/// deepest to the others (the innermost span).
 void *stallmon_request_acquire(const uint64_t *keys, int count);
 
 /// 64 random bits from the calling thread's generator (seeded from getrandom once per thread):
