@@ -219,7 +219,7 @@ final class CooperativePoolBackend: WatchdogBackend {
 }
 
 /// One thread of the cooperative pool, as its slot shows it.
-final class PoolThread: LoopSource {
+final class PoolThread: SampledThread {
     enum Phase {
         case idle
         /// Running the job `sequence`, not yet for the threshold.
@@ -238,7 +238,6 @@ final class PoolThread: LoopSource {
         self.inspector = ThreadInspector(threadID: threadID)
     }
 
-    var loopName: String { CooperativePoolBackend.loopName }
     func idleTest() -> IdleTest { .never }
 
     /// The CPU time of a stall of its current job, from the share it used since the job was seen.

@@ -81,7 +81,7 @@ final class StallEngine: @unchecked Sendable {
     /// One sample of the stalled thread of `source`.
     /// - Returns: `false` when it shows the loop idle in its own wait: then there is no stall.
     @discardableResult
-    func sample(_ stall: StallInProgress, of source: some LoopSource, inspector: ThreadInspector) -> Bool {
+    func sample(_ stall: StallInProgress, of source: some SampledThread, inspector: ThreadInspector) -> Bool {
         sampler.sample(&stall.samples, of: source, inspector: inspector)
     }
 
@@ -96,7 +96,7 @@ final class StallEngine: @unchecked Sendable {
     /// Samples `stall` when its next sample is due at `now`, and schedules the one after.
     /// - Returns: `false` when the sample showed the loop idle (the schedule is left as it was).
     @discardableResult
-    func sampleIfDue(_ stall: StallInProgress, of source: some LoopSource, inspector: ThreadInspector, now: UInt64)
+    func sampleIfDue(_ stall: StallInProgress, of source: some SampledThread, inspector: ThreadInspector, now: UInt64)
         -> Bool
     {
         guard now >= stall.nextSample else { return true }

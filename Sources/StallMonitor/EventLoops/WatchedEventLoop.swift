@@ -27,8 +27,7 @@ package struct WatchedEventLoop: Sendable {
     }
 }
 
-extension WatchedEventLoop: LoopSource {
-    var loopName: String { name }
+extension WatchedEventLoop: SampledThread {
     func idleTest() -> IdleTest { .never }
 }
 #endif  // STALLMON_LINUX

@@ -77,7 +77,7 @@ final class RunLoopBackend: WatchdogBackend {
     ) {
         self.engine = engine
         self.latency = latency
-        self.source = RunLoopSource(threadID: target.threadID, loopName: target.loopName, runLoop: target.runLoop)
+        self.source = RunLoopSource(threadID: target.threadID, runLoop: target.runLoop)
         self.loop = loop
         self.semaphore = semaphore
         self.slot = slot
