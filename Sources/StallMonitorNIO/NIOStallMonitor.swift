@@ -181,16 +181,16 @@ extension EventLoopGroupSession {
         _ group: MultiThreadedEventLoopGroup, configuration: StallMonitor.Configuration, sinks: [any ReportSink],
         logger: Logger, metricsFactory: (any MetricsFactory)?
     ) throws(StallMonitorError) -> EventLoopGroupSession {
-        let signal = try samplingSignal(configuration, logger: logger)
-        var loops: [(EventLoopWatchdog.Loop, EventLoopWatchdog.TickState)] = []
+        let signal = try SamplingSignal.choose(configuration, for: .eventLoops, logger: logger)
+        var loops: [(WatchedEventLoop, TickState)] = []
         for loop in group.makeIterator() {
-            guard let ticks = EventLoopWatchdog.makeTickState() else { throw StallMonitorError.outOfMemory() }
+            guard let ticks = TickState.make() else { throw StallMonitorError.outOfMemory() }
             // Before the loop thread is bound: it reads the histogram unsynchronized.
-            if configuration.loopLatency, !enableLatency(ticks) { throw StallMonitorError.outOfMemory() }
-            let registered = loop.submit { () -> EventLoopWatchdog.Loop in
+            if configuration.loopLatency, !ticks.enableLatency() { throw StallMonitorError.outOfMemory() }
+            let registered = loop.submit { () -> WatchedEventLoop in
                 stallmon_ticks_bind(ticks.pointer)
-                if let signal { unblockOnCurrentThread(signal) }
-                return EventLoopWatchdog.Loop.current()
+                if let signal { SamplingSignal.unblockOnCurrentThread(signal) }
+                return WatchedEventLoop.current()
             }
             guard var described = try? NIOStallMonitor.wait(registered, on: loop) ?? nil else {
                 throw StallMonitorError.eventLoopDidNotAnswer()

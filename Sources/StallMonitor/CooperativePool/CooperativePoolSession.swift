@@ -10,8 +10,9 @@ import Glibc
 #endif
 
 /// The monitor of Swift's cooperative pool, from start to stop: the runtime's
-/// `swift_task_enqueueGlobal_hook` (set here, cleared at stop), one reporter (`STALL_LOOP=cooperative-pool`,
-/// each report with the pool thread it held) and the group watchdog, watching the pool's threads.
+/// `swift_task_enqueueGlobal_hook` (set here, cleared at stop) around the shared ``WatchdogSession``
+/// (one reporter, `STALL_LOOP=cooperative-pool`, each report with the pool thread it held) and the
+/// pool's ``CooperativePoolBackend``.
 ///
 /// Pool threads are libdispatch's workers: they block SIGUSR1, SIGUSR2 and the real-time signals,
 /// so a running job is sampled with SIGPROF, and only while SIGPROF has no handler of the program's
@@ -19,10 +20,7 @@ import Glibc
 /// is taken. A thread blocked in a system call is never signalled; its stack is unwound in place
 /// from the kernel's view.
 final class CooperativePoolSession: @unchecked Sendable {
-    private let watchdog: EventLoopWatchdog
-    private let reporter: Reporter
-    private let description: MonitorDescription
-    private let slot: Int32
+    private let session: WatchdogSession
     private let logger: Logger
 
     /// The job priorities whose queues are learned before the hook is set: background, utility,
@@ -81,31 +79,29 @@ final class CooperativePoolSession: @unchecked Sendable {
                 """,
                 metadata: ["stallmon.priorities": "\(missing.map(String.init).joined(separator: ","))"])
         }
-        slot = stallmon_sampler_slot_claim()
-        guard slot >= 0 else {
+        let slot: Int32
+        do {
+            slot = try WatchdogSession.claimSlot()
+        } catch {
             if !atFirstSuspension { stallmon_pool_uninstall() }
             Self.watching.store(false, ordering: .releasing)
-            throw StallMonitorError.tooManyMonitors()
+            throw error
         }
-        let signal: Int32? = stallmon_sampler_install(SIGPROF) == 0 ? SIGPROF : nil
-        if signal == nil {
-            logger.warning(
-                """
-                SIGPROF has a handler of the program's (a profiler?): cooperative-pool stalls on the CPU carry no \
-                stack (threads blocked in a system call still do)
-                """)
-        }
-        _ = stallmon_continue_watch_install()
-        let loopName = EventLoopWatchdog.poolLoopName
+        // The pool's choice never throws: the configured signal does not apply to it.
+        let signal = try? SamplingSignal.choose(configuration, for: .cooperativePool, logger: logger)
+        let loopName = CooperativePoolBackend.loopName
         // Pool threads come and go; the pool counts as running (jobs ran to learn its queues).
-        reporter = Reporter(
+        let reporter = Reporter(
             configuration: configuration, loopName: loopName, threadID: Int(getpid()), sinks: sinks,
             seenTurning: true, metrics: StallMetrics(loop: loopName, factory: metricsFactory))
-        description = MonitorDescription(
+        let description = MonitorDescription(
             loop: loopName, threadID: Int(getpid()), configuration: configuration, signal: signal)
-        watchdog = EventLoopWatchdog(cooperativePool: configuration, reporter: reporter, signal: signal, slot: slot)
-        watchdog.start()
-        reporter.emit(.started(description))
+        let engine = StallEngine(
+            configuration: configuration, signal: signal, slot: slot, interruptBlockedThreads: false, logger: nil)
+        session = WatchdogSession(
+            slot: slot, backend: CooperativePoolBackend(engine: engine, reporter: reporter),
+            reporters: [(reporter, description)], latency: [], logger: logger)
+        session.start()
         logger.debug(
             "stallmon watches the cooperative pool",
             metadata: ["stallmon.threshold_ms": "\(configuration.threshold.milliseconds)"])
@@ -134,7 +130,7 @@ final class CooperativePoolSession: @unchecked Sendable {
         guard let session, rc != 0 else { return }
         session.logger.warning(
             "stallmon does not watch the cooperative pool: \(reason(rc)); \(session.coverage)",
-            metadata: ["stallmon.loop": "\(EventLoopWatchdog.poolLoopName)"])
+            metadata: ["stallmon.loop": "\(CooperativePoolBackend.loopName)"])
     }
 
     /// Why the pool cannot be watched now, if it cannot: someone else's global-executor hook is set
@@ -152,20 +148,14 @@ final class CooperativePoolSession: @unchecked Sendable {
             if pending === self { pending = nil }
             stallmon_pool_uninstall()
         }
-        watchdog.stop()
-        reporter.finish(description, statistics, logger: logger)
-        stallmon_sampler_slot_release(slot)
+        session.stop()
         Self.watching.store(false, ordering: .releasing)
     }
 
-    var statistics: StallMonitor.Statistics {
-        StallMonitor.Statistics(
-            stalls: watchdog.stalls, suppressedReports: reporter.suppressedReports.load(),
-            droppedReports: reporter.droppedReports.load(), lostReports: reporter.lostReports.load())
-    }
+    var statistics: StallMonitor.Statistics { session.statistics }
 
-    var watchdogThreadID: Int32 { watchdog.threadID }
-    var watchdogWakeups: Int { watchdog.wakeups }
+    var watchdogThreadID: Int32 { session.watchdog.threadID }
+    var watchdogWakeups: Int { session.watchdog.wakeups }
 
     /// Runs one probe task per priority on the pool, each of which learns its queue from inside
     /// (``stallmon_pool_learn_queue``), and waits for them at most `timeout` (the caller may be a pool

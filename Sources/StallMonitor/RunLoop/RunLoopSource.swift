@@ -6,12 +6,11 @@ import Synchronization
 import Glibc
 #endif
 
-/// A CFRunLoop as a ``LoopSource``: a thread's own run loop, or the main run loop an async main
+/// A CFRunLoop as a ``SampledThread``: a thread's own run loop, or the main run loop an async main
 /// runs. Its samples tell it idle by the run loop's wait function, once the monitor knows where that
 /// lies, and otherwise by the wait call the thread is in and the mode its loop runs.
-final class RunLoopSource: LoopSource, @unchecked Sendable {
+final class RunLoopSource: SampledThread, @unchecked Sendable {
     let threadID: pid_t
-    let loopName: String
     let runLoop: CFRunLoop
     private let idleWaitRange = Mutex<Range<UInt>?>(nil)
     /// One of the monitor's observers: the modes it is in are the modes the monitor sees.
@@ -21,9 +20,8 @@ final class RunLoopSource: LoopSource, @unchecked Sendable {
         let observer: CFRunLoopObserver
     }
 
-    init(threadID: pid_t, loopName: String, runLoop: CFRunLoop) {
+    init(threadID: pid_t, runLoop: CFRunLoop) {
         self.threadID = threadID
-        self.loopName = loopName
         self.runLoop = runLoop
     }
 

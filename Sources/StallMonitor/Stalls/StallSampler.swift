@@ -79,7 +79,7 @@ final class StallSampler {
     /// the stack.
     /// - Returns: `false` when the sample shows the loop idle in its own wait: then there is no
     ///   stall, and the sample is not counted.
-    func sample(_ stall: inout StallSamples, of loop: some LoopSource, inspector: ThreadInspector) -> Bool {
+    func sample(_ stall: inout StallSamples, of loop: some SampledThread, inspector: ThreadInspector) -> Bool {
         if stall.blockedReason == nil { stall.blockedReason = signalProblem(of: inspector) }
         stall.samples += 1
         let viewed = stall.kernel.look(at: inspector, now: MonotonicClock.now())

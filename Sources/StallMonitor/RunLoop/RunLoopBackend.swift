@@ -7,16 +7,18 @@ import Logging
 import StallJournal
 import Synchronization
 
-/// The watchdog thread of one monitor: sleeps until the current window could become a stall,
-/// parks while the loop is idle, and samples the stalled thread while a stall lasts.
-final class Watchdog: @unchecked Sendable {
+/// The ``WatchdogBackend`` of a run loop, and of the main queue an async main drains: reads the
+/// windows the observers (or the drain) publish in the loop's ring (`loop.c`), sleeps until the
+/// current window could become a stall, parks while the loop is idle, and samples the stalled
+/// thread while a stall lasts. It pings the service manager's watchdog (`WATCHDOG=1`) too.
+final class RunLoopBackend: WatchdogBackend {
     struct Target: @unchecked Sendable {
         var threadID: pid_t
         var loopName: String
         var runLoop: CFRunLoop
     }
 
-    let configuration: StallMonitor.Configuration
+    let engine: StallEngine
     /// The loop as the sampler sees it.
     let source: RunLoopSource
     /// The observer's state; the watchdog holds one reference.
@@ -24,18 +26,8 @@ final class Watchdog: @unchecked Sendable {
     let semaphore: DispatchSemaphore
     private let slot: Int32
     private let inspector: ThreadInspector
-    private let sampler: StallSampler
     private let clocks: ThreadClocks
-    private let deliver: @Sendable (CapturedStall) -> Void
-    /// Hands a report over and returns once it is written, or at the deadline given (for the
-    /// report before a watchdog kill).
-    private let deliverNow: @Sendable (CapturedStall, _ deadline: UInt64) -> Void
-    private let logger: Logger
-    private let startedAt: UInt64
-    private let stopping = Atomic<Bool>(false)
-    private let finished = DispatchSemaphore(value: 0)
-    private let watchdogThreadID = Atomic<Int32>(0)
-    private let stallCount = Atomic<Int>(0)
+    private let reporter: Reporter
 
     // Owned by the watchdog thread.
     private var armedSequence: UInt64 = 0
@@ -51,8 +43,6 @@ final class Watchdog: @unchecked Sendable {
     /// When the process last resumed from a stop: no window counts from before it, whichever
     /// window the loop is in by the time the watchdog looks.
     private var resumedAt: UInt64 = 0
-    /// Stops of the process, told from the watchdog's own waits for a CPU.
-    private let stops: StopDetector
     /// Whether the next idle phase parks the watchdog. After the observer woke it, it first waits
     /// out one quiet threshold: a loop that sleeps briefly on every pass would otherwise wake it
     /// on every pass.
@@ -82,43 +72,22 @@ final class Watchdog: @unchecked Sendable {
     }
 
     init(
-        configuration: StallMonitor.Configuration, target: Target, loop: OpaquePointer, semaphore: DispatchSemaphore,
-        signal: Int32?, slot: Int32, logger: Logger, deliver: @escaping @Sendable (CapturedStall) -> Void,
-        deliverNow: @escaping @Sendable (CapturedStall, _ deadline: UInt64) -> Void,
-        notice: @escaping @Sendable (LoopNotice) -> Void,
-        latency: LoopLatencyExporter? = nil
+        engine: StallEngine, target: Target, loop: OpaquePointer, semaphore: DispatchSemaphore, slot: Int32,
+        reporter: Reporter, notice: @escaping @Sendable (LoopNotice) -> Void, latency: LoopLatencyExporter? = nil
     ) {
+        self.engine = engine
         self.latency = latency
-        self.configuration = configuration
-        self.source = RunLoopSource(threadID: target.threadID, loopName: target.loopName, runLoop: target.runLoop)
+        self.source = RunLoopSource(threadID: target.threadID, runLoop: target.runLoop)
         self.loop = loop
         self.semaphore = semaphore
         self.slot = slot
         self.inspector = ThreadInspector(threadID: target.threadID)
-        self.sampler = StallSampler(
-            configuration: configuration, signal: signal, slot: slot,
-            interruptBlockedThreads: configuration.interruptBlockedThreads, logger: logger)
         self.clocks = ThreadClocks(threadID: target.threadID)
-        self.deliver = deliver
-        self.deliverNow = deliverNow
+        self.reporter = reporter
         self.notice = notice
-        self.logger = logger
-        self.startedAt = MonotonicClock.now()
-        self.stops = StopDetector(
-            threshold: UInt64(configuration.threshold.nanoseconds),
-            sampleTimeout: UInt64(configuration.sampleTimeout.nanoseconds))
         self.serviceWatchdog = ServiceNotifier.watchdogInterval().map {
             ServiceWatchdogSchedule(interval: $0, now: MonotonicClock.now())
         }
-    }
-
-    /// The watchdog thread's kernel id (0 until it runs).
-    var threadID: pid_t { watchdogThreadID.load(ordering: .acquiring) }
-    var stalls: Int { stallCount.load(ordering: .relaxed) }
-
-    /// The address range of the run loop's own wait for events; samples inside it are idle.
-    func setIdleWaitRange(_ range: Range<UInt>?) {
-        source.setIdleWaitRange(range)
     }
 
     /// One of the monitor's observers, for telling the modes it sees from those it does not.
@@ -128,66 +97,35 @@ final class Watchdog: @unchecked Sendable {
 
     /// The watchdog thread's name, in Foundation and in the kernel (at most 15 bytes).
     static let threadName = "stallmon-watch"
+    var threadName: String { Self.threadName }
 
-    /// Starts the thread and returns once it runs, so that ``threadID`` is known.
-    func start() {
+    func willStart() {
         if serviceWatchdog != nil {
             // A held-back ping goes out as soon as another watchdog's wedged loop recovers.
             let semaphore = self.semaphore
             ServiceHealth.shared.addPinger(self) { semaphore.signal() }
         }
-        Self.startThread(named: Self.threadName) { [self] in
-            watchdogThreadID.store(stallmon_gettid(), ordering: .releasing)
-        } body: { [self] in
-            stops.runQueue.open()
-            run()
-            stops.runQueue.close()
-            finished.signal()
-        }
     }
 
-    /// Starts a watchdog thread (of either kind of loop) and returns once it runs: `started` has
-    /// run on it, and the kernel knows its name.
-    static func startThread(
-        named name: String, started: @escaping @Sendable () -> Void, body: @escaping @Sendable () -> Void
-    ) {
-        let running = DispatchSemaphore(value: 0)
-        let thread = Thread {
-            started()
-            // Thread.name set before the start does not reach the kernel on Linux.
-            stallmon_set_thread_name(name)
-            running.signal()
-            stallmon_set_timer_slack(1)
-            body()
-        }
-        thread.name = name
-        thread.stackSize = 512 * 1024
-        thread.start()
-        running.wait()
-    }
+    func wakeForStop() { semaphore.signal() }
 
-    /// Stops the thread and waits for it; a stall in progress gets its ended report.
-    func stop() {
-        stopping.store(true, ordering: .releasing)
-        semaphore.signal()
-        finished.wait()
-        ServiceHealth.shared.removePinger(self)
-    }
+    func didStop() { ServiceHealth.shared.removePinger(self) }
 
-    private var threshold: UInt64 { UInt64(configuration.threshold.nanoseconds) }
-    private var isStopping: Bool { stopping.load(ordering: .acquiring) }
+    private var threshold: UInt64 { engine.threshold }
+    private var configuration: StallMonitor.Configuration { engine.configuration }
+    private var stops: StopDetector { engine.stops }
 
     // MARK: - Watching
 
-    private func run() {
-        while !isStopping {
+    func run() {
+        while !engine.isStopping {
             var event = stallmon_event()
             guard stallmon_loop_latest(loop, &event) == 1 else {
                 awaitFirstTurn()
                 continue
             }
             if firstTurn != .seen {
-                notice(firstTurn == .warned ? .turnedLate(waited: MonotonicClock.now() - startedAt) : .turned)
+                notice(firstTurn == .warned ? .turnedLate(waited: MonotonicClock.now() - engine.startedAt) : .turned)
                 firstTurn = .seen
             }
             pingServiceWatchdog(event)
@@ -236,10 +174,10 @@ final class Watchdog: @unchecked Sendable {
             let grace = UInt64(configuration.startupGracePeriod.nanoseconds)
             let timeout = UInt64(configuration.loopStartTimeout.nanoseconds)
             // Under a service watchdog, the warning lands before systemd kills the service for the missing pings.
-            deadline = min(startedAt + grace + timeout, serviceWatchdog?.finalReportTime ?? .max)
+            deadline = min(engine.startedAt + grace + timeout, serviceWatchdog?.finalReportTime ?? .max)
             if let due = deadline, MonotonicClock.now() >= due {
                 firstTurn = .warned
-                notice(.notTurning(waited: MonotonicClock.now() - startedAt))
+                notice(.notTurning(waited: MonotonicClock.now() - engine.startedAt))
                 return
             }
         }
@@ -370,17 +308,14 @@ final class Watchdog: @unchecked Sendable {
 
     /// A window past the threshold while the watchdog samples it.
     private struct Stall {
-        let sequence: UInt64
-        let windowStart: UInt64
+        /// The engine's part: counts from the window's start, numbered by its transition.
+        let core: StallInProgress
         /// When the watchdog began to watch for the window's end.
         let watchedAt: UInt64
-        let stallID = CapturedStall.newStallID()
-        /// Inside the startup grace period, or under a debugger: sampled, but not reported.
-        let suppressed: Bool
-        let activity: StallReport.Activity
-        let mode: String
-        var samples: StallSamples
         var time: StallTimeAccount
+
+        /// The CPU time the thread used in the stall, for a report that ends at `start + paused + duration`.
+        func cpu(_ duration: UInt64) -> UInt64 { time.used(until: core.start + time.paused + duration) }
     }
 
     private func handleStall(_ event: stallmon_event, windowStart: UInt64) {
@@ -392,9 +327,7 @@ final class Watchdog: @unchecked Sendable {
             return  // the window closed just as it crossed the threshold
         }
         guard var stall = beginStall(event, windowStart: windowStart, watchedAt: watchedAt) else { return }
-        if !stall.suppressed {
-            deliver(captured(stall, .detected, end: MonotonicClock.now(), stacks: stall.samples.detectedStacks))
-        }
+        engine.reportDetected(stall.core, paused: stall.time.paused, to: reporter, cpu: stall.cpu)
         let end = sampleUntilEnd(&stall)
         finishStall(&stall, end: end)
     }
@@ -404,17 +337,15 @@ final class Watchdog: @unchecked Sendable {
     ///   run in a mode the observers do not see): then there is no stall.
     private func beginStall(_ event: stallmon_event, windowStart: UInt64, watchedAt: UInt64) -> Stall? {
         let sequence = event.sequence
-        let suppressed =
-            isInGracePeriod(watchedAt)
-            || (!configuration.reportWhileDebuggerAttached && ThreadInspector.tracerPID() != 0)
         let activity: StallReport.Activity =
             event.window == UInt32(STALLMON_WINDOW_AFTER_WAITING.rawValue) ? .afterWaiting : .beforeSources
-        let mode = source.currentMode()
-        var samples = StallSamples(capacity: configuration.maximumStacks)
+        let core = engine.beginStall(
+            start: windowStart, sequence: sequence, now: watchedAt, activity: activity,
+            runLoopMode: source.currentMode())
 
         let startReading = clocks.read()
         var sampleBegan = stops.sampleStarts()
-        guard sampler.sample(&samples, of: source, inspector: inspector) else {
+        guard engine.sample(core, of: source, inspector: inspector) else {
             floor = (sequence, MonotonicClock.now())
             return nil
         }
@@ -423,9 +354,7 @@ final class Watchdog: @unchecked Sendable {
             windowStart: windowStart, before: armed ? armedBefore?.reading : nil,
             sleptUntilStart: armed && armedBefore?.sleptUntilStart == true,
             after: [armed ? armedReading : nil, startReading].compactMap { $0 })
-        var stall = Stall(
-            sequence: sequence, windowStart: windowStart, watchedAt: watchedAt, suppressed: suppressed,
-            activity: activity, mode: mode, samples: samples, time: time)
+        var stall = Stall(core: core, watchedAt: watchedAt, time: time)
         stall.time.record(clocks, stopped: stops.sampleWasStopped(&sampleBegan), late: sampleBegan.lateness)
         return stall
     }
@@ -434,56 +363,56 @@ final class Watchdog: @unchecked Sendable {
     /// out meanwhile, and a stall that outlasts most of its interval gets a final report before
     /// systemd kills us.
     private func sampleUntilEnd(_ stall: inout Stall) -> UInt64 {
-        let sequence = stall.sequence
-        let interval = UInt64(configuration.sampleInterval.nanoseconds)
-        var nextSample = MonotonicClock.now() + interval
-        var finalReportWritten = false
+        let core = stall.core
+        core.nextSample = MonotonicClock.now() + engine.sampleInterval
         while true {
-            var target = nextSample
-            if let schedule = serviceWatchdog, !finalReportWritten { target = min(target, schedule.finalReportTime) }
+            var target = core.nextSample
+            if let schedule = serviceWatchdog, !core.finalReportWritten {
+                target = min(target, schedule.finalReportTime)
+            }
             let woke = wait(until: target)
             // Late by a stop, less any time spent waiting for a CPU (no stop); the thread's
             // runnable time tells when the stop began.
             let stopped = stops.wasStopped(wokeAt: woke, deadline: target)
             stall.time.record(clocks, stopped: stopped, late: stops.lateness(wokeAt: woke, deadline: target))
-            if let schedule = serviceWatchdog, !finalReportWritten, MonotonicClock.now() >= schedule.finalReportTime {
-                finalReportWritten = true
-                var report = captured(stall, .watchdog, end: MonotonicClock.now(), stacks: stall.samples.allStacks)
-                report.watchdogInterval = schedule.interval
+            if let schedule = serviceWatchdog, !core.finalReportWritten,
+                MonotonicClock.now() >= schedule.finalReportTime
+            {
                 // Not past systemd's deadline: should the stall end before it (and the reports
                 // queued before this one not), the pings must resume.
-                deliverNow(report, schedule.deadline)
+                engine.reportBeforeKill(
+                    core, interval: schedule.interval, deadline: schedule.deadline, paused: stall.time.paused,
+                    to: reporter, cpu: stall.cpu)
             }
             if let end = windowEnd(of: stall) { return end }
-            if isStopping { return MonotonicClock.now() }
-            if MonotonicClock.now() >= nextSample {
+            if engine.isStopping { return MonotonicClock.now() }
+            if MonotonicClock.now() >= core.nextSample {
                 var sampleBegan = stops.sampleStarts()
-                guard sampler.sample(&stall.samples, of: source, inspector: inspector) else {
+                guard engine.sample(core, of: source, inspector: inspector) else {
                     let end = MonotonicClock.now()
-                    floor = (sequence, end)
+                    floor = (core.sequence, end)
                     return end
                 }
                 stall.time.record(clocks, stopped: stops.sampleWasStopped(&sampleBegan), late: sampleBegan.lateness)
-                nextSample += interval
-                let now = MonotonicClock.now()
-                if nextSample < now { nextSample = now + interval }
+                engine.scheduleNextSample(core)
             }
         }
     }
 
     /// The end of the stall's window, once the loop has left it.
     private func windowEnd(of stall: Stall) -> UInt64? {
+        let sequence = stall.core.sequence
         var endTime: UInt64 = 0
-        if stallmon_loop_watched_end(loop, stall.sequence, &endTime) == 1 { return endTime }
+        if stallmon_loop_watched_end(loop, sequence, &endTime) == 1 { return endTime }
         var current = stallmon_event()
-        guard stallmon_loop_latest(loop, &current) == 1, current.sequence != stall.sequence else { return nil }
+        guard stallmon_loop_latest(loop, &current) == 1, current.sequence != sequence else { return nil }
         // The loop moved on. The observer records the end before it publishes the next
         // transition, so look again; if it never saw the watch, the transition that ended the
         // window is the exact end while it is still in the ring, and watchedAt (which it
         // preceded) bounds it otherwise.
         var next = stallmon_event()
-        if stallmon_loop_watched_end(loop, stall.sequence, &endTime) == 1 { return endTime }
-        if stallmon_loop_event_after(loop, stall.sequence, &next) == 1, next.timestamp_ns != 0 {
+        if stallmon_loop_watched_end(loop, sequence, &endTime) == 1 { return endTime }
+        if stallmon_loop_event_after(loop, sequence, &next) == 1, next.timestamp_ns != 0 {
             return next.timestamp_ns
         }
         return stall.watchedAt
@@ -491,31 +420,16 @@ final class Watchdog: @unchecked Sendable {
 
     /// Takes a reading after the end, and hands over the ended report.
     private func finishStall(_ stall: inout Stall, end: UInt64) {
+        let sequence = stall.core.sequence
         // The loop slept from the end through the reading if no transition followed its sleep.
         let reading = stall.time.recordAfterEnd(clocks)
         var afterEnd = stallmon_event()
         stall.time.sleptSinceEnd =
-            stallmon_loop_latest(loop, &afterEnd) == 1 && afterEnd.sequence == stall.sequence + 1
+            stallmon_loop_latest(loop, &afterEnd) == 1 && afterEnd.sequence == sequence + 1
             && afterEnd.phase == UInt32(STALLMON_LOOP_ASLEEP.rawValue)
-        if let reading { lastCPUReading = (reading, stall.sequence, false) }
-        stallCount.add(1, ordering: .relaxed)
-        if !stall.suppressed {
-            deliver(captured(stall, .ended, end: end, stacks: stall.samples.allStacks))
-        }
-    }
-
-    private func captured(
-        _ stall: Stall, _ event: StallReport.Event, end: UInt64,
-        stacks: (stacks: [(stack: [UInt], count: Int)], sources: [StallReport.StackSource])
-    ) -> CapturedStall {
-        CapturedStall(
-            event, of: stall.samples, stallID: stall.stallID, start: stall.windowStart, end: end,
-            paused: stall.time.paused, activity: stall.activity, runLoopMode: stall.mode, stacks: stacks
-        ) { _ in stall.time.used(until: end) }
-    }
-
-    private func isInGracePeriod(_ now: UInt64) -> Bool {
-        now < startedAt + UInt64(configuration.startupGracePeriod.nanoseconds)
+        if let reading { lastCPUReading = (reading, sequence, false) }
+        let time = stall.time
+        engine.finishStall(stall.core, end: end, paused: time.paused, to: reporter) { _ in time.used(until: end) }
     }
 }
 #endif  // STALLMON_LINUX

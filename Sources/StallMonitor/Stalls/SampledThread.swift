@@ -3,15 +3,14 @@
 import Glibc
 #endif
 
-/// What a kind of loop gives the watchdog that watches it: the thread it runs on, its name in the
-/// reports, and how a sample of that thread tells the loop idle rather than stalled. The run loop
-/// (and an async main, which runs the main run loop) and SwiftNIO's event loops feed it; the
-/// sampling, the kernel view, the stack aggregation and the report are the same for all of them.
-protocol LoopSource {
-    /// The kernel's id of the loop's thread.
+/// A thread the sampler samples, as the backend that watches it supplies it: its kernel id, and how
+/// a sample of it tells its loop idle rather than stalled. The run loop (``RunLoopSource``, also the
+/// main queue an async main drains), SwiftNIO's event loops (``WatchedEventLoop``) and the
+/// cooperative pool's threads (``PoolThread``) are sampled alike: the sampling, the kernel view, the
+/// stack aggregation and the report are the same for all of them.
+protocol SampledThread {
+    /// The kernel's id of the thread.
     var threadID: pid_t { get }
-    /// The loop's name in its reports.
-    var loopName: String { get }
     /// How the sample about to be taken tells the loop idle; asked at every sample.
     func idleTest() -> IdleTest
 }

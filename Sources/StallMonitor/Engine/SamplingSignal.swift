@@ -1,0 +1,96 @@
+#if STALLMON_LINUX
+import CStallCapture
+import Logging
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The signal a watchdog samples running threads with, chosen in one place for every kind of loop,
+/// with stallmon's handler installed.
+package enum SamplingSignal {
+    /// The threads a watchdog samples, which decide the choice.
+    package enum Threads {
+        /// One loop's thread (a run loop, an async main): a signal it does not block is preferred,
+        /// and, started on that thread, the monitor unblocks its signal there (a parent process may
+        /// have spawned the service with real-time signals blocked; the signal is the monitor's
+        /// own, so nothing else changes).
+        case loop(pid_t)
+        /// An event-loop group's threads: each unblocks the signal itself, from a task it runs
+        /// (``unblockOnCurrentThread(_:)``).
+        case eventLoops
+        /// Swift's cooperative pool: its threads are libdispatch's workers, which block SIGUSR1,
+        /// SIGUSR2 and the real-time signals, so SIGPROF, while it has no handler of the program's
+        /// (a profiler's); the configured signal does not apply.
+        case cooperativePool
+    }
+
+    /// The configured signal, or the highest real-time signal that has no handler; SIGPROF for the
+    /// pool. `nil` (with a warning) when none is free: reports then carry no stack of a thread on
+    /// the CPU.
+    /// - Throws: ``StallMonitorError`` when the configured signal is taken.
+    package static func choose(
+        _ configuration: StallMonitor.Configuration, for threads: Threads, logger: Logger
+    ) throws(StallMonitorError) -> Int32? {
+        switch threads {
+        case .cooperativePool:
+            guard stallmon_sampler_install(SIGPROF) == 0 else {
+                logger.warning(
+                    """
+                    SIGPROF has a handler of the program's (a profiler?): cooperative-pool stalls on the CPU carry \
+                    no stack (threads blocked in a system call still do)
+                    """)
+                return nil
+            }
+            return SIGPROF
+        case .eventLoops:
+            return try install(configuration, preferringUnblockedBy: nil, logger: logger)
+        case .loop(let threadID):
+            let inspector = ThreadInspector(threadID: threadID)
+            let onLoopThread = stallmon_gettid() == threadID
+            guard
+                let signal = try install(
+                    configuration, preferringUnblockedBy: onLoopThread ? nil : inspector, logger: logger)
+            else { return nil }
+            if onLoopThread, inspector.blocks(signal) { unblockOnCurrentThread(signal) }
+            if inspector.blocks(signal) {
+                logger.warning(
+                    "the monitored thread blocks the sampling signal; stall reports will carry no stack",
+                    metadata: ["signal": "\(SignalName.name(of: signal))"]
+                )
+            }
+            return signal
+        }
+    }
+
+    /// Installs the configured signal, or the highest free real-time signal, preferring those that
+    /// `thread` does not block.
+    private static func install(
+        _ configuration: StallMonitor.Configuration, preferringUnblockedBy thread: ThreadInspector?, logger: Logger
+    ) throws(StallMonitorError) -> Int32? {
+        if let signal = configuration.signal {
+            let rc = stallmon_sampler_install(signal)
+            guard rc == 0 else {
+                throw StallMonitorError.signalUnavailable(
+                    signal, reason: rc == -EBUSY ? "another handler owns it" : "sigaction failed (errno \(-rc))")
+            }
+            return signal
+        }
+        let candidates = Array(stride(from: stallmon_sigrtmax() - 4, through: stallmon_sigrtmin() + 4, by: -1))
+        let preferred = thread.map { thread in candidates.filter { !thread.blocks($0) } + candidates } ?? candidates
+        guard let signal = preferred.first(where: { stallmon_sampler_install($0) == 0 }) else {
+            logger.warning("no free real-time signal for sampling; stall reports will carry no stack")
+            return nil
+        }
+        return signal
+    }
+
+    /// Unblocks `signal` on the calling thread (a loop thread, from a task it runs).
+    package static func unblockOnCurrentThread(_ signal: Int32) {
+        var set = sigset_t()
+        sigemptyset(&set)
+        sigaddset(&set, signal)
+        pthread_sigmask(SIG_UNBLOCK, &set, nil)
+    }
+}
+#endif  // STALLMON_LINUX
