@@ -1,5 +1,6 @@
 import CStallCapture
 import Foundation
+import Synchronization
 import InMemoryTracing
 import StallMonitorTracing
 import Tracing
@@ -13,6 +14,7 @@ import Tracing
 ///   the whole of a span of a service without a tracing backend.
 /// - `span_wrapped_cost_ns`: `StallmonTracer(wrapping: InMemoryTracer())` over `InMemoryTracer()`:
 ///   what it adds around a tracer that records.
+/// - `span_cost_ns_all_cpus`: `span_cost_ns` with a thread on every CPU starting spans at once.
 /// - `pool_enqueue_idle_ns`: the pool hook's added work per job while no span is open anywhere.
 /// - `pool_enqueue_in_request_ns`: per job enqueued by a request's work (the job inherits it).
 enum TracingCost {
@@ -44,10 +46,34 @@ enum TracingCost {
             figures.append(figure)
         }
         add("span_cost_ns", .atMost(100), alone - noop)
+        // The same on every CPU at once: what the spans' shared counters cost under contention.
+        let threads = ProcessInfo.processInfo.activeProcessorCount
+        let parallelNoop = parallel(threads) { perSpan(NoOpTracer(), spans) }
+        let parallelAlone = parallel(threads) { perSpan(StallmonTracer(), spans) }
+        add("span_cost_ns_all_cpus", nil, parallelAlone - parallelNoop)
         add("span_wrapped_cost_ns", .atMost(100), wrapped - memory)
         add("pool_enqueue_idle_ns", .atMost(1), idle)
         add("pool_enqueue_in_request_ns", .atMost(10), inRequest)
         return figures
+    }
+
+    /// The least over 3 runs of the mean of `measure` run on `threads` threads at once.
+    private static func parallel(_ threads: Int, _ measure: @escaping @Sendable () -> Double) -> Double {
+        least(3) {
+            let results = Mutex<[Double]>([])
+            let group = DispatchGroup()
+            for _ in 0..<threads {
+                group.enter()
+                Thread.detachNewThread {
+                    let value = measure()
+                    results.withLock { $0.append(value) }
+                    group.leave()
+                }
+            }
+            group.wait()
+            let values = results.withLock { $0 }
+            return values.reduce(0, +) / Double(max(1, values.count))
+        }
     }
 
     private static func least(_ runs: Int, _ measure: () -> Double) -> Double {
