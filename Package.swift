@@ -157,6 +157,8 @@ let package = Package(
                 "StallMonitor",
                 "StallMonitorNIO",
                 "StallmonFixtureKit",
+                "StallMonitorTracing",
+                .product(name: "Tracing", package: "swift-distributed-tracing"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),

@@ -11,6 +11,9 @@
 //   /lock?ms=N        waits N ms for a mutex another thread holds
 //   /task?ms=N, /scheduled?ms=N, /future?ms=N
 //                     spin N ms in an `execute` task, a scheduled task or a future's callback
+//   /traced-cpu?ms=N, /traced-sleep?ms=N
+//                     the same as /cpu and /sleep inside a span of StallmonTracer (alone) started on
+//                     the event loop, outside any task: the span of a NIO handler's own tracing
 //   /stats            the monitor's counters: watchdog wakeups, stalls
 // Stalling handlers answer with the time the handler itself measured, and when it began (CLOCK_MONOTONIC):
 // `{"handler":…,"truth_us":…,"start_ns":…,"loop":…}`.
@@ -29,8 +32,10 @@ import NIOHTTP1
 import NIOPosix
 import StallMonitor
 import StallMonitorNIO
+import StallMonitorTracing
 import StallmonFixtureKit
 import Synchronization
+import Tracing
 
 #if canImport(Glibc)
 import Glibc
@@ -221,6 +226,14 @@ final class StallHandler: ChannelInboundHandler, Sendable {
         case "/cpu": body = Self.timed("cpu") { stallOnCPU(milliseconds: milliseconds) }
         case "/sleep": body = Self.timed("sleep") { stallInSleep(milliseconds: milliseconds) }
         case "/lock": body = Self.timed("lock") { stallOnLock(milliseconds: milliseconds) }
+        case "/traced-cpu", "/traced-sleep":
+            body = Self.tracer.withSpan("GET \(path)", ofKind: .server) { span in
+                span.attributes["http.request.method"] = "GET"
+                span.attributes["http.route"] = path
+                return path == "/traced-cpu"
+                    ? Self.timed("cpu") { stallOnCPU(milliseconds: milliseconds) }
+                    : Self.timed("sleep") { stallInSleep(milliseconds: milliseconds) }
+            }
         case "/stats":
             let statistics = monitor?.statistics
             body =
@@ -249,6 +262,9 @@ final class StallHandler: ChannelInboundHandler, Sendable {
             done.whenComplete { _ in channel.close(promise: nil) }
         }
     }
+
+    /// The tracer of /traced-*: alone, as a service without a tracing backend runs it.
+    static let tracer = StallmonTracer()
 
     static func route(_ uri: String) -> (path: String, milliseconds: Int) {
         let parts = uri.split(separator: "?", maxSplits: 1)

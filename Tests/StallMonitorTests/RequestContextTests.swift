@@ -15,8 +15,9 @@ extension Serial {
         /// Each handler's stall, reported with the request it served: method, route (Hummingbird
         /// names the route only once the handler returns, so a detected report has the path), the
         /// header's trace ID, and a span ID of that trace's server span. A pool stall, a blocked
-        /// one and a main-actor hop, on Hummingbird and on Vapor (whose async handler runs in a task
-        /// of its own, made by the middleware's task: it inherits the request).
+        /// one, a main-actor hop and a `Task {}` the handler makes, on Hummingbird and on Vapor
+        /// (whose async handler runs in a task of its own, made by the middleware's task: it
+        /// inherits the request, and so does the task it makes).
         @Test(arguments: [FrameworkService.Kind.hummingbird, .vapor])
         func aStallInsideARequestNamesItsRouteMethodAndTrace(kind: FrameworkService.Kind) throws {
             try #require(Journald.ensureRunning(), "journald is not running and cannot be started")
@@ -24,7 +25,7 @@ extension Serial {
             let service = try FrameworkService(
                 kind, binary: binary, environment: Self.environment.merging(["EXAMPLE_TRACING": "stallmon"]) { $1 })
             defer { service.stop() }
-            let routes = ["/cpu", "/sleep", "/main-actor"]
+            let routes = ["/cpu", "/sleep", "/main-actor", "/child-cpu"]
             for route in routes {
                 _ = try service.get("\(route)?ms=300", headers: ["traceparent": Self.traceparent])
             }
@@ -42,6 +43,9 @@ extension Serial {
                     let span = entry["STALL_SPAN_ID"] ?? ""
                     #expect(FieldLimits.isLowercaseHex(span, digits: 16) && span != "00f067aa0ba902b7", "\(what)")
                     spanIDs.insert(span)
+                    // Blocked and never signalled: only the pool job the thread runs, which is
+                    // the handler's task, can have named the request.
+                    if route == "/sleep" { #expect(entry["STALL_STACK_SOURCE"] == "kernel", "\(what): \(entry)") }
                     let message = entry["MESSAGE"] ?? ""
                     #expect(message.contains("serving GET \(route), trace \(Self.traceID)"), "\(what): \(message)")
                 }
@@ -150,5 +154,31 @@ extension Serial.RequestContextTests {
         // The pool thread stamped the job's end before the span ended: the true duration.
         let duration = Double(attributes["stallmon.stall.duration_ms"] ?? "") ?? 0
         #expect(duration >= answer.truthMilliseconds - 5 && duration <= answer.truthMilliseconds + 60, "\(attributes)")
+    }
+}
+
+extension Serial.RequestContextTests {
+    /// A span started on an event loop, outside any task (a SwiftNIO handler's own tracing), names
+    /// the request of a stall on that loop, on the CPU (signalled) or blocked (not signalled: found
+    /// by its thread); a stall on the same loop outside the span names none.
+    @Test func anEventLoopStallInsideASpanStartedOnTheLoopNamesItsRequest() throws {
+        try #require(Journald.ensureRunning(), "journald is not running and cannot be started")
+        let server = try NIOServer()
+        defer { server.stop() }
+        let paths = ["/traced-cpu", "/traced-sleep", "/cpu"]
+        for path in paths { _ = try server.stall("\(path)?ms=250") }
+        let ended = try server.entries(MessageID.stallEnded, atLeast: paths.count)
+        #expect(ended.count == paths.count)
+        for (path, entry) in zip(paths, ended) {
+            #expect(entry["STALL_ACTIVITY"] == "event-loop-cycle", "\(path): \(entry)")
+            if path == "/cpu" {
+                #expect(entry["STALL_REQUEST_ROUTE"] == nil && entry["STALL_TRACE_ID"] == nil, "\(entry)")
+                continue
+            }
+            #expect(entry["STALL_REQUEST_METHOD"] == "GET" && entry["STALL_REQUEST_ROUTE"] == path, "\(entry)")
+            #expect(entry["STALL_REQUEST_OPERATION"] == "GET \(path)", "\(entry)")
+            #expect(FieldLimits.isLowercaseHex(entry["STALL_TRACE_ID"] ?? "", digits: 32), "\(entry)")
+        }
+        #expect(ended[1]["STALL_STACK_SOURCE"] == "kernel", "the blocked handler was signalled: \(ended[1])")
     }
 }

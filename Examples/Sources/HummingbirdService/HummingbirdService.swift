@@ -7,6 +7,7 @@ import ExampleOTel
 //   GET /sleep?ms=N         blocks N ms in usleep in the async handler
 //   GET /lock?ms=N          waits N ms for a mutex another thread holds
 //   GET /main-actor?ms=N    hops to the main actor and spins there N ms
+//   GET /child-cpu?ms=N     spins N ms in a `Task {}` the handler makes and awaits
 //
 // It listens on 127.0.0.1:$PORT (8080; 0 picks a free port) and prints `{"event":"listening","port":N}`
 // once it does. STALLMON_* variables configure the monitor (config/README.md). SIGTERM shuts it down.
@@ -79,6 +80,10 @@ struct HummingbirdService {
         }
         router.get("lock") { request, _ in
             waitForLockInHandler(milliseconds: milliseconds(request)).json
+        }
+        router.get("child-cpu") { request, _ in
+            // In a task of its own, made by the handler's: it serves the handler's request.
+            await Task { spinInHandler(milliseconds: milliseconds(request)) }.value.json
         }
         router.get("main-actor") { request, _ in
             await spinOnMainActor(milliseconds: milliseconds(request)).json

@@ -7,6 +7,7 @@
 //   GET /sleep?ms=N         blocks N ms in usleep in an async handler
 //   GET /lock?ms=N          waits N ms for a mutex another thread holds
 //   GET /main-actor?ms=N    hops to the main actor and spins there N ms
+//   GET /child-cpu?ms=N     spins N ms in a `Task {}` the handler makes and awaits
 //   GET /sync-cpu?ms=N      spins N ms in a synchronous handler, on the event loop
 //
 // It listens on 127.0.0.1:$PORT (8080; 0 picks a free port) and prints `{"event":"listening","port":N}`
@@ -60,6 +61,10 @@ enum VaporService {
         }
         app.get("lock") { request async in
             waitForLockInHandler(milliseconds: milliseconds(request)).json
+        }
+        app.get("child-cpu") { request async in
+            // In a task of its own, made by the handler's: it serves the handler's request.
+            await Task { spinInHandler(milliseconds: milliseconds(request)) }.value.json
         }
         app.get("main-actor") { request async in
             await spinOnMainActor(milliseconds: milliseconds(request)).json
