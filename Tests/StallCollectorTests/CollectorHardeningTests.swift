@@ -1,6 +1,7 @@
 import Foundation
 import StallCollector
 import StallJournal
+import StallmonTestSupport
 import Testing
 
 #if canImport(Glibc)
@@ -22,7 +23,7 @@ struct CollectorHardeningTests {
     }
 
     static func stall(duration: String, cursor: String) -> JournalEntry {
-        var entry = CollectorTests.entry(cursor: cursor)
+        var entry = Entries.entry(cursor: cursor)
         entry.fields["STALL_DURATION_USEC"] = duration
         return entry
     }
@@ -68,11 +69,11 @@ struct CollectorHardeningTests {
         for index in 0..<20_000 {
             let fingerprint = String(format: "%016llx", UInt64(index) &* 0x9E37_79B9_7F4A_7C15)
             aggregator.ingest(
-                CollectorTests.entry(
+                Entries.entry(
                     fingerprint: fingerprint, time: 1_000_000_000 + UInt64(index), cursor: "f\(index)"))
         }
         for index in 0..<2000 {
-            var entry = CollectorTests.entry(unit: nil, uid: "65534", time: 2_000_000_000, cursor: "u\(index)")
+            var entry = Entries.entry(unit: nil, uid: "65534", time: 2_000_000_000, cursor: "u\(index)")
             entry.fields["SYSLOG_IDENTIFIER"] = "flood-\(index)"
             aggregator.ingest(entry)
         }
@@ -140,16 +141,10 @@ struct CollectorHardeningTests {
         return (attributes?[.type] as? FileAttributeType, (attributes?[.posixPermissions] as? NSNumber)?.intValue)
     }
 
-    static func scratchDirectory() throws -> String {
-        let directory = NSTemporaryDirectory() + "stallmond-links-\(UUID().uuidString)"
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-        return directory
-    }
-
     /// A root-owned 0600 file, and links to it planted where the metrics writer once put its
     /// temporary file (`.<name>.<pid>.tmp`) and at the target: after a write the file is untouched.
     @Test func metricsWriteFollowsNoPlantedLink() throws {
-        let directory = try Self.scratchDirectory()
+        let directory = try ScratchDirectory.make()
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let victim = directory + "/secret"
         try "secret\n".write(toFile: victim, atomically: false, encoding: .utf8)
@@ -174,7 +169,7 @@ struct CollectorHardeningTests {
     /// A dangling link as the state file once meant "no state": counting restarted from the
     /// journal's head and every stall was counted again. A link of any kind is refused, and why.
     @Test func stateFileThatIsALinkIsRefusedAndSaysWhy() throws {
-        let directory = try Self.scratchDirectory()
+        let directory = try ScratchDirectory.make()
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let store = StateStore(directory: directory)
         symlink(directory + "/nowhere.json", store.path)
@@ -196,7 +191,7 @@ struct CollectorHardeningTests {
     /// install.sh once wrote the unit through `stallmond.service.tmp` in the unit directory, so a
     /// link planted there redirected a root-owned write.
     @Test func installScriptFollowsNoPlantedLink() throws {
-        let directory = try Self.scratchDirectory()
+        let directory = try ScratchDirectory.make()
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let scratch = directory + "/build"
         try FileManager.default.createDirectory(atPath: scratch + "/release", withIntermediateDirectories: true)
@@ -213,7 +208,7 @@ struct CollectorHardeningTests {
         symlink(victim, unitDirectory + "/stallmond.service.tmp")
         symlink(victim, unitDirectory + "/stallmond.service")
 
-        let script = Serial.SystemdTests.repository.appendingPathComponent("Scripts/install.sh").path
+        let script = Repository.root.appendingPathComponent("Scripts/install.sh").path
         let process = Process()
         process.executableURL = URL(fileURLWithPath: "/bin/bash")
         process.arguments = [script, "--no-build", "--destdir", destination]

@@ -2,33 +2,11 @@ import Foundation
 import StallCollector
 import StallJournal
 import StallMonitor
+import StallmonTestSupport
 import Testing
 
 /// The collector's aggregation, state and metrics, on entries built with the journal schema.
 struct CollectorTests {
-    static func entry(
-        _ event: StallRecord.Event = .ended, unit: String? = "foo.service", uid: String? = nil,
-        fingerprint: String = "aaaaaaaaaaaaaaaa",
-        milliseconds: UInt64 = 300,
-        stallID: String = UUID().uuidString.replacingOccurrences(of: "-", with: "").lowercased(),
-        time: UInt64 = 1_000_000_000,
-        cursor: String = "c"
-    ) -> JournalEntry {
-        let record = StallRecord(
-            event: event, message: "main run loop stalled", stallID: stallID, durationMicroseconds: milliseconds * 1000,
-            thresholdMicroseconds: 250_000, activity: "after-waiting", runLoopMode: "kCFRunLoopDefaultMode",
-            callout: "timer",
-            loop: "main", threadID: 7, threadState: "R", threadSyscall: "", threadWaitChannel: "", cpuMicroseconds: 1,
-            samples: 3, samplesUnanswered: 0, stackSamples: 3, fingerprint: fingerprint,
-            frame: "Foo.bar() (Foo.swift:\(fingerprint.count))",
-            backtrace: "#0 Foo.bar()", priority: 4, syslogIdentifier: "foo")
-        var fields: [String: String] = [:]
-        fields["_SYSTEMD_UNIT"] = unit
-        fields["_UID"] = uid
-        for field in record.fields { fields[field.name] = field.value }
-        return JournalEntry(fields: fields, cursor: cursor, realtimeMicroseconds: time)
-    }
-
     @Test func shippedFileHoldsTheDefaults() throws {
         let path = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
             .deletingLastPathComponent()
@@ -67,10 +45,10 @@ struct CollectorTests {
 
     @Test func stallsAreCountedPerUnitAndFingerprintWithHistogram() {
         var aggregator = StallAggregator(configuration: CollectorConfiguration())
-        aggregator.ingest(Self.entry(milliseconds: 300, cursor: "1"))
-        aggregator.ingest(Self.entry(milliseconds: 1200, cursor: "2"))
+        aggregator.ingest(Entries.entry(milliseconds: 300, cursor: "1"))
+        aggregator.ingest(Entries.entry(milliseconds: 1200, cursor: "2"))
         aggregator.ingest(
-            Self.entry(unit: "bar.service", fingerprint: "bbbbbbbbbbbbbbbb", milliseconds: 40_000, cursor: "3"))
+            Entries.entry(unit: "bar.service", fingerprint: "bbbbbbbbbbbbbbbb", milliseconds: 40_000, cursor: "3"))
         let state = aggregator.state
         #expect(state.cursor == "3")
         #expect(state.units["foo.service"]?.stalls == 2)
@@ -98,8 +76,8 @@ struct CollectorTests {
         var aggregator = StallAggregator(configuration: CollectorConfiguration())
         let windows: [Duration] = [.seconds(60), .seconds(600)]
         #expect(aggregator.nextWindowExpiry(windows: windows, now: 1_000_000_000) == nil)
-        aggregator.ingest(Self.entry(time: 1_000_000_000, cursor: "1"))
-        aggregator.ingest(Self.entry(time: 1_030_000_000, cursor: "2"))
+        aggregator.ingest(Entries.entry(time: 1_000_000_000, cursor: "1"))
+        aggregator.ingest(Entries.entry(time: 1_030_000_000, cursor: "2"))
         // Both stalls count in both windows: the first leaves the 60 s window first.
         #expect(aggregator.nextWindowExpiry(windows: windows, now: 1_040_000_000) == 1_060_000_001)
         // Once it has left, the second is next, then the 600 s window's first.
@@ -111,7 +89,7 @@ struct CollectorTests {
         #expect(later.contains(#"stallmon_window_stalls{unit="foo.service",window="10m"} 2"#))
         #expect(aggregator.nextWindowExpiry(windows: windows, now: 1_630_000_001) == nil)
         // A hostile timestamp at the end of the clock counts in every window and never leaves.
-        aggregator.ingest(Self.entry(time: .max - 5, cursor: "3"))
+        aggregator.ingest(Entries.entry(time: .max - 5, cursor: "3"))
         #expect(aggregator.stallsPerUnit(windows: windows, now: 1_630_000_001)[0]["foo.service"] == 1)
         #expect(aggregator.nextWindowExpiry(windows: windows, now: 1_630_000_001) == nil)
     }
@@ -123,7 +101,7 @@ struct CollectorTests {
         for (index, fingerprint) in [
             "00000000000000f1", "00000000000000f2", "00000000000000f3", "00000000000000f4", "00000000000000f1",
         ].enumerated() {
-            aggregator.ingest(Self.entry(fingerprint: fingerprint, cursor: "\(index)"))
+            aggregator.ingest(Entries.entry(fingerprint: fingerprint, cursor: "\(index)"))
         }
         let text = PrometheusTextfile.render(aggregator.state, windows: [], now: 1_000_000_000, aggregator: aggregator)
         let series = text.split(separator: "\n").filter { $0.hasPrefix("stallmon_fingerprint_stalls_total{") }
@@ -134,9 +112,9 @@ struct CollectorTests {
 
     @Test func watchdogAndEndedReportsOfOneStallCountOnce() {
         var aggregator = StallAggregator(configuration: CollectorConfiguration())
-        aggregator.ingest(Self.entry(.watchdog, milliseconds: 1500, stallID: String(repeating: "1", count: 32)))
-        aggregator.ingest(Self.entry(.ended, milliseconds: 2100, stallID: String(repeating: "1", count: 32)))
-        aggregator.ingest(Self.entry(.ended, milliseconds: 300, stallID: String(repeating: "2", count: 32)))
+        aggregator.ingest(Entries.entry(.watchdog, milliseconds: 1500, stallID: String(repeating: "1", count: 32)))
+        aggregator.ingest(Entries.entry(.ended, milliseconds: 2100, stallID: String(repeating: "1", count: 32)))
+        aggregator.ingest(Entries.entry(.ended, milliseconds: 300, stallID: String(repeating: "2", count: 32)))
         #expect(aggregator.state.units["foo.service"]?.stalls == 2)
         #expect(aggregator.state.units["foo.service"]?.watchdogStalls == 1)
         #expect(aggregator.state.units["foo.service"]?.fingerprints["aaaaaaaaaaaaaaaa"]?.worstMicroseconds == 2_100_000)
@@ -144,7 +122,7 @@ struct CollectorTests {
 
     @Test func malformedAndSuppressedEntriesAreCountedNotFatal() {
         var aggregator = StallAggregator(configuration: CollectorConfiguration())
-        var broken = Self.entry()
+        var broken = Entries.entry()
         broken.fields["STALL_DURATION_USEC"] = "long"
         guard case .malformed(let error) = aggregator.ingest(broken) else {
             Issue.record("a malformed entry was counted")
@@ -166,7 +144,7 @@ struct CollectorTests {
 
     @Test func stateRoundTripsThroughItsFile() throws {
         var aggregator = StallAggregator(configuration: CollectorConfiguration())
-        aggregator.ingest(Self.entry(cursor: "cursor-1"))
+        aggregator.ingest(Entries.entry(cursor: "cursor-1"))
         let directory = NSTemporaryDirectory() + "stallmond-state-\(UUID().uuidString)"
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let store = StateStore(directory: directory)

@@ -3,6 +3,7 @@ import StallCollector
 import StallConfiguration
 import StallJournal
 import StallMonitor
+import StallmonTestSupport
 import Testing
 
 #if canImport(Glibc)
@@ -18,12 +19,10 @@ struct CollectorTrustTests {
         _ identifier: String, uid: String = "65534", fingerprint: String = "aaaaaaaaaaaaaaaa", time: UInt64,
         cursor: String
     ) -> JournalEntry {
-        var entry = CollectorTests.entry(unit: nil, uid: uid, fingerprint: fingerprint, time: time, cursor: cursor)
+        var entry = Entries.entry(unit: nil, uid: uid, fingerprint: fingerprint, time: time, cursor: cursor)
         entry.fields["SYSLOG_IDENTIFIER"] = identifier
         return entry
     }
-
-    static func fingerprint(_ index: Int) -> String { String(format: "%016llx", UInt64(index + 1) &* 0x9E37_79B9) }
 
     @Test func trustedFieldsNameTheWriter() {
         #expect(StallObservation.owner(of: ["_SYSTEMD_UNIT": "foo.service", "_UID": "65534"]) == nil)
@@ -56,18 +55,18 @@ struct CollectorTrustTests {
         for index in 0..<10 {
             time += 1000
             aggregator.ingest(
-                Self.userEntry("tool", fingerprint: Self.fingerprint(index), time: time, cursor: "t\(index)"))
+                Self.userEntry("tool", fingerprint: Entries.fingerprint(index + 1), time: time, cursor: "t\(index)"))
         }
         time += 1000
-        aggregator.ingest(CollectorTests.entry(unit: "real.service", uid: "998", time: time, cursor: "r"))
+        aggregator.ingest(Entries.entry(unit: "real.service", uid: "998", time: time, cursor: "r"))
         time += 1000
         aggregator.ingest(
-            Self.userEntry("tool", uid: "1000", fingerprint: Self.fingerprint(99), time: time, cursor: "u"))
+            Self.userEntry("tool", uid: "1000", fingerprint: Entries.fingerprint(99 + 1), time: time, cursor: "u"))
         let state = aggregator.snapshot()
         #expect(state.units["real.service"]?.stalls == 1)
         #expect(state.units["real.service"]?.owner == nil)
         let tool = try #require(state.units["(tool) (uid 1000)"])
-        #expect(tool.fingerprints[Self.fingerprint(99)]?.labeled == true, "its own fingerprint series")
+        #expect(tool.fingerprints[Entries.fingerprint(99 + 1)]?.labeled == true, "its own fingerprint series")
         #expect(state.units.values.filter { $0.owner == "65534" }.count == 50)
         #expect(state.units[CollectorState.otherUnits]?.stalls == 480)
         #expect(state.users["65534"]?.foldedStalls == 480)
@@ -106,10 +105,10 @@ struct CollectorTrustTests {
         entries.append(Self.userEntry("new-1", time: time, cursor: "n1"))  // old-0 gives way
         for index in 0..<3 {
             time += 1_000_000
-            entries.append(CollectorTests.entry(fingerprint: Self.fingerprint(index), time: time, cursor: "s\(index)"))
+            entries.append(Entries.entry(fingerprint: Entries.fingerprint(index + 1), time: time, cursor: "s\(index)"))
         }
         time += 61_000_000
-        entries.append(CollectorTests.entry(fingerprint: Self.fingerprint(7), time: time, cursor: "s7"))
+        entries.append(Entries.entry(fingerprint: Entries.fingerprint(7 + 1), time: time, cursor: "s7"))
 
         var aggregator = StallAggregator(configuration: configuration)
         for entry in entries { aggregator.ingest(entry) }
@@ -120,7 +119,10 @@ struct CollectorTrustTests {
         #expect(state.units[CollectorState.otherUnits]?.stalls == 2, "new-0 folded, old-0 moved")
         #expect(state.units.values.reduce(0) { $0 + $1.stalls } == entries.count)
         let foo = try #require(state.units["foo.service"])
-        #expect(Set(foo.fingerprints.filter(\.value.labeled).keys) == [Self.fingerprint(1), Self.fingerprint(7)])
+        #expect(
+            Set(foo.fingerprints.filter(\.value.labeled).keys) == [
+                Entries.fingerprint(1 + 1), Entries.fingerprint(7 + 1),
+            ])
         #expect(state.evictedFingerprints == 1)
         #expect(foo.otherStalls == 2)
 
@@ -139,7 +141,7 @@ struct CollectorTrustTests {
     /// `{}` was taken for a fresh state, and negative counts were exported as they were: a state
     /// that cannot be is refused with the reason, and stallmond does not start on it.
     @Test func emptyOrImpossibleStatesAreRefused() throws {
-        let directory = try CollectorHardeningTests.scratchDirectory()
+        let directory = try ScratchDirectory.make()
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let store = StateStore(directory: directory)
         var state = CollectorState()
@@ -171,7 +173,7 @@ struct CollectorTrustTests {
     /// A FIFO or a directory given as the configuration once hung `--check-config`, `demo
     /// --config` and `STALLMON_CONFIG` until killed: each is refused at once, naming what it is.
     @Test func configurationPathThatIsNotARegularFileIsRefused() throws {
-        let directory = try CollectorHardeningTests.scratchDirectory()
+        let directory = try ScratchDirectory.make()
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let fifo = directory + "/config.json"
         #expect(mkfifo(fifo, 0o600) == 0)

@@ -1,6 +1,7 @@
 import Foundation
 import StallCollector
 import StallJournal
+import StallmonTestSupport
 import Testing
 
 /// `deploy/prometheus`: the rules, their tests and the dashboard read only series stallmond writes
@@ -17,13 +18,13 @@ struct PrometheusRulesTests {
     /// suppression and a malformed entry, with every series name and its label names.
     static func renderedTextfile() -> String {
         var aggregator = StallAggregator(configuration: CollectorConfiguration())
-        aggregator.ingest(CollectorTests.entry(milliseconds: 300, cursor: "1"))
+        aggregator.ingest(Entries.entry(milliseconds: 300, cursor: "1"))
         aggregator.ingest(
-            CollectorTests.entry(unit: "bar.service", fingerprint: "bbbbbbbbbbbbbbbb", milliseconds: 1800, cursor: "2"))
-        aggregator.ingest(CollectorTests.entry(.watchdog, milliseconds: 9000, cursor: "3"))
+            Entries.entry(unit: "bar.service", fingerprint: "bbbbbbbbbbbbbbbb", milliseconds: 1800, cursor: "2"))
+        aggregator.ingest(Entries.entry(.watchdog, milliseconds: 9000, cursor: "3"))
         // A user's program outside any unit: budgeted by its _UID.
-        aggregator.ingest(CollectorTests.entry(unit: nil, uid: "1000", milliseconds: 400, cursor: "5"))
-        var broken = CollectorTests.entry(cursor: "4")
+        aggregator.ingest(Entries.entry(unit: nil, uid: "1000", milliseconds: 400, cursor: "5"))
+        var broken = Entries.entry(cursor: "4")
         broken.fields["STALL_DURATION_USEC"] = "long"
         aggregator.ingest(broken)
         return PrometheusTextfile.render(
@@ -254,54 +255,5 @@ struct PrometheusRulesTests {
         let inner = query.dropFirst("label_values(".count).dropLast()
         guard let comma = inner.lastIndex(of: ",") else { return String(inner) }
         return String(inner[..<comma])
-    }
-}
-
-/// A program from `PATH`, run to completion.
-enum ExternalTool {
-    static func find(_ name: String) -> String? {
-        let path = ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin"
-        return (path.split(separator: ":").map(String.init) + ["/usr/bin", "/usr/local/bin"])
-            .map { $0 + "/" + name }
-            .first { FileManager.default.isExecutableFile(atPath: $0) }
-    }
-
-    struct Result {
-        var status: Int32
-        var output: String
-    }
-
-    /// Runs `tool` with standard output and error together; after `timeout` seconds, or once it
-    /// exits, its process group is killed. The output goes to a file, not a pipe: helpers that a
-    /// tool leaves behind (Chromium's) would hold a pipe open, and a read to its end would never
-    /// return.
-    static func run(_ tool: String, _ arguments: [String], directory: String? = nil, timeout: Double = 120) throws
-        -> Result
-    {
-        let outputPath = FileManager.default.temporaryDirectory
-            .appendingPathComponent("stallmon-tool-\(getpid())-\(UInt32.random(in: 0...UInt32.max))").path
-        guard FileManager.default.createFile(atPath: outputPath, contents: nil),
-            let output = FileHandle(forWritingAtPath: outputPath)
-        else { throw CocoaError(.fileWriteUnknown) }
-        defer { try? FileManager.default.removeItem(atPath: outputPath) }
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: tool)
-        process.arguments = arguments
-        if let directory { process.currentDirectoryURL = URL(fileURLWithPath: directory) }
-        process.standardOutput = output
-        process.standardError = output
-        process.standardInput = FileHandle.nullDevice
-        try process.run()
-        try? output.close()
-        let pid = process.processIdentifier
-        // Foundation starts the tool in a process group of its own.
-        let killer = DispatchWorkItem { kill(-pid, SIGKILL) }
-        DispatchQueue.global().asyncAfter(deadline: .now() + timeout, execute: killer)
-        process.waitUntilExit()
-        killer.cancel()
-        // What the tool left behind in its group, if anything.
-        kill(-pid, SIGKILL)
-        let data = FileManager.default.contents(atPath: outputPath) ?? Data()
-        return Result(status: process.terminationStatus, output: String(decoding: data, as: UTF8.self))
     }
 }

@@ -1,6 +1,7 @@
 import Foundation
 import StallJournal
 import StallMonitor
+import StallmonTestSupport
 import Testing
 
 extension Serial {
@@ -126,11 +127,11 @@ extension Serial {
         }
 
         @Test func mainActorStallsOfAnAsyncMainReadBackFromTheJournal() throws {
-            try #require(Journald.ensureRunning(), "journald is not running and cannot be started")
+            try #require(Journald.host.ensureRunning(), "journald is not running and cannot be started")
             let identifier = "stallmon-async-test-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
             let run = try Self.run("stalls", arguments: ["--seconds", "5.2", "--journal", "--identifier", identifier])
             #expect(run.exitStatus == 0, "\(run.standardError)")
-            let ended = try Journald.entries(
+            let ended = try Journald.host.entries(
                 ["SYSLOG_IDENTIFIER=\(identifier)", "MESSAGE_ID=\(MessageID.stallEnded)"], atLeast: 4)
             try #require(ended.count == 4)
             #expect(ended.map { $0["STALL_CALLOUT"] } == ["main-actor", "main-actor", "main-actor", "main-queue"])

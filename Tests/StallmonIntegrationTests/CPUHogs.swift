@@ -1,4 +1,5 @@
 import Foundation
+import StallmonFixtureKit
 import Synchronization
 
 #if canImport(Glibc)
@@ -19,8 +20,7 @@ final class CPUHogs: Sendable {
                 var parameters = sched_param(sched_priority: 10)
                 _ = pthread_setschedparam(pthread_self(), SCHED_FIFO, &parameters)
                 while running.load(ordering: .relaxed) {
-                    let start = DispatchTime.now().uptimeNanoseconds
-                    while DispatchTime.now().uptimeNanoseconds - start < UInt64(busy * 1e9) {}
+                    Burn.cpu(milliseconds: busy * 1000)
                     usleep(UInt32((period - busy) * 1e6))
                 }
                 finished.leave()

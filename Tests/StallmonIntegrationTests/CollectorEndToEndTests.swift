@@ -2,6 +2,7 @@ import Foundation
 import Logging
 import StallCollector
 import StallJournal
+import StallmonTestSupport
 import Testing
 
 #if canImport(Glibc)
@@ -56,7 +57,7 @@ extension Serial {
         static func identifier() -> String { "stallmon-e2e-\(getpid())-\(UInt32.random(in: 0...UInt32.max))" }
 
         @Test func stallmondCountsStallsAndARestartNeitherLosesNorDoubleCounts() throws {
-            try #require(Journald.ensureRunning())
+            try #require(Journald.host.ensureRunning())
             let scratch = try Scratch()
             defer { scratch.remove() }
             let identifier = Self.identifier()
@@ -101,7 +102,7 @@ extension Serial {
         }
 
         @Test func windowGaugeFallsBackToZeroWhenItsStallsAgeOutWithNoNewEntry() throws {
-            try #require(Journald.ensureRunning())
+            try #require(Journald.host.ensureRunning())
             let scratch = try Scratch(extra: #", "windows_s": [10]"#)
             defer { scratch.remove() }
             let identifier = Self.identifier()
@@ -138,7 +139,7 @@ extension Serial {
         }
 
         @Test func digestEntryLandsInTheJournal() throws {
-            try #require(Journald.ensureRunning())
+            try #require(Journald.host.ensureRunning())
             let scratch = try Scratch()
             defer { scratch.remove() }
             let configuration = try CollectorConfiguration.load(
@@ -146,7 +147,7 @@ extension Serial {
             let collector = try Collector(configuration: configuration, logger: Logger(label: "test"))
             collector.catchUp()
             let digest = collector.writeDigest()
-            let entries = try Journald.entries(["MESSAGE_ID=\(MessageID.collectorDigest)", "_PID=\(getpid())"])
+            let entries = try Journald.host.entries(["MESSAGE_ID=\(MessageID.collectorDigest)", "_PID=\(getpid())"])
             let written = try DigestRecord(journalFields: try #require(entries.last))
             #expect(written == digest)
             #expect(written.message.hasPrefix("stall digest for the last 1h: "))
@@ -154,7 +155,7 @@ extension Serial {
         }
 
         @Test func reportGroupsTheJournalsStallsAndFollowPrintsNewOnes() throws {
-            try #require(Journald.ensureRunning())
+            try #require(Journald.host.ensureRunning())
             let identifier = Self.identifier()
             let follow = try Executable.stallmon.start(["follow", "--json"])
             defer { _ = follow.terminate() }

@@ -1,4 +1,5 @@
 import Foundation
+import StallmonTestSupport
 import Testing
 
 #if canImport(Glibc)
@@ -78,7 +79,7 @@ extension Serial {
         }
 
         @Test func monitorThresholdUnderTheSamplingIntervalPassesTheCheckAndStarts() throws {
-            try #require(Journald.ensureRunning())
+            try #require(Journald.host.ensureRunning())
             let scratch = try Scratch("")
             defer { scratch.remove() }
             try #"{"metrics_path": "", "state_directory": "\#(scratch.directory)/state", "monitor_threshold_ms": 15}"#

@@ -1,6 +1,7 @@
 import Foundation
 import StallJournal
 import StallMonitor
+import StallmonTestSupport
 import Testing
 
 #if canImport(Glibc)

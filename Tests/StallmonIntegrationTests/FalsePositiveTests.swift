@@ -1,4 +1,5 @@
 import Foundation
+import StallmonTestSupport
 import Testing
 
 #if canImport(Glibc)

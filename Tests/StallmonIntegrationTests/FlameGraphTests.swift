@@ -2,6 +2,7 @@ import Foundation
 import FoundationXML
 import StallCollector
 import StallJournal
+import StallmonTestSupport
 import Testing
 
 #if canImport(Glibc)
@@ -157,7 +158,7 @@ extension FlameGraphTests {
     @Test func forgedDurationsCannotEraseTheServicesPicture() throws {
         var forged = Self.worstEntry(1000, uid: "65534")
         forged.fields["STALL_DURATION_USEC"] = "\(FieldLimits.maximumMicroseconds)"
-        let service = CollectorTests.entry(unit: "real.service", uid: "998", milliseconds: 400)
+        let service = Entries.entry(unit: "real.service", uid: "998", milliseconds: 400)
         var services = ServiceFlameGraph()
         var everything = ServiceFlameGraph(allWriters: true)
         for entry in [forged, service, Self.worstEntry(1, uid: "65534")] {
@@ -178,8 +179,8 @@ extension FlameGraphTests {
 
     /// The schema's worst entry (see `CollectorCost.worst` in stallmon-bench), written by `uid`.
     static func worstEntry(_ index: Int, uid: String) -> JournalEntry {
-        var entry = CollectorTests.entry(
-            unit: nil, uid: uid, fingerprint: CollectorTrustTests.fingerprint(index),
+        var entry = Entries.entry(
+            unit: nil, uid: uid, fingerprint: Entries.fingerprint(index + 1),
             stallID: String(format: "%032llx", UInt64(index + 1)), cursor: "w\(index)")
         entry.fields["STALL_BACKTRACE"] =
             "#0 Service.refresh() at Service.swift:1" + String(repeating: "\n", count: 1023)
@@ -196,11 +197,11 @@ extension Serial {
     @Suite
     struct FlameGraphEndToEndTests {
         @Test func flameGraphOfARealStallShowsTheStallingFunctionInChromium() throws {
-            try #require(Journald.ensureRunning())
+            try #require(Journald.host.ensureRunning())
             let identifier = "stallmon-flame-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
             let run = try FixtureRun.run("timer-cpu", arguments: ["--journal", "--identifier", identifier])
             #expect(run.exitStatus == 0, "\(run.standardError)")
-            let entries = try Journald.entries([
+            let entries = try Journald.host.entries([
                 "SYSLOG_IDENTIFIER=\(identifier)", "MESSAGE_ID=\(MessageID.stallEnded)",
             ])
             let entry = try #require(entries.first)
@@ -208,13 +209,13 @@ extension Serial {
             #expect(stacksField.utf8.count <= 4096)
 
             // Into a journal of its own, with a hostile entry next to it.
-            let journal = JournalNamespace()
+            let journal = Journald.namespaced()
             defer { journal.remove() }
             try #require(journal.ensureRunning())
             try journal.send(
                 entry.filter { !$0.key.hasPrefix("_") }.sorted { $0.key < $1.key }.map { ($0.key, $0.value) })
             try journal.send(
-                HostileJournalTests.stall(
+                Entries.stallFields(
                     identifier: "evil", fingerprint: "00000000deadbeef", frame: FlameGraphTests.hostileFrame,
                     overrides: ["STALL_BACKTRACE": "#0 0x1 \(FlameGraphTests.hostileFrame) [evil]"]))
             try #require(journal.waitForEntries(2, messageIDs: [MessageID.stallEnded]))

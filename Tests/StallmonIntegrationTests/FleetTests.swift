@@ -3,6 +3,7 @@ import Logging
 import StallCollector
 import StallJournal
 import StallMonitor
+import StallmonTestSupport
 import Testing
 
 /// Many hosts, one collector: hosts counted and bounded, entries received twice counted once, and
@@ -19,7 +20,7 @@ struct FleetTests {
         machine: String, host: String, monotonic: UInt64, boot: String = FleetTests.boot,
         fingerprint: String = "aaaaaaaaaaaaaaaa", cursor: String = "c"
     ) -> JournalEntry {
-        var entry = CollectorTests.entry(fingerprint: fingerprint, time: 1_000_000_000 + monotonic, cursor: cursor)
+        var entry = Entries.entry(fingerprint: fingerprint, time: 1_000_000_000 + monotonic, cursor: cursor)
         entry.fields["_MACHINE_ID"] = machine
         entry.fields["_HOSTNAME"] = host
         entry.bootID = boot

@@ -1,5 +1,6 @@
 import Foundation
 import StallJournal
+import StallmonTestSupport
 import Testing
 
 #if canImport(Glibc)
@@ -103,7 +104,7 @@ extension Serial {
         /// replaces, goes unwatched).
         @Test(arguments: ["before", "after"])
         func vaporWithNIOAsTheGlobalExecutorReportsAnAsyncHandlerStallOnItsEventLoopOnce(takeover: String) throws {
-            try #require(Journald.ensureRunning(), "journald is not running and cannot be started")
+            try #require(Journald.host.ensureRunning(), "journald is not running and cannot be started")
             guard let binary = Self.binary(.vapor) else { return }
             let service = try FrameworkService(
                 .vapor, binary: binary, environment: Self.environment.merging(["EXAMPLE_NIO_TAKEOVER": takeover]) { $1 }
@@ -127,7 +128,7 @@ extension Serial {
 
         /// Makes each stall once, in order, and checks its reports; then 10 s of idle.
         func checkStalls(of kind: FrameworkService.Kind, _ stalls: [Stall]) throws {
-            try #require(Journald.ensureRunning(), "journald is not running and cannot be started")
+            try #require(Journald.host.ensureRunning(), "journald is not running and cannot be started")
             guard let binary = Self.binary(kind) else { return }
             let service = try FrameworkService(kind, binary: binary, environment: Self.environment)
             defer { service.stop() }

@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import StallCollector
 import StallJournal
+import StallmonTestSupport
 import Testing
 
 @testable import StallConfiguration

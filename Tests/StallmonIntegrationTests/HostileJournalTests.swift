@@ -1,6 +1,7 @@
 import Foundation
 import StallCollector
 import StallJournal
+import StallmonTestSupport
 import Testing
 
 #if canImport(Glibc)
@@ -13,46 +14,21 @@ extension Serial {
     /// children against a real journald of a namespace of their own.
     @Suite
     struct HostileJournalTests {
-        /// A well-formed ended-stall entry, then `overrides` (any value, any length).
-        static func stall(
-            identifier: String, fingerprint: String, frame: String = "Service.refresh() (Service.swift:42)",
-            overrides: [String: String] = [:]
-        ) -> [(String, String)] {
-            let record = StallRecord(
-                event: .ended, message: "main run loop stalled 400 ms in timer callout at \(frame)",
-                stallID: (0..<4).map { _ in String(format: "%08x", UInt32.random(in: 0...UInt32.max)) }.joined(),
-                durationMicroseconds: 400_000, thresholdMicroseconds: 250_000, activity: "after-waiting",
-                runLoopMode: "kCFRunLoopDefaultMode", callout: "timer", loop: "main", threadID: 4242, threadState: "R",
-                threadSyscall: "", threadWaitChannel: "", cpuMicroseconds: 390_000, samples: 20, samplesUnanswered: 0,
-                stackSamples: 19, fingerprint: fingerprint, frame: frame, backtrace: "#0 \(frame)", priority: 4,
-                syslogIdentifier: identifier)
-            var fields = record.fields.map { ($0.name, $0.value) }
-            for (name, value) in overrides {
-                if let index = fields.firstIndex(where: { $0.0 == name }) {
-                    fields[index].1 = value
-                } else {
-                    fields.append((name, value))
-                }
-            }
-            return fields
-        }
-
-        static func fingerprint(_ index: Int) -> String { String(format: "%016llx", UInt64(index) &* 0x9e37_79b9) }
-
         @Test func reportBoundsHugeIdentifiersAndEscapesTerminalSequences() throws {
-            let journal = JournalNamespace()
+            let journal = Journald.namespaced()
             defer { journal.remove() }
             try #require(journal.ensureRunning(), "cannot start journald for namespace \(journal.name)")
             for index in 0..<20 {
-                try journal.send(Self.stall(identifier: "svc", fingerprint: Self.fingerprint(index)))
+                try journal.send(Entries.stallFields(identifier: "svc", fingerprint: Entries.fingerprint(index)))
             }
             let huge = String(repeating: "A", count: 100_000)
             for index in 0..<3 {
-                try journal.send(Self.stall(identifier: huge + "\(index)", fingerprint: Self.fingerprint(100 + index)))
+                try journal.send(
+                    Entries.stallFields(identifier: huge + "\(index)", fingerprint: Entries.fingerprint(100 + index)))
             }
             try journal.send(
-                Self.stall(
-                    identifier: "evil\u{1b}]0;owned\u{07}", fingerprint: Self.fingerprint(200),
+                Entries.stallFields(
+                    identifier: "evil\u{1b}]0;owned\u{07}", fingerprint: Entries.fingerprint(200),
                     frame: "Evil.run() \u{1b}[2J\u{1b}[H\u{9b}31m (Evil.swift:1)"))
             try #require(journal.waitForEntries(24, messageIDs: [MessageID.stallEnded]))
 
@@ -84,10 +60,10 @@ extension Serial {
         }
 
         @Test func reportNamesOutOfBoundEntriesAndExitsWithDataError() throws {
-            let journal = JournalNamespace()
+            let journal = Journald.namespaced()
             defer { journal.remove() }
             try #require(journal.ensureRunning(), "cannot start journald for namespace \(journal.name)")
-            try journal.send(Self.stall(identifier: "good", fingerprint: Self.fingerprint(1)))
+            try journal.send(Entries.stallFields(identifier: "good", fingerprint: Entries.fingerprint(1)))
             let hostile: [[String: String]] = [
                 ["STALL_DURATION_USEC": "9223372036854775807"],
                 ["STALL_CPU_USEC": "-5"],
@@ -96,7 +72,8 @@ extension Serial {
                 ["STALL_FRAME": String(repeating: "x", count: 100_000)],
             ]
             for overrides in hostile {
-                try journal.send(Self.stall(identifier: "bad", fingerprint: Self.fingerprint(2), overrides: overrides))
+                try journal.send(
+                    Entries.stallFields(identifier: "bad", fingerprint: Entries.fingerprint(2), overrides: overrides))
             }
             try #require(journal.waitForEntries(6, messageIDs: [MessageID.stallEnded]))
 
@@ -116,29 +93,30 @@ extension Serial {
         }
 
         @Test func followNamesMalformedEntriesAndEndsWithDataError() throws {
-            let journal = JournalNamespace()
+            let journal = Journald.namespaced()
             defer { journal.remove() }
             try #require(journal.ensureRunning(), "cannot start journald for namespace \(journal.name)")
-            try journal.send(Self.stall(identifier: "before", fingerprint: Self.fingerprint(1)))
+            try journal.send(Entries.stallFields(identifier: "before", fingerprint: Entries.fingerprint(1)))
             try journal.send(
-                Self.stall(identifier: "before", fingerprint: Self.fingerprint(2), overrides: ["STALL_ID": "nothex"]))
+                Entries.stallFields(
+                    identifier: "before", fingerprint: Entries.fingerprint(2), overrides: ["STALL_ID": "nothex"]))
             try #require(journal.waitForEntries(2, messageIDs: [MessageID.stallEnded]))
 
             let follow = try Executable.stallmon.start(["follow", "--namespace", journal.name, "--lines", "5"])
             #expect(
                 follow.waitForOutput { output, errors in output.contains("(before)") || output.contains("before[") })
             try journal.send(
-                Self.stall(
-                    identifier: "after\u{1b}[2J", fingerprint: Self.fingerprint(3),
+                Entries.stallFields(
+                    identifier: "after\u{1b}[2J", fingerprint: Entries.fingerprint(3),
                     frame: "After.run() \u{1b}]0;title\u{07}"))
             try journal.send(
-                Self.stall(
-                    identifier: "after", fingerprint: Self.fingerprint(4),
+                Entries.stallFields(
+                    identifier: "after", fingerprint: Entries.fingerprint(4),
                     overrides: ["STALL_SUPPRESSED_COUNT": "1", "PRIORITY": "99"]))
             try journal.send(
                 [
                     ("MESSAGE_ID", MessageID.reportsSuppressed), ("MESSAGE", "suppressed"), ("PRIORITY", "5"),
-                    ("STALL_THREAD_TID", "1"), ("STALL_FINGERPRINT", Self.fingerprint(5)),
+                    ("STALL_THREAD_TID", "1"), ("STALL_FINGERPRINT", Entries.fingerprint(5)),
                     ("STALL_SUPPRESSED_COUNT", "-1000"), ("STALL_SUPPRESSED_TOTAL_USEC", "0"),
                     ("STALL_SUPPRESSED_WORST_USEC", "0"), ("STALL_RATE_LIMIT_BURST", "5"),
                     ("STALL_RATE_LIMIT_INTERVAL_USEC", "60000000"),
@@ -167,12 +145,12 @@ extension Serial {
         }
 
         @Test func aJournalTheUserMayNotReadIsUnavailableNotEmpty() throws {
-            try #require(Journald.ensureRunning())
+            try #require(Journald.host.ensureRunning())
             try #require(getuid() == 0, "needs root to run a child as nobody")
             let identifier = "stallmon-unreadable-\(getpid())"
-            let fields = Self.stall(identifier: identifier, fingerprint: Self.fingerprint(7))
+            let fields = Entries.stallFields(identifier: identifier, fingerprint: Entries.fingerprint(7))
             try JournalWriter().send(fields.map { JournalField($0.0, $0.1) })
-            #expect(!(try Journald.entries(["SYSLOG_IDENTIFIER=\(identifier)"])).isEmpty)
+            #expect(!(try Journald.host.entries(["SYSLOG_IDENTIFIER=\(identifier)"])).isEmpty)
 
             let drop = ["--reuid=65534", "--regid=65534", "--clear-groups", Executable.stallmon.url.path]
             let report = try Self.run("/usr/bin/setpriv", drop + ["report"])

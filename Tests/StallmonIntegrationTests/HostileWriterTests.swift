@@ -1,6 +1,7 @@
 import Foundation
 import StallCollector
 import StallJournal
+import StallmonTestSupport
 import Testing
 
 #if canImport(Glibc)
@@ -56,16 +57,16 @@ extension Serial {
         )
             -> [(String, String)]
         {
-            HostileJournalTests.stall(
-                identifier: identifier, fingerprint: HostileJournalTests.fingerprint(fingerprint), frame: frame)
+            Entries.stallFields(
+                identifier: identifier, fingerprint: Entries.fingerprint(fingerprint), frame: frame)
         }
 
         /// The schema's worst entry: 64 stacks of 1,024 frames, each under an outer frame of its own.
         static func worst(_ index: Int, overrides: [String: String] = [:]) -> [(String, String)] {
             var lines = (0..<64).map { "=Outer.frame\($0)_\(index)() at Outer.swift:\($0)" }
             lines += (0..<64).map { "0-1022,\(1024 + $0) 1" }
-            return HostileJournalTests.stall(
-                identifier: "flood-0", fingerprint: HostileJournalTests.fingerprint(index),
+            return Entries.stallFields(
+                identifier: "flood-0", fingerprint: Entries.fingerprint(index),
                 overrides: [
                     "STALL_BACKTRACE": "#0 Service.refresh() at Service.swift:1" + String(repeating: "\n", count: 1023),
                     "STALL_STACKS": lines.joined(separator: "\n"),
@@ -78,7 +79,7 @@ extension Serial {
         /// and a metric say so. While `nobody` floods the worst entries the schema allows, a new
         /// stall of the system unit is still counted at once.
         @Test func aFloodOfAnUnprivilegedUserFoldsOnlyItsOwnSeries() throws {
-            let journal = JournalNamespace()
+            let journal = Journald.namespaced()
             defer { journal.remove() }
             try #require(journal.ensureRunning(), "cannot start journald for namespace \(journal.name)")
             let unit = "stallmon-real-\(getpid()).service"
@@ -96,7 +97,7 @@ extension Serial {
             defer { scratch.remove() }
             let realSeries = #"stallmon_stalls_total{unit="\#(unit)"}"#
             let toolSeries =
-                #"stallmon_fingerprint_stalls_total{unit="(tool)",fingerprint="\#(HostileJournalTests.fingerprint(3000))""#
+                #"stallmon_fingerprint_stalls_total{unit="(tool)",fingerprint="\#(Entries.fingerprint(3000))""#
             let folded = #"stallmond_user_folded_stalls_total{uid="65534"}"#
             for run in ["first start", "restart", "restart without state.json"] {
                 if run == "restart without state.json" { try FileManager.default.removeItem(atPath: scratch.state) }
@@ -144,7 +145,7 @@ extension Serial {
         /// of the services out of the graph. Now its peak memory stays bounded, the graph shows the
         /// system unit's frames and says what it left out; `--all-writers` draws the rest apart.
         @Test func flameGraphOfAFloodStaysBoundedAndShowsTheServices() throws {
-            let journal = JournalNamespace()
+            let journal = Journald.namespaced()
             defer { journal.remove() }
             try #require(journal.ensureRunning(), "cannot start journald for namespace \(journal.name)")
             let unit = "stallmon-graph-\(getpid()).service"
@@ -196,7 +197,7 @@ extension Serial {
         /// never counted again. It resumes after the machine's last entry read, says so, and counts
         /// each later stall once.
         @Test func aRejectedCursorRecoversAndCountsEachStallOnce() throws {
-            let journal = JournalNamespace()
+            let journal = Journald.namespaced()
             defer { journal.remove() }
             try #require(journal.ensureRunning(), "cannot start journald for namespace \(journal.name)")
             try journal.send(Self.stall("svc", fingerprint: 1))
@@ -239,7 +240,7 @@ extension Serial {
         /// `{}` as state.json was taken for a fresh start, and negative counts were exported as
         /// they were: stallmond refuses either, names why, exits 69 and starts nothing.
         @Test func aDamagedStateIsRefusedWith69() throws {
-            let journal = JournalNamespace()
+            let journal = Journald.namespaced()
             defer { journal.remove() }
             try #require(journal.ensureRunning(), "cannot start journald for namespace \(journal.name)")
             try journal.send(Self.stall("svc", fingerprint: 1))
@@ -264,7 +265,7 @@ extension Serial {
         /// A SIGHUP that came before stallmond's signal handling, within about 50 ms of exec,
         /// ended it (exit 129). Once its main() runs, a SIGHUP is a reload, served when it is ready.
         @Test func aSIGHUPRightAfterStartIsAReload() throws {
-            let journal = JournalNamespace()
+            let journal = Journald.namespaced()
             defer { journal.remove() }
             try #require(journal.ensureRunning(), "cannot start journald for namespace \(journal.name)")
             try journal.send(Self.stall("svc", fingerprint: 1))

@@ -1,5 +1,6 @@
 import Foundation
 import StallJournal
+import StallmonTestSupport
 import Testing
 
 extension Serial {
@@ -7,17 +8,19 @@ extension Serial {
     @Suite
     struct JournalEndToEndTests {
         @Test func stallReportsLandInTheJournalWithEveryField() throws {
-            try #require(Journald.ensureRunning(), "journald is not running and cannot be started")
+            try #require(Journald.host.ensureRunning(), "journald is not running and cannot be started")
             let identifier = "stallmon-test-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
             let run = try FixtureRun.run("main-queue-syscall", arguments: ["--journal", "--identifier", identifier])
             #expect(run.exitStatus == 0)
             let printed = try #require(run.ended.first)
 
-            let detected = try Journald.entries([
+            let detected = try Journald.host.entries([
                 "SYSLOG_IDENTIFIER=\(identifier)", "MESSAGE_ID=\(MessageID.stallDetected)",
             ])
-            let ended = try Journald.entries(["SYSLOG_IDENTIFIER=\(identifier)", "MESSAGE_ID=\(MessageID.stallEnded)"])
-            let lifecycle = try Journald.entries(
+            let ended = try Journald.host.entries([
+                "SYSLOG_IDENTIFIER=\(identifier)", "MESSAGE_ID=\(MessageID.stallEnded)",
+            ])
+            let lifecycle = try Journald.host.entries(
                 ["SYSLOG_IDENTIFIER=\(identifier)", "MESSAGE_ID=\(MessageID.monitorLifecycle)"], atLeast: 2)
             try #require(detected.count == 1)
             try #require(ended.count == 1)

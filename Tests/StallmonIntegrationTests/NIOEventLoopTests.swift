@@ -1,5 +1,6 @@
 import Foundation
 import StallJournal
+import StallmonTestSupport
 import Testing
 
 #if canImport(Glibc)
@@ -17,7 +18,7 @@ extension Serial {
         /// With heartbeats (any group, as frameworks make them) and with the tick delegate.
         @Test(arguments: [false, true])
         func eachStallingHandlerIsReportedOnceWithItsDurationFrameAndKind(tickDelegate: Bool) throws {
-            try #require(Journald.ensureRunning(), "journald is not running and cannot be started")
+            try #require(Journald.host.ensureRunning(), "journald is not running and cannot be started")
             let server = try NIOServer(tickDelegate: tickDelegate)
             defer { server.stop() }
             let answers = try ["/cpu?ms=300", "/sleep?ms=300", "/lock?ms=300"].map { try server.stall($0) }
@@ -63,7 +64,7 @@ extension Serial {
         }
 
         @Test func eachKindOfLoopWorkIsNamedInItsReport() throws {
-            try #require(Journald.ensureRunning(), "journald is not running and cannot be started")
+            try #require(Journald.host.ensureRunning(), "journald is not running and cannot be started")
             let server = try NIOServer()
             defer { server.stop() }
             let kinds = [("/task", "execute-task"), ("/scheduled", "scheduled-task"), ("/future", "future-callback")]
@@ -81,7 +82,7 @@ extension Serial {
         }
 
         @Test func anIdleServerIsNotReportedAndItsWatchdogNeverWakes() throws {
-            try #require(Journald.ensureRunning(), "journald is not running and cannot be started")
+            try #require(Journald.host.ensureRunning(), "journald is not running and cannot be started")
             let server = try NIOServer()
             defer { server.stop() }
             _ = try server.get("/hello")
@@ -93,7 +94,7 @@ extension Serial {
         }
 
         @Test func shortRequestsUnderLoadAreNotReported() throws {
-            try #require(Journald.ensureRunning(), "journald is not running and cannot be started")
+            try #require(Journald.host.ensureRunning(), "journald is not running and cannot be started")
             let server = try NIOServer()
             defer { server.stop() }
             let before = try server.stats()
@@ -123,7 +124,7 @@ extension Serial {
         /// A process stopped (SIGSTOP, a debugger) in the middle of a short request is no stall:
         /// the time nothing ran is not the loop's.
         @Test func aServerStoppedInTheMiddleOfAShortRequestIsNotReportedStalled() throws {
-            try #require(Journald.ensureRunning(), "journald is not running and cannot be started")
+            try #require(Journald.host.ensureRunning(), "journald is not running and cannot be started")
             let server = try NIOServer(threads: 1)
             defer { server.stop() }
             let before = try server.stats()
@@ -152,7 +153,7 @@ extension Serial {
         }
 
         @Test func aStalledLoopDoesNotHideAStallOnAnotherLoop() throws {
-            try #require(Journald.ensureRunning(), "journald is not running and cannot be started")
+            try #require(Journald.host.ensureRunning(), "journald is not running and cannot be started")
             let server = try NIOServer()
             defer { server.stop() }
             // Connections go to the group's loops in turn: the two requests land on different loops,

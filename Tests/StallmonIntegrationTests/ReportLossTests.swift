@@ -1,5 +1,6 @@
 import Foundation
 import StallJournal
+import StallmonTestSupport
 import Testing
 
 #if canImport(Glibc)
@@ -12,7 +13,7 @@ extension Serial {
     @Suite
     struct ReportLossTests {
         /// Stall reports every 200 ms for `seconds`, to the namespace's journal.
-        private static func streamArguments(_ journal: JournalNamespace, identifier: String, seconds: Double)
+        private static func streamArguments(_ journal: Journald, identifier: String, seconds: Double)
             -> [String]
         {
             [
@@ -35,7 +36,7 @@ extension Serial {
         }
 
         @Test func reportsGoToStandardErrorWhileJournaldIsDownAndBackToTheJournalAfter() throws {
-            let journal = JournalNamespace()
+            let journal = Journald.namespaced()
             defer { journal.remove() }
             try #require(journal.start(), "cannot start a journald")
             let identifier = "stallmon-test-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
@@ -70,7 +71,7 @@ extension Serial {
         }
 
         @Test func journalSinkWithoutFallbackCountsWhatJournaldDidNotTake() throws {
-            let journal = JournalNamespace()
+            let journal = Journald.namespaced()
             defer { journal.remove() }
             try #require(journal.start(), "cannot start a journald")
             let identifier = "stallmon-test-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
@@ -97,7 +98,7 @@ extension Serial {
         }
 
         @Test func sinkMadeBeforeJournaldStartsWritesToTheJournalOnceItListens() throws {
-            let journal = JournalNamespace()
+            let journal = Journald.namespaced()
             defer { journal.remove() }
             let identifier = "stallmon-test-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
             var started = false
@@ -124,7 +125,7 @@ extension Serial {
         }
 
         @Test func stopReturnsQuicklyWhileJournaldTakesNothing() throws {
-            let journal = JournalNamespace()
+            let journal = Journald.namespaced()
             defer { journal.remove() }
             try #require(journal.start(), "cannot start a journald")
             journal.signal(SIGSTOP)

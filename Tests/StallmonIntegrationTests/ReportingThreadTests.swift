@@ -1,5 +1,6 @@
 import Foundation
 import StallJournal
+import StallmonTestSupport
 import Synchronization
 import Testing
 

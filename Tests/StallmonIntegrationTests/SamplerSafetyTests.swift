@@ -1,5 +1,6 @@
 import CStallCapture
 import Foundation
+import StallmonTestSupport
 import Testing
 
 #if canImport(Glibc)

@@ -1,5 +1,6 @@
 import Foundation
 import StallJournal
+import StallmonTestSupport
 import Testing
 
 #if canImport(Glibc)
@@ -61,7 +62,7 @@ extension Serial {
         }
 
         @Test func sigtermShutsTheGroupDownGracefullyAndTheMonitorStopsLastWithItsSummary() throws {
-            try #require(Journald.ensureRunning(), "journald is not running and cannot be started")
+            try #require(Journald.host.ensureRunning(), "journald is not running and cannot be started")
             let identifier = "stallmon-service-test-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
             let outcome = try Self.run("sigterm", sigterm: true, arguments: ["--journal", "--identifier", identifier])
             // A graceful shutdown, not a death by signal.
@@ -79,10 +80,10 @@ extension Serial {
             #expect(outcome.lines[exited].number("stalls") == 1)
 
             // The same from the journal.
-            let ended = try Journald.entries(
+            let ended = try Journald.host.entries(
                 ["SYSLOG_IDENTIFIER=\(identifier)", "MESSAGE_ID=\(MessageID.stallEnded)"])
             #expect(ended.count == 1 && ended.first?["STALL_CALLOUT"] == "main-actor")
-            let lifecycle = try Journald.entries(
+            let lifecycle = try Journald.host.entries(
                 ["SYSLOG_IDENTIFIER=\(identifier)", "MESSAGE_ID=\(MessageID.monitorLifecycle)"], atLeast: 2)
             let main = lifecycle.filter { $0["STALL_LOOP"] == "main" }
             #expect(main.map { $0[MonitorField.event] } == ["started", "stopped"])

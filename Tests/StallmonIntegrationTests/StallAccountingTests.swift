@@ -1,5 +1,6 @@
 import CoreFoundation
 import Foundation
+import StallmonTestSupport
 import Testing
 
 #if canImport(Glibc)

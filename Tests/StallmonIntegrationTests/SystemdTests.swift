@@ -1,5 +1,6 @@
 import Foundation
 import StallCollector
+import StallmonTestSupport
 import Testing
 
 #if canImport(Glibc)
@@ -11,14 +12,12 @@ import Glibc
 extension Serial {
     @Suite(.enabled(if: SystemdNamespace.isSupported, "needs root, systemd, unshare and nsenter"))
     struct SystemdTests {
-        static let repository = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
-            .deletingLastPathComponent()
         static var buildDirectory: String {
             URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().path
         }
 
         static func file(_ path: String) throws -> String {
-            try String(contentsOf: repository.appendingPathComponent(path), encoding: .utf8)
+            try String(contentsOf: Repository.root.appendingPathComponent(path), encoding: .utf8)
         }
 
         /// Copies the project's executables into the namespace's /usr/local/bin, where the units
@@ -209,7 +208,7 @@ extension Serial {
             try systemd.install(unit: "stallmond.service", contents: try Self.file("systemd/stallmond.service"))
             try systemd.check(["mkdir", "-p", "-m", "1777", "/var/lib/prometheus/node-exporter"])
             try systemd.copy(Data(#"{"metrics_interval_s": 1}"#.utf8), to: "/etc/stallmon/stallmond.json")
-            let floodScript = try Data(contentsOf: Self.repository.appendingPathComponent("Scripts/journal-flood.py"))
+            let floodScript = try Data(contentsOf: Repository.root.appendingPathComponent("Scripts/journal-flood.py"))
             try systemd.copy(floodScript, to: "/usr/local/bin/journal-flood", mode: 0o755)
             let ended = "MESSAGE_ID=28beac6e882f46aaa40f2556557097a6"
 
@@ -329,7 +328,7 @@ extension Serial {
         @Test func unitFilesPassVerifyAndTheSecurityScoreIsAtMostOne() throws {
             let verify = Process()
             verify.executableURL = SystemdNamespace.script
-            verify.arguments = ["verify", Self.repository.appendingPathComponent("systemd/stallmond.service").path]
+            verify.arguments = ["verify", Repository.root.appendingPathComponent("systemd/stallmond.service").path]
             let verifyOutput = Pipe()
             verify.standardOutput = verifyOutput
             verify.standardError = verifyOutput
@@ -341,7 +340,7 @@ extension Serial {
             let security = Process()
             security.executableURL = URL(fileURLWithPath: "/usr/bin/systemd-analyze")
             security.arguments = [
-                "security", "--offline=yes", Self.repository.appendingPathComponent("systemd/stallmond.service").path,
+                "security", "--offline=yes", Repository.root.appendingPathComponent("systemd/stallmond.service").path,
             ]
             let output = Pipe()
             security.standardOutput = output

@@ -5,30 +5,41 @@ import Glibc
 #endif
 
 /// The project's own executables, next to the test bundle in the build folder.
-struct Executable {
-    var name: String
+package struct Executable {
+    package var name: String
 
-    static let stallmon = Executable(name: "stallmon")
-    static let stallmond = Executable(name: "stallmond")
+    package init(name: String) {
+        self.name = name
+    }
+
+    package static let stallmon = Executable(name: "stallmon")
+    package static let stallmond = Executable(name: "stallmond")
     /// The service the tests stall (Sources/StallmonFixture).
-    static let fixture = Executable(name: "StallmonFixture")
+    package static let fixture = Executable(name: "StallmonFixture")
     /// The async `@main` service the tests stall (Sources/StallmonAsyncFixture).
-    static let asyncFixture = Executable(name: "StallmonAsyncFixture")
+    package static let asyncFixture = Executable(name: "StallmonAsyncFixture")
     /// The async service whose monitor is a swift-service-lifecycle `Service` (Sources/StallmonServiceFixture).
-    static let serviceFixture = Executable(name: "StallmonServiceFixture")
+    package static let serviceFixture = Executable(name: "StallmonServiceFixture")
 
-    var url: URL {
+    package var url: URL {
         URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent(name)
     }
 
-    struct Result {
-        var status: Int32
-        var output: String
-        var errors: String
+    package struct Result {
+        package var status: Int32
+        package var output: String
+        package var errors: String
+
+        package init(status: Int32, output: String, errors: String) {
+            self.status = status
+            self.output = output
+            self.errors = errors
+        }
     }
 
     /// Runs to completion (killed after `timeout` seconds).
-    func run(_ arguments: [String], environment: [String: String] = [:], timeout: Double = 60) throws -> Result {
+    package func run(_ arguments: [String], environment: [String: String] = [:], timeout: Double = 60) throws -> Result
+    {
         let process = try start(arguments, environment: environment)
         let killer = DispatchWorkItem {
             if process.process.isRunning { kill(process.process.processIdentifier, SIGKILL) }
@@ -39,7 +50,7 @@ struct Executable {
     }
 
     /// Starts in the background; the caller signals and waits.
-    func start(_ arguments: [String], environment: [String: String] = [:]) throws -> Running {
+    package func start(_ arguments: [String], environment: [String: String] = [:]) throws -> Running {
         let process = Process()
         process.executableURL = url
         process.arguments = arguments
@@ -52,15 +63,15 @@ struct Executable {
         return Running(process: process, output: output, errors: errors)
     }
 
-    final class Running: @unchecked Sendable {
-        let process: Process
+    package final class Running: @unchecked Sendable {
+        package let process: Process
         private let output: Pipe
         private let errors: Pipe
         private let lock = NSLock()
         private var outputData = Data()
         private var errorData = Data()
 
-        init(process: Process, output: Pipe, errors: Pipe) {
+        package init(process: Process, output: Pipe, errors: Pipe) {
             self.process = process
             self.output = output
             self.errors = errors
@@ -74,13 +85,13 @@ struct Executable {
             }
         }
 
-        var outputSoFar: String { lock.withLock { String(decoding: outputData, as: UTF8.self) } }
-        var errorsSoFar: String { lock.withLock { String(decoding: errorData, as: UTF8.self) } }
+        package var outputSoFar: String { lock.withLock { String(decoding: outputData, as: UTF8.self) } }
+        package var errorsSoFar: String { lock.withLock { String(decoding: errorData, as: UTF8.self) } }
 
-        func signal(_ number: Int32) { kill(process.processIdentifier, number) }
+        package func signal(_ number: Int32) { kill(process.processIdentifier, number) }
 
         /// `signal` (SIGTERM), then SIGKILL if it has not exited after `grace` seconds.
-        func terminate(signal number: Int32 = SIGTERM, grace: Double = 5) -> Result {
+        package func terminate(signal number: Int32 = SIGTERM, grace: Double = 5) -> Result {
             signal(number)
             let deadline = Date(timeIntervalSinceNow: grace)
             while process.isRunning, Date() < deadline { usleep(20_000) }
@@ -89,7 +100,7 @@ struct Executable {
         }
 
         /// Polls `condition` on the output so far until it holds or `timeout` passes.
-        func waitForOutput(timeout: Double = 15, _ condition: (String, String) -> Bool) -> Bool {
+        package func waitForOutput(timeout: Double = 15, _ condition: (String, String) -> Bool) -> Bool {
             let deadline = Date(timeIntervalSinceNow: timeout)
             while Date() < deadline {
                 if condition(outputSoFar, errorsSoFar) { return true }
@@ -98,7 +109,7 @@ struct Executable {
             return condition(outputSoFar, errorsSoFar)
         }
 
-        func wait() -> Result {
+        package func wait() -> Result {
             process.waitUntilExit()
             usleep(100_000)
             output.fileHandleForReading.readabilityHandler = nil

@@ -5,18 +5,18 @@ import Glibc
 #endif
 
 /// One run of the fixture service (Sources/StallmonFixture) as a child process, and what it printed.
-struct FixtureRun {
+package struct FixtureRun {
     /// Everything the fixture printed, one JSON object a line.
-    var lines: [[String: Any]]
-    var exitStatus: Int32
-    var standardError: String
+    package var lines: [[String: Any]]
+    package var exitStatus: Int32
+    package var standardError: String
 
-    var detected: [[String: Any]] { lines.filter { $0["type"] as? String == "detected" } }
-    var ended: [[String: Any]] { lines.filter { $0["type"] as? String == "ended" } }
-    var truths: [[String: Any]] { lines.filter { $0["type"] as? String == "truth" } }
-    var stopped: [[String: Any]] { lines.filter { $0["type"] as? String == "stopped" } }
+    package var detected: [[String: Any]] { lines.filter { $0["type"] as? String == "detected" } }
+    package var ended: [[String: Any]] { lines.filter { $0["type"] as? String == "ended" } }
+    package var truths: [[String: Any]] { lines.filter { $0["type"] as? String == "truth" } }
+    package var stopped: [[String: Any]] { lines.filter { $0["type"] as? String == "stopped" } }
 
-    func truth(_ name: String) -> Double? {
+    package func truth(_ name: String) -> Double? {
         truths.first { $0["name"] as? String == name }.flatMap { ($0["duration_ns"] as? NSNumber)?.doubleValue }.map {
             $0 / 1e6
         }
@@ -24,7 +24,7 @@ struct FixtureRun {
 
     /// Runs a scenario and waits for it (killing it after `timeout` seconds).
     /// - Parameter whileRunning: Called with the child's pid once it runs (for SIGSTOP tests).
-    static func run(
+    package static func run(
         _ scenario: String, arguments: [String] = [], environment: [String: String] = [:], timeout: Double = 30,
         executable: Executable = .fixture, whileRunning: ((pid_t) -> Void)? = nil
     ) throws -> FixtureRun {
@@ -42,8 +42,8 @@ struct FixtureRun {
 }
 
 extension Dictionary where Key == String, Value == Any {
-    func string(_ key: String) -> String { self[key] as? String ?? "" }
-    func number(_ key: String) -> Double {
+    package func string(_ key: String) -> String { self[key] as? String ?? "" }
+    package func number(_ key: String) -> Double {
         if let number = self[key] as? NSNumber { return number.doubleValue }
         return Double(self[key] as? String ?? "") ?? .nan
     }
@@ -52,13 +52,13 @@ extension Dictionary where Key == String, Value == Any {
     /// loaded machine, at the end of a blocked stall) does not signal it, and the previous stack
     /// stands in, counted in `STALL_SAMPLES_UNANSWERED`: one in twenty samples, or one, may be so.
     /// Sampling that does not work leaves most of them unanswered.
-    var samplesMostlyAnswered: Bool {
+    package var samplesMostlyAnswered: Bool {
         let samples = number("STALL_SAMPLES")
         let unanswered = number("STALL_SAMPLES_UNANSWERED")
         return samples > 0 && unanswered >= 0 && unanswered <= Swift.max(1, (samples / 20).rounded(.down))
     }
 
     /// Milliseconds from a `STALL_*_USEC` field.
-    func milliseconds(_ key: String) -> Double { number(key) / 1000 }
-    var frames: [[String: Any]] { self["frames"] as? [[String: Any]] ?? [] }
+    package func milliseconds(_ key: String) -> Double { number(key) / 1000 }
+    package var frames: [[String: Any]] { self["frames"] as? [[String: Any]] ?? [] }
 }

@@ -8,33 +8,32 @@ import Glibc
 /// One of the example services (Examples/: Hummingbird, Vapor, gRPC on their defaults, adopting
 /// stallmon as the README shows) as a child process, built by `swift build --package-path Examples`.
 /// Driven by curl over loopback; its reports read back from the journal under its own identifier.
-final class FrameworkService: Sendable {
-    enum Kind: String, Sendable, CaseIterable, CustomStringConvertible {
+package final class FrameworkService: Sendable {
+    package enum Kind: String, Sendable, CaseIterable, CustomStringConvertible {
         case hummingbird = "HummingbirdService"
         case vapor = "VaporService"
         case grpc = "GRPCService"
 
-        var description: String { rawValue }
+        package var description: String { rawValue }
     }
 
     /// Examples/ of this checkout.
-    static let examples = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
-        .deletingLastPathComponent().deletingLastPathComponent().appendingPathComponent("Examples")
+    package static let examples = Repository.root.appendingPathComponent("Examples")
 
     /// Examples/.build/debug/<service>, when it has been built.
-    static func binary(_ kind: Kind) -> URL? {
+    package static func binary(_ kind: Kind) -> URL? {
         let url = examples.appendingPathComponent(".build/debug/\(kind.rawValue)")
         return FileManager.default.isExecutableFile(atPath: url.path) ? url : nil
     }
 
-    let kind: Kind
-    let identifier: String
-    let port: Int
+    package let kind: Kind
+    package let identifier: String
+    package let port: Int
     private let running: Executable.Running
 
     /// Starts the service with stallmon configured by `environment` (`STALLMON_*`), under a syslog
     /// identifier of its own, on a free loopback port, and waits until it listens.
-    init(_ kind: Kind, binary: URL, environment: [String: String]) throws {
+    package init(_ kind: Kind, binary: URL, environment: [String: String]) throws {
         self.kind = kind
         identifier = "stallmon-\(kind.rawValue.prefix(4).lowercased())-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
         let process = Process()
@@ -58,39 +57,39 @@ final class FrameworkService: Sendable {
         self.port = port
     }
 
-    var processID: Int32 { running.process.processIdentifier }
-    var outputSoFar: String { running.outputSoFar }
-    var errorsSoFar: String { running.errorsSoFar }
+    package var processID: Int32 { running.process.processIdentifier }
+    package var outputSoFar: String { running.outputSoFar }
+    package var errorsSoFar: String { running.errorsSoFar }
 
-    struct Failure: Error, CustomStringConvertible {
-        var description: String
+    package struct Failure: Error, CustomStringConvertible {
+        package var description: String
     }
 
     /// The JSON objects the service printed so far, one a line.
-    var lines: [[String: Any]] {
+    package var lines: [[String: Any]] {
         Self.lines(running.outputSoFar)
     }
 
-    static func lines(_ output: String) -> [[String: Any]] {
+    package static func lines(_ output: String) -> [[String: Any]] {
         output.split(separator: "\n").compactMap { line in
             (try? JSONSerialization.jsonObject(with: Data(line.utf8))) as? [String: Any]
         }
     }
 
-    static func listeningPort(_ output: String) -> Int? {
+    package static func listeningPort(_ output: String) -> Int? {
         lines(output).first { $0["event"] as? String == "listening" }.flatMap { ($0["port"] as? NSNumber)?.intValue }
             .flatMap { $0 > 0 ? $0 : nil }
     }
 
     /// An HTTP GET over loopback, a new connection each time; returns the body.
-    func get(_ path: String, timeout: Double = 20) throws -> String {
+    package func get(_ path: String, timeout: Double = 20) throws -> String {
         String(decoding: try Curl.run(["http://127.0.0.1:\(port)\(path)"], timeout: timeout), as: UTF8.self)
     }
 
     /// A unary call of the gRPC service's `method` over HTTP/2 without TLS (curl, prior knowledge),
     /// the request `{"milliseconds":N}` in gRPC's length-prefixed framing; returns the response
     /// message, or a failure when there is none (the gRPC status is in the trailers).
-    func call(_ method: String, milliseconds: Int, timeout: Double = 20) throws -> String {
+    package func call(_ method: String, milliseconds: Int, timeout: Double = 20) throws -> String {
         let message = Data("{\"milliseconds\":\(milliseconds)}".utf8)
         var framed = Data([0])
         withUnsafeBytes(of: UInt32(message.count).bigEndian) { framed.append(contentsOf: $0) }
@@ -109,16 +108,16 @@ final class FrameworkService: Sendable {
     }
 
     /// What a stalling handler measured (ExampleStalls' `StallAnswer`).
-    struct Answer: CustomStringConvertible {
-        var handler: String
-        var truthMilliseconds: Double
-        var thread: String
-        var tid: Int
-        var mainThread: Bool
+    package struct Answer: CustomStringConvertible {
+        package var handler: String
+        package var truthMilliseconds: Double
+        package var thread: String
+        package var tid: Int
+        package var mainThread: Bool
 
-        var description: String { "\(handler) on \(thread) (\(tid)): \(truthMilliseconds) ms" }
+        package var description: String { "\(handler) on \(thread) (\(tid)): \(truthMilliseconds) ms" }
 
-        init(_ body: String) throws {
+        package init(_ body: String) throws {
             guard let object = try JSONSerialization.jsonObject(with: Data(body.utf8)) as? [String: Any],
                 let handler = object["handler"] as? String, let truth = (object["truth_us"] as? NSNumber)?.doubleValue,
                 let thread = object["thread"] as? String, let tid = (object["tid"] as? NSNumber)?.intValue
@@ -132,14 +131,15 @@ final class FrameworkService: Sendable {
     }
 
     /// Its journal entries with `messageID`, polled until `count` appear.
-    func entries(_ messageID: String, atLeast count: Int = 1, timeout: Double = 10) throws -> [[String: String]] {
-        try Journald.entries(
+    package func entries(_ messageID: String, atLeast count: Int = 1, timeout: Double = 10) throws -> [[String: String]]
+    {
+        try Journald.host.entries(
             ["SYSLOG_IDENTIFIER=\(identifier)", "MESSAGE_ID=\(messageID)"], atLeast: count, timeout: timeout)
     }
 
     /// Voluntary plus involuntary context switches of each thread so far, by `name (tid)`: a
     /// thread cannot wake without one.
-    var contextSwitches: [String: Int] {
+    package var contextSwitches: [String: Int] {
         var counts: [String: Int] = [:]
         for thread in threads {
             guard
@@ -167,7 +167,7 @@ final class FrameworkService: Sendable {
 
     /// SIGTERM, then SIGKILL if it has not exited after 10 s.
     @discardableResult
-    func stop() -> Executable.Result {
+    package func stop() -> Executable.Result {
         running.terminate(grace: 10)
     }
 }

@@ -9,14 +9,14 @@ import Glibc
 /// `system.slice/NAME`, from which journald derives `_SYSTEMD_UNIT` as systemd's own units get it).
 /// Each runs `/usr/bin/python3` (Debian's; CI installs it), which sends the entries in journald's
 /// native protocol to a socket: journald stamps them with the writer's trusted fields.
-enum JournalWriters {
-    enum Writer: Sendable {
+package enum JournalWriters {
+    package enum Writer: Sendable {
         case nobody
         case systemUnit(String)
     }
 
     /// Sends each entry to `socket`: at most `perSecond` a second, or as fast as journald takes them.
-    static func send(
+    package static func send(
         _ entries: [[(String, String)]], to socket: String, as writer: Writer, perSecond: Double? = nil
     ) throws {
         let process = try start(entries, to: socket, as: writer, perSecond: perSecond)
@@ -28,7 +28,7 @@ enum JournalWriters {
     }
 
     /// Starts sending in the background; the caller waits for (or kills) the process.
-    static func start(
+    package static func start(
         _ entries: [[(String, String)]], to socket: String, as writer: Writer, perSecond: Double? = nil
     ) throws -> Process {
         // A file the unprivileged writer may read: the entries as JSON lists of [name, value].
@@ -60,7 +60,7 @@ enum JournalWriters {
     /// The cgroup directories of a system unit `name`, made in each hierarchy journald may read a
     /// sender's unit from: the unified one (`/sys/fs/cgroup`, or `/sys/fs/cgroup/unified` on a
     /// hybrid host) and the named `systemd` one of a hybrid host.
-    static func systemUnitCgroups(_ name: String) throws -> [String] {
+    package static func systemUnitCgroups(_ name: String) throws -> [String] {
         var roots: [String] = []
         if FileManager.default.fileExists(atPath: "/sys/fs/cgroup/cgroup.controllers") {
             roots.append("/sys/fs/cgroup")
@@ -84,15 +84,17 @@ enum JournalWriters {
 
     /// A system unit's cgroup that could not be made (these tests run as root, with the cgroup
     /// hierarchies mounted writable, as on CI's machine).
-    struct CgroupError: Error, CustomStringConvertible {
-        var path: String
-        var reason: String
-        var description: String { "cannot make the cgroup \(path) that a system unit's writer runs in: \(reason)" }
+    package struct CgroupError: Error, CustomStringConvertible {
+        package var path: String
+        package var reason: String
+        package var description: String {
+            "cannot make the cgroup \(path) that a system unit's writer runs in: \(reason)"
+        }
     }
 
     /// Removes the cgroups of a system unit made by ``systemUnitCgroups(_:)`` (once its processes
     /// exited), and `system.slice` where that was made for it (a slice in use is not removed).
-    static func removeSystemUnit(_ name: String) {
+    package static func removeSystemUnit(_ name: String) {
         for root in ["/sys/fs/cgroup", "/sys/fs/cgroup/unified", "/sys/fs/cgroup/systemd"] {
             rmdir("\(root)/system.slice/\(name)")
             rmdir("\(root)/system.slice")
@@ -101,7 +103,7 @@ enum JournalWriters {
 
     /// Sends the entries of the JSON file argv[2] to the socket argv[1], argv[3] a second at most
     /// (0: no pause); a datagram journald cannot take yet is sent again.
-    static let script = """
+    package static let script = """
         import json, socket, struct, sys, time
         path, entries, rate = sys.argv[1], json.load(open(sys.argv[2])), float(sys.argv[3])
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)

@@ -4,14 +4,14 @@ import Foundation
 
 /// A thread of its own that runs `setUp` (which starts a monitor with `.currentThread`), then its
 /// run loop until ``stop()``; or, with `turning: false`, just waits without running it.
-final class LoopThread: @unchecked Sendable {
+package final class LoopThread: @unchecked Sendable {
     private var runLoop: CFRunLoop?
     private let started = DispatchSemaphore(value: 0)
     private let finished = DispatchSemaphore(value: 0)
     private let release = DispatchSemaphore(value: 0)
     private let turning: Bool
 
-    init(turning: Bool = true, setUp: @escaping @Sendable () -> Void) {
+    package init(turning: Bool = true, setUp: @escaping @Sendable () -> Void) {
         self.turning = turning
         let thread = Thread { [self] in
             runLoop = CFRunLoopGetCurrent()
@@ -37,12 +37,12 @@ final class LoopThread: @unchecked Sendable {
     }
 
     /// Runs `block` in the loop's next pass.
-    func perform(_ block: @escaping @Sendable () -> Void) {
+    package func perform(_ block: @escaping @Sendable () -> Void) {
         CFRunLoopPerformBlock(runLoop, kCFRunLoopCommonModes, block)
         CFRunLoopWakeUp(runLoop)
     }
 
-    func stop() {
+    package func stop() {
         if turning {
             CFRunLoopStop(runLoop)
             CFRunLoopWakeUp(runLoop)

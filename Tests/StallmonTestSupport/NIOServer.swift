@@ -7,18 +7,20 @@ import Glibc
 
 /// The NIO HTTP server fixture (Sources/StallmonNIOServer) as a child process, driven over loopback
 /// by curl, its reports read back from the journal under its own syslog identifier.
-final class NIOServer: Sendable {
-    static let executable = Executable(name: "StallmonNIOServer")
+package final class NIOServer: Sendable {
+    package static let executable = Executable(name: "StallmonNIOServer")
 
-    let identifier: String
-    let port: Int
+    package let identifier: String
+    package let port: Int
     private let running: Executable.Running
 
     /// Starts the server with a monitor (threshold `thresholdMilliseconds`) on `threads` loops and
     /// waits until it listens.
     /// - Parameter tickDelegate: The group is made with the monitor's metrics delegate (stalls timed
     ///   from tick ends) rather than watched with heartbeats, as a framework's group is.
-    init(threads: Int = 2, thresholdMilliseconds: Int = 100, monitor: Bool = true, tickDelegate: Bool = false) throws {
+    package init(threads: Int = 2, thresholdMilliseconds: Int = 100, monitor: Bool = true, tickDelegate: Bool = false)
+        throws
+    {
         identifier = "stallmon-nio-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
         var arguments = ["--port", "0", "--threads", String(threads), "--threshold-ms", String(thresholdMilliseconds)]
         if !monitor { arguments.append("--no-monitor") }
@@ -34,25 +36,25 @@ final class NIOServer: Sendable {
         self.port = port
     }
 
-    var processID: Int32 { running.process.processIdentifier }
+    package var processID: Int32 { running.process.processIdentifier }
 
-    struct Failure: Error, CustomStringConvertible {
-        var description: String
+    package struct Failure: Error, CustomStringConvertible {
+        package var description: String
     }
 
     /// One request with curl (a new connection each time); returns the body.
-    func get(_ path: String, timeout: Double = 20) throws -> String {
+    package func get(_ path: String, timeout: Double = 20) throws -> String {
         String(decoding: try Curl.run(["http://127.0.0.1:\(port)\(path)"], timeout: timeout), as: UTF8.self)
     }
 
     /// A stalling handler's answer: which loop ran it and how long it measured itself.
-    struct Answer {
-        var handler: String
-        var truthMilliseconds: Double
-        var loop: String
+    package struct Answer {
+        package var handler: String
+        package var truthMilliseconds: Double
+        package var loop: String
     }
 
-    func stall(_ path: String) throws -> Answer {
+    package func stall(_ path: String) throws -> Answer {
         let body = try get(path)
         guard let object = try JSONSerialization.jsonObject(with: Data(body.utf8)) as? [String: Any],
             let handler = object["handler"] as? String, let truth = object["truth_us"] as? Double,
@@ -62,33 +64,34 @@ final class NIOServer: Sendable {
     }
 
     /// The server's counters: watchdog wakeups, stalls, EINTRs its handlers saw.
-    func stats() throws -> [String: Int] {
+    package func stats() throws -> [String: Int] {
         let body = try get("/stats")
         let object = try JSONSerialization.jsonObject(with: Data(body.utf8)) as? [String: Int]
         return try object ?? { throw Failure(description: "unexpected stats: \(body)") }()
     }
 
     /// Its journal entries with `messageID`, polled until `count` appear.
-    func entries(_ messageID: String, atLeast count: Int = 1, timeout: Double = 10) throws -> [[String: String]] {
-        try Journald.entries(
+    package func entries(_ messageID: String, atLeast count: Int = 1, timeout: Double = 10) throws -> [[String: String]]
+    {
+        try Journald.host.entries(
             ["SYSLOG_IDENTIFIER=\(identifier)", "MESSAGE_ID=\(messageID)"], atLeast: count, timeout: timeout)
     }
 
     /// SIGTERM: the monitor stops (every report out) and the server exits.
     @discardableResult
-    func stop() -> Executable.Result {
+    package func stop() -> Executable.Result {
         running.terminate(grace: 10)
     }
 }
 
 /// The HTTP client of the server tests: curl over loopback.
-enum Curl {
-    struct Failure: Error, CustomStringConvertible {
-        var description: String
+package enum Curl {
+    package struct Failure: Error, CustomStringConvertible {
+        package var description: String
     }
 
     /// `curl -s --max-time TIMEOUT ARGUMENTS`; its standard output, or a failure naming the exit status.
-    static func run(_ arguments: [String], timeout: Double) throws -> Data {
+    package static func run(_ arguments: [String], timeout: Double) throws -> Data {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: "/usr/bin/curl")
         process.arguments = ["-s", "--max-time", String(Int(timeout))] + arguments

@@ -6,12 +6,12 @@ import Glibc
 
 /// A thread of another process, found by its kernel name, whose wakeups a test counts: a thread
 /// cannot wake without a context switch.
-struct NamedThread {
-    let pid: pid_t
-    let tid: Int
+package struct NamedThread {
+    package let pid: pid_t
+    package let tid: Int
 
     /// The thread of `pid` whose kernel name is `name`, or `nil`.
-    init?(named name: String, in pid: pid_t) {
+    package init?(named name: String, in pid: pid_t) {
         let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []
         guard
             let tid = tasks.compactMap(Int.init).first(where: { tid in
@@ -24,7 +24,7 @@ struct NamedThread {
     }
 
     /// Voluntary plus involuntary context switches so far; `nil` when the status cannot be read.
-    var contextSwitches: Int? {
+    package var contextSwitches: Int? {
         guard let status = try? String(contentsOfFile: "/proc/\(pid)/task/\(tid)/status", encoding: .utf8) else {
             return nil
         }
@@ -35,7 +35,7 @@ struct NamedThread {
     }
 
     /// The context switches the thread makes over the next `microseconds`.
-    func wakeups(over microseconds: UInt32) -> Int? {
+    package func wakeups(over microseconds: UInt32) -> Int? {
         guard let before = contextSwitches else { return nil }
         usleep(microseconds)
         return contextSwitches.map { $0 - before }

@@ -7,16 +7,16 @@ import Glibc
 /// A copy of the libFoundation this process runs with, stripped of its local symbols
 /// (`strip --strip-unneeded`, as distributions ship libraries), for child processes started with
 /// ``environment()``: CoreFoundation's callout and wait functions have no names there.
-enum StrippedFoundation {
-    struct Failure: Error, CustomStringConvertible {
-        var description: String
+package enum StrippedFoundation {
+    package struct Failure: Error, CustomStringConvertible {
+        package var description: String
     }
 
     /// The warning a monitor logs, once, when CoreFoundation's symbols are missing.
-    static let warning = "CoreFoundation's local symbols are missing"
+    package static let warning = "CoreFoundation's local symbols are missing"
 
     /// `LD_LIBRARY_PATH` with the stripped copy first, then the original's folder for its neighbours.
-    static func environment() throws -> [String: String] { try made.get() }
+    package static func environment() throws -> [String: String] { try made.get() }
 
     private static let made = Result { () throws -> [String: String] in try make() }
 

@@ -23,29 +23,24 @@ import Glibc
 ///
 /// - Important: Needs root (check ``isSupported``). ``stop()``, also called on deinit, kills every
 ///   process inside and removes everything the namespace made.
-final class SystemdNamespace: @unchecked Sendable {
+package final class SystemdNamespace: @unchecked Sendable {
     /// A command that could not run, failed, or outlived its timeout.
-    struct Failure: Error, CustomStringConvertible {
-        var arguments: [String]
-        var status: Int32?
-        var output: String
+    package struct Failure: Error, CustomStringConvertible {
+        package var arguments: [String]
+        package var status: Int32?
+        package var output: String
 
-        var description: String {
+        package var description: String {
             let what = status.map { "exited with status \($0)" } ?? "timed out"
             return "\(arguments.joined(separator: " ")) \(what): \(output)"
         }
     }
 
     /// `Scripts/systemd-namespace.sh`, found from this file's path.
-    static let script = URL(fileURLWithPath: #filePath)
-        .deletingLastPathComponent()  // Support
-        .deletingLastPathComponent()  // StallMonitorTests
-        .deletingLastPathComponent()  // Tests
-        .deletingLastPathComponent()  // the package
-        .appendingPathComponent("Scripts/systemd-namespace.sh")
+    package static let script = Repository.root.appendingPathComponent("Scripts/systemd-namespace.sh")
 
     /// Whether one can run here: root, systemd, and util-linux's `unshare` and `nsenter`.
-    static var isSupported: Bool {
+    package static var isSupported: Bool {
         geteuid() == 0
             && ["/lib/systemd/systemd", "/usr/bin/unshare", "/usr/bin/nsenter", script.path].allSatisfy {
                 FileManager.default.isExecutableFile(atPath: $0)
@@ -53,18 +48,18 @@ final class SystemdNamespace: @unchecked Sendable {
     }
 
     /// The instance's name: its state in `/run/stallmon-ns/NAME`, its cgroup `stallmon-ns.NAME`.
-    let name: String
+    package let name: String
 
     private let lock = NSLock()
     private var running = false
 
     /// - Parameter name: Unique among the instances that run at once; the default is.
-    init(name: String? = nil) {
+    package init(name: String? = nil) {
         self.name = name ?? "swift-\(getpid())-\(String(UInt32.random(in: .min ... .max), radix: 16))"
     }
 
     /// A new instance, booted.
-    static func started(name: String? = nil, timeout: Double = 60) throws -> SystemdNamespace {
+    package static func started(name: String? = nil, timeout: Double = 60) throws -> SystemdNamespace {
         let namespace = SystemdNamespace(name: name)
         try namespace.start(timeout: timeout)
         return namespace
@@ -74,11 +69,11 @@ final class SystemdNamespace: @unchecked Sendable {
         stop()
     }
 
-    var isRunning: Bool { lock.withLock { running } }
+    package var isRunning: Bool { lock.withLock { running } }
 
     /// Boots systemd and waits until `systemctl is-system-running` says `running` (or `degraded`);
     /// about half a second.
-    func start(timeout: Double = 60) throws {
+    package func start(timeout: Double = 60) throws {
         try lock.withLock {
             guard !running else { return }
             let result = try Self.script(
@@ -93,7 +88,7 @@ final class SystemdNamespace: @unchecked Sendable {
     }
 
     /// Kills every process inside and removes the instance; does nothing when it does not run.
-    func stop() {
+    package func stop() {
         lock.withLock {
             guard running else { return }
             running = false
@@ -116,14 +111,15 @@ final class SystemdNamespace: @unchecked Sendable {
     ///   - timeout: After this many seconds the command is killed and ``Failure`` thrown.
     /// - Returns: Its exit status and its output: standard output and standard error, interleaved.
     @discardableResult
-    func run(_ arguments: [String], input: Data? = nil, timeout: Double = 120) throws -> (status: Int32, output: String)
-    {
+    package func run(_ arguments: [String], input: Data? = nil, timeout: Double = 120) throws -> (
+        status: Int32, output: String
+    ) {
         try Self.script(["--name", name, "exec"] + arguments, input: input, timeout: timeout)
     }
 
     /// Runs a command inside and returns its output; throws ``Failure`` unless it exits with 0.
     @discardableResult
-    func check(_ arguments: [String], input: Data? = nil, timeout: Double = 120) throws -> String {
+    package func check(_ arguments: [String], input: Data? = nil, timeout: Double = 120) throws -> String {
         let result = try run(arguments, input: input, timeout: timeout)
         guard result.status == 0 else {
             throw Failure(arguments: arguments, status: result.status, output: result.output)
@@ -134,19 +130,19 @@ final class SystemdNamespace: @unchecked Sendable {
     /// `systemctl ARGUMENTS` inside. A non-zero status is returned, not thrown: `is-active` and
     /// `is-failed` answer with it.
     @discardableResult
-    func systemctl(_ arguments: [String], timeout: Double = 120) throws -> (status: Int32, output: String) {
+    package func systemctl(_ arguments: [String], timeout: Double = 120) throws -> (status: Int32, output: String) {
         try run(["systemctl", "--no-pager"] + arguments, timeout: timeout)
     }
 
     /// One property of a unit, e.g. `property("NRestarts", of: "demo.service")`.
-    func property(_ property: String, of unit: String) throws -> String {
+    package func property(_ property: String, of unit: String) throws -> String {
         try check(["systemctl", "show", "--property", property, "--value", unit])
             .trimmingCharacters(in: .whitespacesAndNewlines)
     }
 
     /// Writes a unit (`demo.service`) or a drop-in (`demo.service.d/stallmon.conf`) into the
     /// namespace's `/etc/systemd/system` and reloads systemd.
-    func install(unit name: String, contents: String) throws {
+    package func install(unit name: String, contents: String) throws {
         let result = try Self.script(["--name", self.name, "install-unit", "-", name], input: Data(contents.utf8))
         guard result.status == 0 else {
             throw Failure(arguments: ["install-unit", name], status: result.status, output: result.output)
@@ -154,7 +150,7 @@ final class SystemdNamespace: @unchecked Sendable {
     }
 
     /// Writes `data` to `path` inside, creating its directory.
-    func copy(_ data: Data, to path: String, mode: Int = 0o644) throws {
+    package func copy(_ data: Data, to path: String, mode: Int = 0o644) throws {
         let result = try Self.script(
             ["--name", name, "copy", "-", path, String(mode, radix: 8)], input: data, timeout: 120)
         guard result.status == 0 else {
@@ -164,18 +160,13 @@ final class SystemdNamespace: @unchecked Sendable {
 
     /// The namespace's journal entries that match (`journalctl -o json --all MATCHES`), polled until
     /// at least `count` are there or `timeout` passes. Fields that are not text are left out.
-    func journal(matches: [String], atLeast count: Int = 0, timeout: Double = 10) throws -> [[String: String]] {
+    package func journal(matches: [String], atLeast count: Int = 0, timeout: Double = 10) throws -> [[String: String]] {
         let deadline = Date(timeIntervalSinceNow: timeout)
         while true {
             let result = try Self.script(
                 ["--name", name, "exec", "journalctl", "--no-pager", "--output=json", "--all"] + matches,
                 mergingErrors: false)
-            let entries = result.output.split(separator: "\n").compactMap { line -> [String: String]? in
-                guard let object = (try? JSONSerialization.jsonObject(with: Data(line.utf8))) as? [String: Any] else {
-                    return nil
-                }
-                return object.compactMapValues { $0 as? String }
-            }
+            let entries = Journald.entries(json: result.output)
             if entries.count >= count || Date() >= deadline { return entries }
             usleep(100_000)
         }
