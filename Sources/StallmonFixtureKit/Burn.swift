@@ -21,7 +21,7 @@ public enum Burn {
         let end = read() + UInt64(max(0, milliseconds) * 1e6)
         var hash: UInt64 = 0xcbf2_9ce4_8422_2325
         while read() < end {
-            for byte in 0..<UInt64(256) { hash = (hash ^ byte) &* 0x100_0000_01b3 }
+            for byte in 0..<UInt64(4096) { hash = (hash ^ byte) &* 0x100_0000_01b3 }
         }
         if hash == 42 { print("") }
     }
