@@ -171,7 +171,7 @@ enum AsyncFixture {
                         var (jobs, longest): (Int, UInt64) = (0, 0)
                         while Fixture.now() < end {
                             let start = Fixture.now()
-                            Burn.cpu(milliseconds: 40, clock: .threadCPU)
+                            PoolWork.crunch(cpuMilliseconds: 40)
                             (jobs, longest) = (jobs + 1, max(longest, Fixture.now() - start))
                             // The task's next job.
                             await Task.yield()
@@ -449,6 +449,18 @@ enum PoolWork {
             semaphore.signal()
         }
         semaphore.wait()
+    }
+
+    /// Busy until the thread has used `cpuMilliseconds` of CPU time: a stop of the process lengthens
+    /// it by the time stopped.
+    @inline(never)
+    static func crunch(cpuMilliseconds: Int) {
+        let end = Fixture.threadCPU() + UInt64(cpuMilliseconds) * 1_000_000
+        var hash: UInt64 = 0x2325_cbf2_9ce4_8422
+        while Fixture.threadCPU() < end {
+            for byte in 0..<UInt64(4096) { hash = (hash ^ byte) &* 0x100_0000_01b3 }
+        }
+        AsyncWork.blackHole(hash)
     }
 
     /// Busy on the CPU (FNV hashing).
