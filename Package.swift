@@ -192,23 +192,63 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
+        // The tests: a target per module, for what it does in this process, and StallmonIntegrationTests
+        // for what the project does end to end. Only that one depends on the executables: it runs them
+        // as child processes, and `swift test` builds them first. All of them share StallmonTestSupport:
+        // the executables as child processes, a real journald, systemd in a namespace, journal entries,
+        // and `Serial`, the suites that run one at a time, whichever target they are in.
+        .target(
+            name: "StallmonTestSupport",
+            dependencies: ["StallJournal", .product(name: "Logging", package: "swift-log")],
+            path: "Tests/StallmonTestSupport"
+        ),
+        .testTarget(name: "StallConfigurationTests", dependencies: ["StallConfiguration", "StallMonitor"]),
+        .testTarget(name: "StallJournalTests", dependencies: ["StallJournal"]),
         .testTarget(
             name: "StallMonitorTests",
             dependencies: [
-                "StallConfiguration", "StallMonitor", "StallJournal", "StallCollector", "StallmonFixture",
-                "StallmonAsyncFixture",
-                "StallmonNIOServer", "StallmonServiceFixture", "stallmon", "stallmond",
-                // In-process checks of the NIO monitor's errors and metrics, and of what the monitors log.
-                "StallMonitorNIO",
+                "StallMonitor", "StallJournal", "CStallCapture", "StallmonFixtureKit", "StallmonTestSupport",
                 .product(name: "MetricsTestKit", package: "swift-metrics"),
-                .product(name: "NIOCore", package: "swift-nio"),
-                .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "InMemoryLogging", package: "swift-log"),
-                // StallmonTracer's spans and the table of requests, in process.
-                "StallMonitorTracing", "CStallCapture",
+            ]
+        ),
+        // StallmonTracer's spans and the table of requests they register in, in process.
+        .testTarget(
+            name: "StallMonitorTracingTests",
+            dependencies: [
+                "StallMonitorTracing", "StallMonitor", "StallJournal", "CStallCapture",
                 .product(name: "Tracing", package: "swift-distributed-tracing"),
+                .product(name: "Instrumentation", package: "swift-distributed-tracing"),
                 .product(name: "InMemoryTracing", package: "swift-distributed-tracing"),
+            ]
+        ),
+        .testTarget(
+            name: "StallMonitorNIOTests",
+            dependencies: [
+                "StallMonitorNIO", "StallMonitor", "StallmonFixtureKit", "StallmonTestSupport",
+                .product(name: "NIOCore", package: "swift-nio"), .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "MetricsTestKit", package: "swift-metrics"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "InMemoryLogging", package: "swift-log"),
+            ]
+        ),
+        .testTarget(
+            name: "StallCollectorTests",
+            dependencies: [
+                "StallCollector", "StallConfiguration", "StallJournal", "StallMonitor", "StallmonTestSupport",
+            ]
+        ),
+        // Child processes: the fixtures, the NIO server, the CLI and the daemon, a real journald, a
+        // real systemd; the suites that run them run one at a time (`Serial`).
+        .testTarget(
+            name: "StallmonIntegrationTests",
+            dependencies: [
+                "StallConfiguration", "StallMonitor", "StallJournal", "StallCollector", "CStallCapture",
+                "StallmonFixtureKit", "StallmonTestSupport",
+                "StallmonFixture", "StallmonAsyncFixture", "StallmonNIOServer", "StallmonServiceFixture", "stallmon",
+                "stallmond",
+                .product(name: "Logging", package: "swift-log"),
             ]
         ),
     ]

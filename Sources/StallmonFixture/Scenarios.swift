@@ -386,7 +386,7 @@ enum NestedLoop {
 enum BusyLoop {
     static func pass(until deadline: Date) {
         guard Date() < deadline else { return }
-        Stalls.burnCPU(milliseconds: 0)
+        Burn.cpu(milliseconds: 0)
         usleep(200)
         DispatchQueue.main.async { pass(until: deadline) }
     }

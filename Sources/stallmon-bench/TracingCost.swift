@@ -1,8 +1,8 @@
 import CStallCapture
 import Foundation
-import Synchronization
 import InMemoryTracing
 import StallMonitorTracing
+import Synchronization
 import Tracing
 
 /// What `StallmonTracer` adds to a span, and the pool hook to a job enqueued inside a request

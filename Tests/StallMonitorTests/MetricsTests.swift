@@ -2,9 +2,8 @@ import CStallCapture
 import CoreFoundation
 import Foundation
 import MetricsTestKit
-import NIOCore
-import NIOPosix
-import StallMonitorNIO
+import StallmonFixtureKit
+import StallmonTestSupport
 import Synchronization
 import Testing
 
@@ -127,7 +126,7 @@ extension Serial {
             // The same stall twice, in two windows: the second is over the rate limit. Blocked in
             // usleep, every sample shows the same stack, so both have the same fingerprint.
             for _ in 0..<2 { loop.performAndWait { usleep(150_000) } }
-            let counted = Self.waitUntil { metrics.counterTotal(label: "stallmon_stalls_total") >= 2 }
+            let counted = waitUntil { metrics.counterTotal(label: "stallmon_stalls_total") >= 2 }
             loop.stop()
 
             #expect(counted)
@@ -154,8 +153,8 @@ extension Serial {
             let loop = try MonitoredLoopThread(configuration: configuration, sinks: [sink], factory: metrics)
             // The sink holds the reporting queue in the `started` event: the detected reports of
             // the second and third stall find the queue full.
-            for _ in 0..<3 { loop.performAndWait { Self.spin(milliseconds: 80) } }
-            let stalled = Self.waitUntil { loop.monitor.statistics.droppedReports >= 2 }
+            for _ in 0..<3 { loop.performAndWait { Burn.cpu(milliseconds: 80) } }
+            let stalled = waitUntil { loop.monitor.statistics.droppedReports >= 2 }
             sink.release()
             loop.stop()
 
@@ -176,9 +175,9 @@ extension Serial {
             configuration.loopLatency = true
             let metrics = TestMetrics()
             let loop = try MonitoredLoopThread(configuration: configuration, sinks: [], factory: metrics)
-            for _ in 0..<20 { loop.performAndWait { Self.spin(milliseconds: 1) } }
-            loop.performAndWait { Self.spin(milliseconds: 30) }
-            let seen = Self.waitUntil { (loop.monitor.loopLatency?.quantile(1) ?? .zero) >= .milliseconds(30) }
+            for _ in 0..<20 { loop.performAndWait { Burn.cpu(milliseconds: 1) } }
+            loop.performAndWait { Burn.cpu(milliseconds: 30) }
+            let seen = waitUntil { (loop.monitor.loopLatency?.quantile(1) ?? .zero) >= .milliseconds(30) }
             let latency = try #require(loop.monitor.loopLatency)
             loop.stop()
 
@@ -199,34 +198,14 @@ extension Serial {
             let metrics = TestMetrics()
             let loop = try MonitoredLoopThread(
                 configuration: StallMonitor.Configuration(), sinks: [], factory: metrics)
-            for _ in 0..<5 { loop.performAndWait { Self.spin(milliseconds: 1) } }
+            for _ in 0..<5 { loop.performAndWait { Burn.cpu(milliseconds: 1) } }
             #expect(loop.monitor.loopLatency == nil)
             loop.stop()
             #expect(metrics.counters(label: "stallmon_loop_windows_total").isEmpty)
             #expect(metrics.recorders(label: "stallmon_loop_window_seconds").isEmpty)
         }
 
-        /// Burns the CPU on the calling thread.
-        static func spin(milliseconds: UInt64) {
-            let end = stallmon_now_ns() + milliseconds * 1_000_000
-            var value: UInt64 = 1
-            while stallmon_now_ns() < end { value = value &* 6_364_136_223_846_793_005 &+ 1 }
-            blackHole(value)
-        }
-
-        static func waitUntil(timeout: Double = 10, _ condition: () -> Bool) -> Bool {
-            let deadline = Date() + timeout
-            while Date() < deadline {
-                if condition() { return true }
-                usleep(10_000)
-            }
-            return condition()
-        }
     }
-}
-
-@inline(never) private func blackHole(_ value: UInt64) {
-    if value == 42 { print("") }
 }
 
 /// A thread that runs its own run loop, monitored with `start(.currentThread)` from that thread.
@@ -304,44 +283,4 @@ private final class StuckFailingSink: ReportSink, @unchecked Sendable {
     }
 
     func release() { released.signal() }
-}
-
-extension Serial {
-    /// The same metrics from a SwiftNIO group's loops, in the test process.
-    @Suite
-    struct NIOStallMetricsTests {
-        @Test func eventLoopStallsAndTickDurationsBecomeMetricsByLoop() throws {
-            var configuration = StallMonitor.Configuration()
-            configuration.threshold = .milliseconds(50)
-            configuration.sampleInterval = .milliseconds(10)
-            configuration.loopLatency = true
-            let metrics = TestMetrics()
-            let monitor = try NIOStallMonitor(configuration: configuration, sinks: [], metricsFactory: metrics)
-            let group = try monitor.makeEventLoopGroup(numberOfThreads: 1)
-            let loop = group.next()
-            for _ in 0..<10 {
-                try loop.submit { StallMetricsTests.spin(milliseconds: 2) }.wait()
-            }
-            try loop.submit { StallMetricsTests.spin(milliseconds: 120) }.wait()
-            let counted = StallMetricsTests.waitUntil { metrics.counterTotal(label: "stallmon_stalls_total") >= 1 }
-            let latency = try #require(monitor.loopLatency.first)
-            monitor.stop()
-            try group.syncShutdownGracefully()
-
-            #expect(counted)
-            #expect(monitor.loopLatency.isEmpty)
-            let stalls = try #require(metrics.counters(label: "stallmon_stalls_total").first)
-            #expect(stalls.dimensions.first { $0.0 == "loop" }?.1 == latency.loop)
-            #expect(latency.loop.hasPrefix("NIO-ELT-"))
-            #expect(stalls.totalValue == 1)
-            let duration = try #require(metrics.timers(label: "stallmon_stall_duration_seconds").first?.values.first)
-            #expect(duration >= 110_000_000)
-            // Ticks: the eleven tasks' 140 ms (a tick may run several of them), one tick over 120 ms.
-            #expect(latency.count >= 1)
-            #expect(latency.total >= .milliseconds(135))
-            #expect((latency.quantile(1) ?? .zero) >= .milliseconds(120))
-            let windows = try metrics.expectCounter("stallmon_loop_windows_total", [("loop", latency.loop)])
-            #expect(windows.totalValue >= Int64(latency.count))
-        }
-    }
 }

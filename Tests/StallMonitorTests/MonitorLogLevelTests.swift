@@ -1,10 +1,8 @@
 import Foundation
 import InMemoryLogging
 import Logging
-import NIOCore
-import NIOPosix
 import StallMonitor
-import StallMonitorNIO
+import StallmonTestSupport
 import Testing
 
 /// swift-log's levels for libraries: a monitor's normal start and stop at debug, what an operator
@@ -26,19 +24,6 @@ extension Serial {
             #expect(started.map(\.level) == [.debug])
             #expect(stopped.map(\.level) == [.debug])
             #expect(handler.entries.filter { $0.level >= .info }.isEmpty, "\(handler.entries)")
-        }
-
-        @Test func anEventLoopMonitorLogsStartAndStopAtDebug() throws {
-            var handler = InMemoryLogHandler()
-            handler.logLevel = .trace
-            let logger = Logger(label: "test") { _ in handler }
-            let monitor = try NIOStallMonitor(configuration: StallMonitor.Configuration(), logger: logger, sinks: [])
-            let group = try monitor.makeEventLoopGroup(numberOfThreads: 2)
-            monitor.stop()
-            try group.syncShutdownGracefully()
-            let lifecycle = handler.entries.filter { $0.message.description.hasPrefix("stallmon st") }
-            #expect(lifecycle.map(\.message.description) == ["stallmon started", "stallmon stopped"])
-            #expect(lifecycle.allSatisfy { $0.level == .debug })
         }
 
         /// Silence must mean health: a loop the monitor cannot see reaches the caller's logger as a

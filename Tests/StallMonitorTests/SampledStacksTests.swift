@@ -32,7 +32,7 @@ struct SampledStacksTests {
     }
 
     @Test func distinctStacksAreWrittenAgainstTheBacktraceAndReadBackEqual() throws {
-        var report = SchemaTests.report(stack: [Self.refresh, Self.timer, Self.runLoop])
+        var report = Reports.report(stack: [Self.refresh, Self.timer, Self.runLoop])
         report.sampledStacks = [
             SampledStack(frames: [Self.memcpy, Self.parse, Self.refresh, Self.timer, Self.runLoop], count: 3),
             SampledStack(frames: [Self.refresh, Self.timer, Self.runLoop], count: 11),
@@ -56,7 +56,7 @@ struct SampledStacksTests {
     }
 
     @Test func anEntryWithoutTheFieldGivesItsBacktraceAsTheOneStack() throws {
-        let (record, fields) = try Self.record(SchemaTests.report())
+        let (record, fields) = try Self.record(Reports.report())
         #expect(!fields.contains { $0.name == "STALL_STACKS" })
         #expect(record.sampledStacks.isEmpty)
         #expect(record.resolvedStacks.count == 1)
@@ -67,7 +67,7 @@ struct SampledStacksTests {
     /// 300 stacks of 20 frames of their own each would take ~400 KiB: the field keeps the heaviest
     /// that fit in 4 KiB and counts the samples of the rest, and still reads back equal.
     @Test func fieldStaysWithinFourKiBAndCountsWhatDidNotFit() throws {
-        var report = SchemaTests.report(stack: [Self.refresh, Self.timer])
+        var report = Reports.report(stack: [Self.refresh, Self.timer])
         report.sampledStacks = (0..<300).map { index in
             SampledStack(
                 frames: (0..<20).map { depth in
@@ -100,7 +100,7 @@ struct SampledStacksTests {
                 symbol: "Service.recursion\(depth)()", function: "Service.recursion\(depth)()", offset: 4,
                 file: "/src/Recursion.swift", line: depth + 1)
         }
-        var report = SchemaTests.report(stack: deep)
+        var report = Reports.report(stack: deep)
         report.sampledStacks = [SampledStack(frames: deep, count: 5)]
         let (record, fields) = try Self.record(report)
         #expect(record.fields == fields)
@@ -127,7 +127,7 @@ struct SampledStacksTests {
     ])
     func malformedFieldIsNamedWithItsLine(value: String, reason: String) throws {
         var dictionary: [String: String] = [:]
-        for field in JournalSink.fields(for: .stallEnded(SchemaTests.report()), syslogIdentifier: "svc") {
+        for field in JournalSink.fields(for: .stallEnded(Reports.report()), syslogIdentifier: "svc") {
             dictionary[field.name] = field.value
         }
         dictionary["STALL_STACKS"] = value

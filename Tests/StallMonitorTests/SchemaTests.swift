@@ -6,28 +6,9 @@ import Testing
 
 /// The journal schema: one definition, written and read back the same.
 struct SchemaTests {
-    static func report(event: StallReport.Event = .ended, stack: [StallFrame]? = nil) -> StallReport {
-        StallReport(
-            event: event, stallID: "0123456789abcdef0123456789abcdef", loop: "main", threadID: 42,
-            duration: .milliseconds(312), threshold: .milliseconds(250), activity: .afterWaiting,
-            runLoopMode: "kCFRunLoopDefaultMode", callout: .timer, threadState: "R", syscall: nil, waitChannel: nil,
-            cpuTime: .milliseconds(300), samples: 15, unansweredSamples: 0, stackSamples: 14,
-            stack: stack ?? [
-                StallFrame(
-                    address: 0x1000, image: "/usr/bin/service", symbol: "Service.Service.refresh() -> ()",
-                    function: "Service.refresh()", offset: 12, file: "/src/Service.swift", line: 42),
-                StallFrame(
-                    address: 0x2000, image: "/usr/lib/libFoundation.so",
-                    symbol: "__CFRUNLOOP_IS_CALLING_OUT_TO_A_TIMER_CALLBACK_FUNCTION__",
-                    function: "__CFRUNLOOP_IS_CALLING_OUT_TO_A_TIMER_CALLBACK_FUNCTION__"),
-            ],
-            fingerprint: "00000000deadbeef", noStackReason: nil, startNanoseconds: 1, pausedTime: .zero
-        )
-    }
-
     @Test func everyFieldNameIsOneJournaldKeeps() {
         let events: [StallMonitorEvent] = [
-            .stallDetected(Self.report(event: .detected)), .stallEnded(Self.report()),
+            .stallDetected(Reports.report(event: .detected)), .stallEnded(Reports.report()),
             .suppressed(
                 SuppressionReport(
                     loop: "main", threadID: 1, fingerprint: "f", frame: "x", count: 3, totalDuration: .seconds(1),
@@ -50,7 +31,7 @@ struct SchemaTests {
     }
 
     @Test func stallRecordRoundTrips() throws {
-        let fields = JournalSink.fields(for: .stallEnded(Self.report()), syslogIdentifier: "svc")
+        let fields = JournalSink.fields(for: .stallEnded(Reports.report()), syslogIdentifier: "svc")
         var dictionary: [String: String] = [:]
         for field in fields { dictionary[field.name] = field.value }
         let record = try StallRecord(journalFields: dictionary)
@@ -64,7 +45,7 @@ struct SchemaTests {
 
     @Test func decodingNamesTheBrokenField() {
         var dictionary: [String: String] = [:]
-        for field in JournalSink.fields(for: .stallEnded(Self.report()), syslogIdentifier: "svc") {
+        for field in JournalSink.fields(for: .stallEnded(Reports.report()), syslogIdentifier: "svc") {
             dictionary[field.name] = field.value
         }
         dictionary["STALL_DURATION_USEC"] = "soon"
@@ -82,7 +63,7 @@ struct SchemaTests {
 
     static func endedFields() -> [String: String] {
         var dictionary: [String: String] = [:]
-        for field in JournalSink.fields(for: .stallEnded(Self.report()), syslogIdentifier: "svc") {
+        for field in JournalSink.fields(for: .stallEnded(Reports.report()), syslogIdentifier: "svc") {
             dictionary[field.name] = field.value
         }
         return dictionary
@@ -227,7 +208,7 @@ struct SchemaTests {
     }
 
     @Test func writersClampEveryFieldToWhatReadersAccept() throws {
-        var report = Self.report()
+        var report = Reports.report()
         report.duration = .seconds(400 * 86_400)
         report.samples = Int.max
         report.runLoopMode = String(repeating: "m", count: 10_000)
@@ -290,7 +271,7 @@ struct SchemaTests {
                 address: UInt(0x5555_0000 + index), image: "/usr/bin/service", symbol: "s",
                 function: "Module.Type.function\(index)(argument:other:)", file: "/src/File.swift", line: index + 1)
         }
-        let fields = JournalSink.fields(for: .stallEnded(Self.report(stack: frames)), syslogIdentifier: "svc")
+        let fields = JournalSink.fields(for: .stallEnded(Reports.report(stack: frames)), syslogIdentifier: "svc")
         let backtrace = fields.first { $0.name == "STALL_BACKTRACE" }!.value
         #expect(backtrace.utf8.count <= 4096)
         #expect(backtrace.hasSuffix("…"))
@@ -299,7 +280,7 @@ struct SchemaTests {
     }
 
     @Test func fingerprintIgnoresAddressesAndStartsAtTheCulprit() {
-        let a = Self.report().stack
+        let a = Reports.report().stack
         var b = a
         b[0].address = 0x9999  // another address-space layout
         b[0].offset = 99

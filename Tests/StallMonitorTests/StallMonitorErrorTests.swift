@@ -1,7 +1,5 @@
 import Logging
-import NIOCore
-import NIOPosix
-import StallMonitorNIO
+import StallmonTestSupport
 import Testing
 
 @testable import StallMonitor
@@ -42,7 +40,7 @@ extension Serial {
         }
 
         @Test func startingARunningMonitorThrowsAlreadyRunning() throws {
-            let monitor = try StallMonitor(configuration: StallMonitor.Configuration(), logger: Self.quiet, sinks: [])
+            let monitor = try StallMonitor(configuration: StallMonitor.Configuration(), logger: .quiet, sinks: [])
             try monitor.start(.currentThread)
             defer { monitor.stop() }
             let error = #expect(throws: StallMonitorError.self) { try monitor.start(.currentThread) }
@@ -56,7 +54,7 @@ extension Serial {
             defer { _ = Glibc.signal(signal, previous) }
             var configuration = StallMonitor.Configuration()
             configuration.signal = signal
-            let monitor = try StallMonitor(configuration: configuration, logger: Self.quiet, sinks: [])
+            let monitor = try StallMonitor(configuration: configuration, logger: .quiet, sinks: [])
             let error = #expect(throws: StallMonitorError.self) { try monitor.start(.currentThread) }
             #expect(error?.code == .signalUnavailable)
             #expect(error?.description.contains("SIGRTMIN+7") == true)
@@ -64,34 +62,9 @@ extension Serial {
         }
 
         @Test func startingForAnAsyncMainOffTheMainThreadThrowsAsyncMainOffMainThread() throws {
-            let monitor = try StallMonitor(configuration: StallMonitor.Configuration(), logger: Self.quiet, sinks: [])
+            let monitor = try StallMonitor(configuration: StallMonitor.Configuration(), logger: .quiet, sinks: [])
             let error = #expect(throws: StallMonitorError.self) { try monitor.start(.asyncMain) }
             #expect(error?.code == .asyncMainOffMainThread)
         }
-
-        @Test func anEventLoopGroupWithoutTheDelegateIsWatchedWithHeartbeats() throws {
-            let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
-            defer { try? group.syncShutdownGracefully() }
-            let monitor = try NIOStallMonitor(
-                configuration: StallMonitor.Configuration(), logger: Self.quiet, sinks: [])
-            try monitor.start(group)
-            #expect(monitor.isRunning)
-            monitor.stop()
-        }
-
-        @Test func startingAWatchedEventLoopGroupAgainThrowsAlreadyRunning() throws {
-            let monitor = try NIOStallMonitor(
-                configuration: StallMonitor.Configuration(), logger: Self.quiet, sinks: [])
-            let group = try monitor.makeEventLoopGroup(numberOfThreads: 1)
-            defer {
-                monitor.stop()
-                try? group.syncShutdownGracefully()
-            }
-            let error = #expect(throws: StallMonitorError.self) { try monitor.start(group) }
-            #expect(error?.code == .alreadyRunning)
-        }
-
-        /// A logger that drops everything, for tests about something else.
-        static let quiet = Logger(label: "quiet") { _ in SwiftLogNoOpLogHandler() }
     }
 }

@@ -1,5 +1,7 @@
 import Foundation
 import Logging
+import StallmonFixtureKit
+import StallmonTestSupport
 import Testing
 
 @testable import StallMonitor
@@ -11,7 +13,7 @@ extension Serial {
         @Test func eachEventCarriesWhatItsKindSays() {
             let description = MonitorDescription(loop: "main", threadID: 1, configuration: .init(), signal: nil)
             let statistics = StallMonitor.Statistics(stalls: 2, suppressedReports: 0, droppedReports: 0)
-            let report = SchemaTests.report()
+            let report = Reports.report()
             let suppression = SuppressionReport(
                 loop: "main", threadID: 1, fingerprint: "f", frame: "g", count: 3, totalDuration: .seconds(1),
                 worstDuration: .milliseconds(400), burst: 5, interval: .seconds(60))
@@ -34,9 +36,9 @@ extension Serial {
             let sink = KindCountingSink()
             var configuration = StallMonitor.Configuration()
             configuration.threshold = .milliseconds(50)
-            let monitor = try StallMonitor(configuration: configuration, logger: Self.quiet, sinks: [sink])
+            let monitor = try StallMonitor(configuration: configuration, logger: .quiet, sinks: [sink])
             let loop = LoopThread { try? monitor.start(.currentThread) }
-            loop.perform { Self.spin(milliseconds: 250) }
+            loop.perform { Burn.cpu(milliseconds: 250) }
             #expect(sink.waitForEnded(timeout: 5))
             monitor.stop()
             loop.stop()
@@ -47,13 +49,6 @@ extension Serial {
             #expect(sink.endedDurations.allSatisfy { $0 >= .milliseconds(200) }, "\(sink.endedDurations)")
         }
 
-        static func spin(milliseconds: Int) {
-            let end = ContinuousClock.now + .milliseconds(milliseconds)
-            while ContinuousClock.now < end {}
-        }
-
-        /// A logger that drops everything, for tests about something else.
-        static let quiet = Logger(label: "quiet") { _ in SwiftLogNoOpLogHandler() }
     }
 }
 

@@ -1,5 +1,6 @@
 import Foundation
 import StallMonitor
+import StallmonTestSupport
 import Testing
 
 extension Serial {

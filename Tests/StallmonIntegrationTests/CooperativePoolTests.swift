@@ -1,0 +1,145 @@
+import Foundation
+import StallJournal
+import StallMonitor
+import StallmonTestSupport
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+extension Serial {
+    /// Swift's cooperative pool, watched with `cooperative_pool` on, in the async fixture service
+    /// (Sources/StallmonAsyncFixture) as a child process: jobs that hold a pool thread in `usleep`, a
+    /// blocking `read`, `DispatchSemaphore.wait` and a CPU loop.
+    @Suite
+    struct CooperativePoolTests {
+        struct Stall: Sendable, CustomTestStringConvertible {
+            var truth: String
+            var function: String
+            var syscall: String?
+
+            var onCPU: Bool { syscall == nil }
+            var testDescription: String { truth }
+        }
+
+        static let stalls = [
+            Stall(truth: "pool-usleep", function: "PoolWork.napInPool(milliseconds:)", syscall: "clock_nanosleep"),
+            Stall(truth: "pool-read", function: "PoolWork.readFromPipe(milliseconds:)", syscall: "read"),
+            Stall(truth: "pool-semaphore", function: "PoolWork.waitForSemaphore(milliseconds:)", syscall: "futex"),
+            Stall(truth: "pool-cpu", function: "PoolWork.crunch(milliseconds:)"),
+        ]
+
+        static func run(_ scenario: String, seconds: String) throws -> FixtureRun {
+            try FixtureRun.run(
+                scenario, arguments: ["--seconds", seconds, "--threshold-ms", "100"], executable: .asyncFixture)
+        }
+
+        static func poolReports(_ lines: [[String: Any]]) -> [[String: Any]] {
+            lines.filter { $0.string("STALL_LOOP") == "cooperative-pool" }
+        }
+
+        /// `cooperative_pool` on, and left at its default (watched for an async main).
+        @Test(arguments: ["pool-stalls", "pool-default"])
+        func poolJobsThatHoldTheirThreadAreEachReportedOnceWithThreadFunctionAndState(scenario: String) throws {
+            let run = try Self.run(scenario, seconds: "4.8")
+            #expect(run.exitStatus == 0, "\(run.standardError)")
+            let detected = Self.poolReports(run.detected)
+            let ended = Self.poolReports(run.ended)
+            try #require(detected.count == 4, "detected: \(detected.count)\n\(run.standardError)")
+            try #require(ended.count == 4, "ended: \(ended.count)")
+            // The main loop saw none of it: pool jobs are not the main actor's.
+            #expect(run.detected.count == 4 && run.ended.count == 4)
+            for (index, expected) in Self.stalls.enumerated() {
+                let truthLine = try #require(run.truths.first { $0.string("name") == expected.truth })
+                let thread = try #require(
+                    run.lines.first { $0.string("type") == "pool-thread" && $0.string("name") == expected.truth })
+                let truth = truthLine.number("duration_ns") / 1e6
+                let (detected, ended) = (detected[index], ended[index])
+                #expect(detected.string("STALL_ID") == ended.string("STALL_ID"))
+                #expect(detected.milliseconds("STALL_DURATION_USEC") >= 100)
+                #expect(detected.milliseconds("STALL_DURATION_USEC") < 100 + 40)
+                let duration = ended.milliseconds("STALL_DURATION_USEC")
+                #expect(abs(duration - truth) <= 15, "\(expected.truth): reported \(duration) ms, true \(truth) ms")
+                #expect(ended.number("STALL_THREAD_TID") == thread.number("tid"), "\(expected.truth)")
+                #expect(ended.string("STALL_ACTIVITY") == "pool-job")
+                #expect(ended.string("STALL_CALLOUT") == "pool-job")
+                #expect(ended.milliseconds("STALL_THRESHOLD_USEC") == 100)
+                #expect(ended.string("STALL_FRAME").hasPrefix(expected.function), "\(ended.string("STALL_FRAME"))")
+                let frame = try #require(ended.frames.first { $0["function"] as? String == expected.function })
+                #expect((frame["file"] as? String)?.hasSuffix("AsyncFixture.swift") == true)
+                #expect((frame["line"] as? Int ?? 0) > 0)
+                #expect(
+                    ended.string("MESSAGE").hasPrefix("cooperative-pool thread \(Int(thread.number("tid"))) stalled"))
+                let cpu = ended.milliseconds("STALL_CPU_USEC")
+                if expected.onCPU {
+                    #expect(ended.string("STALL_THREAD_STATE") == "R")
+                    #expect(ended.string("STALL_STACK_SOURCE") == "signal")
+                    let trueCPU = truthLine.number("cpu_ns") / 1e6
+                    #expect(abs(cpu - trueCPU) <= 30, "\(expected.truth): cpu \(cpu) ms, truly \(trueCPU) ms")
+                } else {
+                    // Blocked: unwound from the kernel's view, never signalled.
+                    #expect(ended.string("STALL_THREAD_STATE") == "S")
+                    #expect(ended.string("STALL_THREAD_SYSCALL") == expected.syscall)
+                    #expect(ended.string("STALL_STACK_SOURCE") == "kernel")
+                    #expect(cpu <= duration * 0.2, "\(expected.truth): cpu \(cpu) ms of \(duration) ms")
+                }
+            }
+            // The monitor never ended the usleep early with EINTR.
+            let nap = try #require(run.lines.first { $0.string("type") == "usleep" })
+            #expect(nap.number("result") == 0 && nap.number("slept_ms") >= 400, "\(nap)")
+            #expect(run.lines.first { $0.string("type") == "statistics" }?.number("stalls") == 4)
+            // The hook is the monitor's while it runs, and gone once it stops.
+            let hooks = run.lines.filter { $0.string("type") == "pool-hook" }
+            #expect(hooks.map { $0["monitor_hook"] as? Bool } == [true, false], "\(hooks)")
+            #expect(hooks.last?["hook_set"] as? Bool == false)
+        }
+
+        @Test func poolMonitoringOffInstallsNoHookAndReportsNoPoolStall() throws {
+            let run = try Self.run("pool-off", seconds: "2")
+            #expect(run.exitStatus == 0, "\(run.standardError)")
+            #expect(try #require(run.truth("pool-usleep")) >= 400)
+            let hooks = run.lines.filter { $0.string("type") == "pool-hook" }
+            #expect(hooks.count == 2 && hooks.allSatisfy { $0["hook_set"] as? Bool == false }, "\(hooks)")
+            #expect(Self.poolReports(run.lines).isEmpty)
+            #expect(!run.lines.contains { $0.string("type") == "pool-switches" })
+            #expect(run.detected.isEmpty && run.ended.isEmpty)
+        }
+
+        /// A stop of the process (SIGSTOP, a debugger) in the middle of pool jobs is no stall: the
+        /// time nothing ran is no job's. Jobs of 40 ms of CPU time under a 200 ms threshold, the
+        /// process stopped three times for 400 ms.
+        @Test func aStopOfTheProcessInTheMiddleOfPoolJobsIsNotAStall() throws {
+            let run = try FixtureRun.run(
+                "pool-busy", arguments: ["--seconds", "3.5", "--threshold-ms", "200"], executable: .asyncFixture
+            ) { pid in
+                for _ in 0..<3 {
+                    usleep(500_000)
+                    kill(pid, SIGSTOP)
+                    usleep(400_000)
+                    kill(pid, SIGCONT)
+                }
+            }
+            #expect(run.exitStatus == 0, "\(run.standardError)")
+            let busy = try #require(run.lines.first { $0.string("type") == "pool-busy" })
+            #expect(busy.number("jobs") >= 20)
+            // A job took the stop in only if it lasted that long.
+            try #require(busy.number("longest_ns") >= 400e6, "no stop landed inside a job: \(busy)")
+            let reports = Self.poolReports(run.detected + run.ended)
+            #expect(reports.isEmpty, "\(reports.map { $0.string("MESSAGE") })")
+            #expect(run.lines.first { $0.string("type") == "statistics" }?.number("stalls") == 0)
+        }
+
+        @Test func idlePoolCostsItsWatchdogNoWakeups() throws {
+            let run = try Self.run("pool-idle", seconds: "6.4")
+            #expect(run.exitStatus == 0, "\(run.standardError)")
+            #expect(run.detected.isEmpty && run.ended.isEmpty)
+            let readings = run.lines.filter { $0.string("type") == "pool-switches" }.map {
+                (seconds: $0.number("elapsed_ns") / 1e9, count: Int($0.number("count")))
+            }
+            let first = try #require(readings.first { $0.seconds >= 0.9 })
+            let last = try #require(readings.last { $0.seconds <= 6.1 })
+            #expect(last.count - first.count == 0, "\(readings)")
+        }
+    }
+}
