@@ -51,7 +51,10 @@ typedef struct {
 } __attribute__((aligned(64))) request_slot;
 
 static request_slot slots[STALLMON_REQUEST_SLOTS];
-static _Atomic int64_t live;
+// Set by the first registration, never cleared: until then the pool hook and the lookups return at
+// once. (A count of the spans open would let them return at once between requests too, but every
+// span's start and end would then write one cache line that all CPUs share.)
+static _Atomic int used;
 static _Atomic uint64_t refused;
 static _Atomic uint64_t inherited;
 
@@ -131,7 +134,7 @@ int stallmon_request_register(uint64_t key, void *record, uint32_t depth) {
     atomic_store_explicit(&slot->depth, depth, memory_order_relaxed);
     atomic_store_explicit(&slot->record, record, memory_order_relaxed);
     atomic_store_explicit(&slot->sequence, sequence, memory_order_release);
-    atomic_fetch_add_explicit(&live, 1, memory_order_relaxed);
+    if (!atomic_load_explicit(&used, memory_order_relaxed)) atomic_store_explicit(&used, 1, memory_order_release);
     thread_cache.key = key;
     thread_cache.link = link_of((unsigned)index, sequence);
     return index;
@@ -146,7 +149,6 @@ void stallmon_request_withdraw(int index) {
     atomic_exchange_explicit(&slot->record, NULL, memory_order_seq_cst);
     while (atomic_load_explicit(&slot->pins, memory_order_seq_cst) != 0) sched_yield();
     atomic_store_explicit(&slot->key, 0, memory_order_release);
-    atomic_fetch_sub_explicit(&live, 1, memory_order_relaxed);
 }
 
 // The link of the owner serving `key`: its own innermost registration, else the owner it inherited.
@@ -186,7 +188,7 @@ static void *retain_owner(uint64_t link) {
 }
 
 void *stallmon_request_acquire(const uint64_t *keys, int count) {
-    if (atomic_load_explicit(&live, memory_order_acquire) == 0) return NULL;
+    if (!atomic_load_explicit(&used, memory_order_acquire)) return NULL;
     for (int i = 0; i < count; i++) {
         if (keys[i] == 0) continue;
         uint64_t link = find(keys[i]);
@@ -227,14 +229,14 @@ static void inherit_from(uint64_t current, void *job) {
 }
 
 void stallmon_request_inherit(void *job) {
-    if (__builtin_expect(atomic_load_explicit(&live, memory_order_relaxed) == 0, 1)) return;
+    if (__builtin_expect(!atomic_load_explicit(&used, memory_order_relaxed), 1)) return;
     void *task = swift_task_getCurrent != NULL ? swift_task_getCurrent() : NULL;
     if (task == NULL || task == job) return;
     inherit_from((uint64_t)(uintptr_t)task, job);
 }
 
 void stallmon_request_inherit_for(uint64_t current, uint64_t job) {
-    if (atomic_load_explicit(&live, memory_order_relaxed) == 0 || current == 0 || current == job) return;
+    if (!atomic_load_explicit(&used, memory_order_relaxed) || current == 0 || current == job) return;
     inherit_from(current, (void *)(uintptr_t)job);
 }
 
@@ -250,7 +252,7 @@ double stallmon_request_measure_inherit_ns(long jobs, uint64_t current) {
         void *job = (void *)(base + (uintptr_t)(i % 1024) * 64);
         if (current == 0) {
             stallmon_request_inherit(job);
-        } else if (atomic_load_explicit(&live, memory_order_relaxed) != 0) {
+        } else if (atomic_load_explicit(&used, memory_order_relaxed)) {
             inherit_from(current, job);
         }
     }
@@ -278,7 +280,15 @@ uint64_t stallmon_request_random(void) {
     return z ^ (z >> 31);
 }
 
-int64_t stallmon_request_live(void) { return atomic_load_explicit(&live, memory_order_relaxed); }
+int stallmon_request_used(void) { return atomic_load_explicit(&used, memory_order_acquire); }
+
+int64_t stallmon_request_live(void) {
+    int64_t count = 0;
+    for (int index = 0; index < STALLMON_REQUEST_SLOTS; index++) {
+        if (atomic_load_explicit(&slots[index].sequence, memory_order_relaxed) != 0) count++;
+    }
+    return count;
+}
 uint64_t stallmon_request_refused(void) { return atomic_load_explicit(&refused, memory_order_relaxed); }
 uint64_t stallmon_request_inherited(void) { return atomic_load_explicit(&inherited, memory_order_relaxed); }
 

@@ -27,7 +27,7 @@ enum RequestTable {
     /// The innermost span the calling task (or thread) serves now: the parent of a span it starts.
     static func current() -> RequestState? {
         #if STALLMON_LINUX
-        guard stallmon_request_live() > 0 else { return nil }
+        guard stallmon_request_used() != 0 else { return nil }
         var key = stallmon_request_current_key()
         guard let record = stallmon_request_acquire(&key, 1) else { return nil }
         return Unmanaged<RequestState>.fromOpaque(record).takeRetainedValue()

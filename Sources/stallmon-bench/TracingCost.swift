@@ -15,7 +15,8 @@ import Tracing
 /// - `span_wrapped_cost_ns`: `StallmonTracer(wrapping: InMemoryTracer())` over `InMemoryTracer()`:
 ///   what it adds around a tracer that records.
 /// - `span_cost_ns_all_cpus`: `span_cost_ns` with a thread on every CPU starting spans at once.
-/// - `pool_enqueue_idle_ns`: the pool hook's added work per job while no span is open anywhere.
+/// - `pool_enqueue_idle_ns`: the pool hook's added work per job enqueued outside any request, in a
+///   process that has opened spans (one that never did pays one load).
 /// - `pool_enqueue_in_request_ns`: per job enqueued by a request's work (the job inherits it).
 enum TracingCost {
     static func figures(scale: Double) -> [Figure] {

@@ -54,7 +54,10 @@ void stallmon_request_inherit_for(uint64_t current, uint64_t job);
 /// the hook sees it), in nanoseconds per job.
 double stallmon_request_measure_inherit_ns(long jobs, uint64_t current);
 
-/// Spans registered now; spans refused for a full table since start; aliases made by the pool hook.
+/// 1 once any span has registered (the lookups and the pool hook do nothing before).
+int stallmon_request_used(void);
+/// Spans registered now (a pass over the whole table: for tests and diagnostics); spans refused for
+/// a full table since start; aliases made by the pool hook.
 int64_t stallmon_request_live(void);
 uint64_t stallmon_request_refused(void);
 uint64_t stallmon_request_inherited(void);

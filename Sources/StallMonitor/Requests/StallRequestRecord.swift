@@ -59,7 +59,7 @@ final class StallRequestHandle: @unchecked Sendable {
     /// The record serving thread `threadID`: its current task as a sample saw it, the pool job it
     /// runs, or the thread itself (a span started outside any task); `nil` when none is registered.
     static func find(threadID: pid_t, currentTask: UInt) -> StallRequestHandle? {
-        guard stallmon_request_live() > 0 else { return nil }
+        guard stallmon_request_used() != 0 else { return nil }
         let keys: [UInt64] = [
             UInt64(currentTask), UInt64(stallmon_pool_job_of_thread(threadID)), stallmon_request_thread_key(threadID),
         ]
