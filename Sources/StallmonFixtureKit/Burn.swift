@@ -4,10 +4,10 @@
 /// - Important: Not for a stall whose report a test reads for the function that stalled: a frame
 ///   of this module would stand on top of the stack. Those stalls keep a function of their own,
 ///   named after what they stand for (`Stalls.burnCPU(milliseconds:)`, `stallOnCPU(milliseconds:)`).
-public enum Burn {
+package enum Burn {
     /// Burns the CPU until `milliseconds` of CLOCK_MONOTONIC have passed, however much CPU it got.
     @inline(never)
-    public static func cpu(milliseconds: Double) {
+    package static func cpu(milliseconds: Double) {
         // The clock is read in the vDSO, cheaply: every round, so that a burn ends on time (the
         // real-time hogs of the crowded-machine tests take the CPUs for exact slices).
         let end = Fixture.now() + UInt64(max(0, milliseconds) * 1e6)
