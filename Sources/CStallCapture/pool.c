@@ -168,7 +168,9 @@ void stallmon_pool_run_job(void *job) {
     uint64_t sequence = atomic_load_explicit(&slot->sequence, memory_order_relaxed) + 1;
     atomic_store_explicit(&slot->job, job, memory_order_relaxed);
     uint64_t start = now_ns();
-    atomic_store_explicit(&slot->start_ns, start, memory_order_relaxed);
+    // Release: a reader that sees this start sees the job (stallmon_pool_job_of_thread). A plain
+    // store on x86-64.
+    atomic_store_explicit(&slot->start_ns, start, memory_order_release);
     atomic_store_explicit(&slot->sequence, sequence, memory_order_release);
     if (watchdog.asymmetric) {
         atomic_signal_fence(memory_order_seq_cst);
@@ -302,10 +304,14 @@ uintptr_t stallmon_pool_job_of_thread(pid_t tid) {
     for (int index = 0; index < count; index++) {
         pool_slot *slot = &slots[index];
         if (atomic_load_explicit(&slot->tid, memory_order_acquire) != tid) continue;
+        // The job is stored before its start, and the start is 0 between jobs: a start read first
+        // (acquire) that is not 0 comes with its job, unless the thread has moved on since, which
+        // the sequence read around them tells.
         uint64_t before = atomic_load_explicit(&slot->sequence, memory_order_acquire);
-        void *job = atomic_load_explicit(&slot->job, memory_order_relaxed);
         uint64_t start = atomic_load_explicit(&slot->start_ns, memory_order_acquire);
-        if (start == 0 || atomic_load_explicit(&slot->sequence, memory_order_acquire) != before) return 0;
+        void *job = atomic_load_explicit(&slot->job, memory_order_relaxed);
+        atomic_thread_fence(memory_order_acquire);
+        if (start == 0 || atomic_load_explicit(&slot->sequence, memory_order_relaxed) != before) return 0;
         return (uintptr_t)job;
     }
     return 0;

@@ -1,7 +1,8 @@
 // The requests in flight (see stallcapture_requests.h): a table of slots, each either a span's own
-// registration (the owner: its key, a registration number and the retained record) or an alias (a
-// key that inherited an owner: a task made or woken by a request's task, pointing at the owner's
-// slot and registration number).
+// registration (the owner: its key, a registration number and its record) or an alias (a task made
+// or woken by a request's task: the task's address and ID, pointing at the owner's slot and
+// registration number). An alias is a task's only: the pool hook makes none for an actor's job or
+// another executor's, and one whose address now holds another task (its ID differs) is ignored.
 //
 // A key is looked for in the STALLMON_REQUEST_WINDOW slots from its hash: a registration takes the
 // first free one, or refuses (counted) when the window is full. A span's start registers and its
@@ -35,10 +36,18 @@ extern void *swift_tryRetain(void *object);
 enum {
     WINDOW = 4,
     SLOT_MASK = STALLMON_REQUEST_SLOTS - 1,
-    LINK_SLOT_BITS = 16,
+    // A link: the aliased task's ID (32 bits), the owner's registration number (its low 18 bits)
+    // and the owner's slot (14 bits).
+    LINK_SLOT_BITS = 14,
+    LINK_SEQUENCE_BITS = 18,
+    // The runtime's Job (see pool.c): its kind in the low byte of Flags at 32 (0: a task), and its
+    // ID at 36 (a task's, unique while it lives).
+    JOB_KIND_OFFSET = 32,
+    JOB_ID_OFFSET = 36,
 };
 _Static_assert((STALLMON_REQUEST_SLOTS & (STALLMON_REQUEST_SLOTS - 1)) == 0, "a power of two");
 _Static_assert(STALLMON_REQUEST_SLOTS <= (1 << LINK_SLOT_BITS), "a slot index fits a link");
+#define SEQUENCE_MASK ((1ULL << LINK_SEQUENCE_BITS) - 1)
 
 typedef struct {
     _Atomic uint64_t key;       // 0: free
@@ -46,7 +55,7 @@ typedef struct {
     uint64_t registrations;     // the slot's owners so far: written by its claimer only
     _Atomic uint32_t depth;     // an owner's spans around it: the innermost of a key is the deepest
     _Atomic(void *) record;     // an owner's record (not retained: a reader tries to retain it)
-    _Atomic uint64_t link;      // an alias: owner's sequence << 16 | owner's slot; 0 otherwise
+    _Atomic uint64_t link;      // an alias: task ID, owner's registration number and slot; 0 otherwise
     _Atomic uint32_t pins;      // readers retaining the record now
 } __attribute__((aligned(64))) request_slot;
 
@@ -58,36 +67,42 @@ static _Atomic int used;
 static _Atomic uint64_t refused;
 static _Atomic uint64_t inherited;
 
-// The latest owner the calling thread registered or found for a task: spares the pool hook a look
-// in the table when a request's task enqueues several jobs in a row.
-static __thread struct {
-    uint64_t key;
-    uint64_t link;
-} thread_cache __attribute__((tls_model("initial-exec")));
-
 static inline unsigned home(uint64_t key) {
     return (unsigned)(((key >> 4) * 0x9E3779B97F4A7C15ULL) >> 40) & SLOT_MASK;
 }
 
 static inline request_slot *at(unsigned home_index, int step) { return &slots[(home_index + step) & SLOT_MASK]; }
 
-static inline uint64_t link_of(unsigned index, uint64_t sequence) {
-    return sequence << LINK_SLOT_BITS | index;
+static inline uint64_t link_of(unsigned index, uint64_t sequence, uint32_t task_id) {
+    return (uint64_t)task_id << (LINK_SLOT_BITS + LINK_SEQUENCE_BITS) | (sequence & SEQUENCE_MASK) << LINK_SLOT_BITS |
+           index;
+}
+
+static inline unsigned link_slot(uint64_t link) { return (unsigned)(link & ((1u << LINK_SLOT_BITS) - 1)); }
+static inline uint64_t link_sequence(uint64_t link) { return (link >> LINK_SLOT_BITS) & SEQUENCE_MASK; }
+static inline uint32_t link_task_id(uint64_t link) { return (uint32_t)(link >> (LINK_SLOT_BITS + LINK_SEQUENCE_BITS)); }
+
+// Whether an owner has `sequence` published now (its low bits, as a link keeps them).
+static inline bool published(request_slot *slot, uint64_t sequence) {
+    uint64_t now = atomic_load_explicit(&slot->sequence, memory_order_acquire);
+    return now != 0 && (now & SEQUENCE_MASK) == sequence;
 }
 
 // Whether `link` still names a published owner.
 static inline bool link_valid(uint64_t link) {
-    unsigned index = (unsigned)(link & ((1u << LINK_SLOT_BITS) - 1));
-    if (link == 0 || index >= STALLMON_REQUEST_SLOTS) return false;
-    return atomic_load_explicit(&slots[index].sequence, memory_order_acquire) == link >> LINK_SLOT_BITS;
+    return link != 0 && published(&slots[link_slot(link)], link_sequence(link));
 }
 
-// Frees an alias whose owner is gone. Its link is cleared first, by compare-and-swap: the one who
-// clears it frees the key, and a waker that would point the alias elsewhere fails its own swap.
-static bool free_stale_alias(request_slot *slot) {
+static inline bool is_task(const void *job) { return *((const uint8_t *)job + JOB_KIND_OFFSET) == 0; }
+static inline uint32_t task_id(const void *job) { return *(const uint32_t *)((const char *)job + JOB_ID_OFFSET); }
+
+// Frees an alias: one whose owner is gone, or (`evict`) any. Its link is cleared first, by
+// compare-and-swap: the one who clears it frees the key, and a waker that would point the alias
+// elsewhere fails its own swap.
+static bool free_alias(request_slot *slot, bool evict) {
     if (atomic_load_explicit(&slot->sequence, memory_order_acquire) != 0) return false;
     uint64_t link = atomic_load_explicit(&slot->link, memory_order_acquire);
-    if (link == 0 || link_valid(link)) return false;
+    if (link == 0 || (!evict && link_valid(link))) return false;
     if (!atomic_compare_exchange_strong_explicit(&slot->link, &link, 0, memory_order_acq_rel, memory_order_relaxed)) {
         return false;
     }
@@ -106,17 +121,20 @@ uint64_t stallmon_request_current_key(void) {
     return stallmon_request_thread_key(cached_tid);
 }
 
-// Takes a slot for `key` in its window: returns its index, or -1. A free slot has no link.
-static int claim(uint64_t key) {
+// Takes a slot for `key` in its window: returns its index, or -1. A free slot has no link. A span
+// (`evict`) takes an alias's slot when the window has no other: aliases are the best effort.
+static int claim(uint64_t key, bool evict) {
     unsigned base = home(key);
-    for (int step = 0; step < WINDOW; step++) {
-        request_slot *slot = at(base, step);
-        uint64_t seen = atomic_load_explicit(&slot->key, memory_order_acquire);
-        if (seen != 0 && !free_stale_alias(slot)) continue;
-        seen = 0;
-        if (atomic_compare_exchange_strong_explicit(&slot->key, &seen, key, memory_order_acq_rel,
-                                                    memory_order_relaxed)) {
-            return (int)((base + step) & SLOT_MASK);
+    for (int pass = 0; pass < (evict ? 2 : 1); pass++) {
+        for (int step = 0; step < WINDOW; step++) {
+            request_slot *slot = at(base, step);
+            uint64_t seen = atomic_load_explicit(&slot->key, memory_order_acquire);
+            if (seen != 0 && !free_alias(slot, pass == 1)) continue;
+            seen = 0;
+            if (atomic_compare_exchange_strong_explicit(&slot->key, &seen, key, memory_order_acq_rel,
+                                                        memory_order_relaxed)) {
+                return (int)((base + step) & SLOT_MASK);
+            }
         }
     }
     return -1;
@@ -124,7 +142,7 @@ static int claim(uint64_t key) {
 
 int stallmon_request_register(uint64_t key, void *record, uint32_t depth) {
     if (key == 0 || record == NULL) return -1;
-    int index = claim(key);
+    int index = claim(key, true);
     if (index < 0) {
         atomic_fetch_add_explicit(&refused, 1, memory_order_relaxed);
         return -1;
@@ -135,8 +153,6 @@ int stallmon_request_register(uint64_t key, void *record, uint32_t depth) {
     atomic_store_explicit(&slot->record, record, memory_order_relaxed);
     atomic_store_explicit(&slot->sequence, sequence, memory_order_release);
     if (!atomic_load_explicit(&used, memory_order_relaxed)) atomic_store_explicit(&used, 1, memory_order_release);
-    thread_cache.key = key;
-    thread_cache.link = link_of((unsigned)index, sequence);
     return index;
 }
 
@@ -151,7 +167,9 @@ void stallmon_request_withdraw(int index) {
     atomic_store_explicit(&slot->key, 0, memory_order_release);
 }
 
-// The link of the owner serving `key`: its own innermost registration, else the owner it inherited.
+// The link of the owner serving `key`: its own innermost registration, else the owner its task
+// inherited (a task's address: its ID checked against the alias's, which was made for the task that
+// lived there then).
 static uint64_t find(uint64_t key) {
     unsigned base = home(key);
     uint64_t best = 0, alias = 0;
@@ -164,11 +182,11 @@ static uint64_t find(uint64_t key) {
             int64_t depth = atomic_load_explicit(&slot->depth, memory_order_relaxed);
             if (depth > best_depth) {
                 best_depth = depth;
-                best = link_of((base + step) & SLOT_MASK, sequence);
+                best = link_of((base + step) & SLOT_MASK, sequence, 0);
             }
-        } else {
+        } else if (alias == 0 && (key & 1) == 0) {
             uint64_t link = atomic_load_explicit(&slot->link, memory_order_acquire);
-            if (link_valid(link)) alias = link;
+            if (link_valid(link) && link_task_id(link) == task_id((const void *)(uintptr_t)key)) alias = link;
         }
     }
     return best != 0 ? best : alias;
@@ -176,10 +194,10 @@ static uint64_t find(uint64_t key) {
 
 // Retains the record of the owner `link` names, or returns NULL when it is gone.
 static void *retain_owner(uint64_t link) {
-    request_slot *slot = &slots[link & ((1u << LINK_SLOT_BITS) - 1)];
+    request_slot *slot = &slots[link_slot(link)];
     void *record = NULL;
     atomic_fetch_add_explicit(&slot->pins, 1, memory_order_seq_cst);
-    if (atomic_load_explicit(&slot->sequence, memory_order_seq_cst) == link >> LINK_SLOT_BITS) {
+    if (published(slot, link_sequence(link))) {
         record = atomic_load_explicit(&slot->record, memory_order_seq_cst);
         if (record != NULL && swift_tryRetain(record) == NULL) record = NULL;
     }
@@ -199,30 +217,37 @@ void *stallmon_request_acquire(const uint64_t *keys, int count) {
     return NULL;
 }
 
-// `job`, enqueued by the work of `current`, serves the request `current` serves.
+// `job`, enqueued by the work of `current`, serves the request `current` serves. Only a task's job:
+// an actor's job runs whatever tasks the actor has. A task keeps the request it has while that
+// request lasts (the first that made or woke it); the request of a task that has ended is not
+// passed on to the next one at its address (they differ by ID).
 static void inherit_from(uint64_t current, void *job) {
-    uint64_t link = thread_cache.key == current ? thread_cache.link : 0;
-    if (!link_valid(link)) {
-        link = find(current);
-        thread_cache.key = current;
-        thread_cache.link = link;
-        if (link == 0) return;
-    }
+    if (!is_task(job)) return;
+    uint64_t owner = find(current);
+    if (owner == 0) return;
+    uint32_t id = task_id(job);
+    uint64_t link = link_of(link_slot(owner), link_sequence(owner), id);
     uint64_t key = (uint64_t)(uintptr_t)job;
     unsigned base = home(key);
     for (int step = 0; step < WINDOW; step++) {
         request_slot *slot = at(base, step);
         if (atomic_load_explicit(&slot->key, memory_order_acquire) != key) continue;
-        // A job that serves a request of its own keeps it; an alias follows its latest waker.
+        // A task that serves a request of its own keeps it.
         if (atomic_load_explicit(&slot->sequence, memory_order_acquire) != 0) return;
         uint64_t old = atomic_load_explicit(&slot->link, memory_order_acquire);
-        // 0: another waker is making this alias, or it is being freed.
-        if (old != 0 && old != link) {
-            atomic_compare_exchange_strong_explicit(&slot->link, &old, link, memory_order_acq_rel, memory_order_relaxed);
+        // 0: another waker is making this alias, or it is being freed. The same task, its request
+        // still open: it keeps it.
+        if (old == 0 || (link_task_id(old) == id && link_valid(old))) return;
+        if (atomic_compare_exchange_strong_explicit(&slot->link, &old, link, memory_order_acq_rel,
+                                                    memory_order_relaxed) &&
+            atomic_load_explicit(&slot->key, memory_order_acquire) != key) {
+            // Freed and claimed for another key between the look and the swap: undo.
+            uint64_t mine = link;
+            atomic_compare_exchange_strong_explicit(&slot->link, &mine, old, memory_order_acq_rel, memory_order_relaxed);
         }
         return;
     }
-    int index = claim(key);
+    int index = claim(key, false);
     if (index < 0) return;
     atomic_store_explicit(&slots[index].link, link, memory_order_release);
     atomic_fetch_add_explicit(&inherited, 1, memory_order_relaxed);
@@ -241,9 +266,9 @@ void stallmon_request_inherit_for(uint64_t current, uint64_t job) {
 }
 
 double stallmon_request_measure_inherit_ns(long jobs, uint64_t current) {
-    // Jobs never dereferenced: addresses 64 bytes apart, as tasks are at least.
-    static char fake_jobs[64];
-    uintptr_t base = (uintptr_t)fake_jobs & ~(uintptr_t)63;
+    // Zeroed jobs (tasks, by their kind), 64 bytes apart, as tasks are at least.
+    static char fake_jobs[1024 * 64 + 64];
+    uintptr_t base = ((uintptr_t)fake_jobs + 63) & ~(uintptr_t)63;
     uint64_t start = 0, end = 0;
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

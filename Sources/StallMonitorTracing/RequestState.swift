@@ -8,8 +8,7 @@ import Tracing
 /// task (or thread) that started the span, and read by the monitor's reporting thread when a
 /// thread serving the span stalls. The only object a span of ``StallmonTracer`` allocates.
 ///
-/// `@unchecked Sendable`: `slot` is written once, by the thread that starts the span, before
-/// anything but ``StallmonSpan/end(at:)`` reads it; the rest is immutable or behind a mutex.
+/// `@unchecked Sendable`: what is not immutable is behind a mutex or atomic.
 final class RequestState: StallRequestRecord, @unchecked Sendable {
     /// What changes while the span runs.
     struct Mutable {
@@ -40,7 +39,9 @@ final class RequestState: StallRequestRecord, @unchecked Sendable {
     let parent: RequestState?
     /// Spans around it in its task or thread, or those of the request its task serves.
     let depth: UInt32
-    var slot: Int32 = -1
+    /// Its slot in the table while registered, else -1: taken once, by the span's end or this
+    /// record's deinit, whichever comes first (copies of a span may end it twice).
+    private let slot = Atomic<Int32>(-1)
 
     init(ownOperation: String, trace: TraceParent, parent: RequestState?, context: InstrumentationContext? = nil) {
         self.mutable = Mutex(Mutable(operationName: ownOperation))
@@ -79,15 +80,20 @@ final class RequestState: StallRequestRecord, @unchecked Sendable {
         self.depth = parent.map { $0.depth &+ 1 } ?? 0
     }
 
+    /// Registers the span under its task (or thread), once it is whole.
+    func register() {
+        slot.store(RequestTable.register(self), ordering: .releasing)
+    }
+
     /// Withdraws the span from the table: stalls from here on are not its own.
     func end() {
-        RequestTable.withdraw(slot)
-        slot = -1
+        let registered = slot.exchange(-1, ordering: .acquiringAndReleasing)
+        if registered >= 0 { RequestTable.withdraw(registered) }
     }
 
     /// A span dropped without its end withdraws here: a reader never retains it from then on.
     deinit {
-        if slot >= 0 { RequestTable.withdraw(slot) }
+        end()
     }
 
     /// Alone: the span's attributes, read and replaced as a whole (as the `Span` protocol sets

@@ -24,11 +24,14 @@ enum RequestTable {
         #endif
     }
 
-    /// The innermost span the calling task (or thread) serves now: the parent of a span it starts.
+    /// The innermost span the calling task serves now: the parent of a span it starts. Outside a
+    /// task, none: a span registered under a thread (an event loop's) covers all the loop runs
+    /// until it ends, other connections' work too, and is no parent of theirs.
     static func current() -> RequestState? {
         #if STALLMON_LINUX
         guard stallmon_request_used() != 0 else { return nil }
         var key = stallmon_request_current_key()
+        guard key & 1 == 0 else { return nil }
         guard let record = stallmon_request_acquire(&key, 1) else { return nil }
         return Unmanaged<RequestState>.fromOpaque(record).takeRetainedValue()
         #else

@@ -15,22 +15,24 @@ public struct StallmonSpan: Tracing.Span {
     let state: RequestState
 
     init(alone operationName: String, context: @autoclosure () -> InstrumentationContext) {
-        // A child of the span its task (or thread) serves, else of the caller's trace context
-        // read from a request's header.
-        let around = RequestTable.current()
-        let context = around == nil ? context() : nil
+        // A child of the span its task serves, unless the context it is given carries another
+        // trace (a message's, or a request's read from its header): then of that.
+        let context = context()
+        let given = context.stallmonState
+        var around = RequestTable.current()
+        if let given, let local = around, local.trace?.traceID != given.trace?.traceID { around = nil }
         state = RequestState(
-            ownOperation: operationName, trace: TraceParent.child(of: around?.trace ?? context?.stallmonState?.trace),
-            parent: around, context: context)
-        state.slot = RequestTable.register(state)
+            ownOperation: operationName, trace: TraceParent.child(of: around?.trace ?? given?.trace), parent: around,
+            context: context)
+        state.register()
     }
 
     init(wrapping inner: any Tracing.Span, injector: InjectorBox) {
         state = RequestState(inner: inner, injector: injector, parent: RequestTable.current())
-        state.slot = RequestTable.register(state)
+        state.register()
     }
 
-    public var context: InstrumentationContext { state.inner?.context ?? state.startContext ?? .current ?? .topLevel }
+    public var context: InstrumentationContext { state.inner?.context ?? state.startContext ?? .topLevel }
 
     public var operationName: String {
         get { state.inner?.operationName ?? state.mutable.withLock { $0.operationName } }

@@ -61,12 +61,16 @@ struct RequestTableTests {
         }
     }
 
-    /// A job enqueued by work that serves a request serves it too, and follows the request's
-    /// innermost span; it lapses when the request's span ends. A job with a span of its own keeps it.
-    @Test func aJobEnqueuedByARequestsWorkInheritsItUntilTheSpanEnds() throws {
+    /// A task enqueued by work that serves a request serves it too, and keeps it while the request
+    /// lasts; it lapses when the request's span ends. A task that now lives at the same address (its
+    /// ID differs) inherits nothing, and neither does a job that is not a task (an actor's).
+    @Test func aTaskEnqueuedByARequestsWorkInheritsItUntilTheSpanEnds() throws {
         let tracer = StallmonTracer()
+        // A fake job: zeroed (kind 0, a task), its ID at 36.
         let memory = UnsafeMutableRawPointer.allocate(byteCount: 128, alignment: 64)
         defer { memory.deallocate() }
+        memory.initializeMemory(as: UInt8.self, repeating: 0, count: 128)
+        memory.storeBytes(of: UInt32(41), toByteOffset: 36, as: UInt32.self)
         let job = UInt64(UInt(bitPattern: memory))
         let inherited = stallmon_request_inherited()
         tracer.withSpan("GET /report", ofKind: .server) { span in
@@ -74,10 +78,54 @@ struct RequestTableTests {
             stallmon_request_inherit_for(here, job)
             #expect(request(for: job)?.endpoint == "/report")
             #expect(request(for: job)?.spanID == request(for: here)?.spanID)
+            // Another task at the same address: not the request's.
+            memory.storeBytes(of: UInt32(42), toByteOffset: 36, as: UInt32.self)
+            #expect(request(for: job) == nil)
+            memory.storeBytes(of: UInt32(41), toByteOffset: 36, as: UInt32.self)
         }
         #expect(stallmon_request_inherited() == inherited + 1)
         #expect(request(for: job) == nil)
         #expect(stallmon_request_live() == 0)
+        // An actor's job (kind 1) inherits nothing.
+        memory.storeBytes(of: UInt8(1), toByteOffset: 32, as: UInt8.self)
+        tracer.withSpan("GET /actor") { _ in
+            stallmon_request_inherit_for(here, job)
+            #expect(request(for: job) == nil)
+        }
+    }
+
+    /// A task keeps the request that first made or woke it while that request lasts: another
+    /// request's task waking it does not take it over.
+    @Test func aTaskKeepsItsRequestWhenAnotherRequestWakesIt() async throws {
+        let tracer = StallmonTracer()
+        let memory = UnsafeMutableRawPointer.allocate(byteCount: 128, alignment: 64)
+        defer { memory.deallocate() }
+        memory.initializeMemory(as: UInt8.self, repeating: 0, count: 128)
+        memory.storeBytes(of: UInt32(7), toByteOffset: 36, as: UInt32.self)
+        let job = UInt64(UInt(bitPattern: memory))
+        let first = tracer.startSpan("GET /first")
+        stallmon_request_inherit_for(here, job)
+        let firstSpanID = request(for: here)?.spanID
+        first.end()
+        // The first request is over: the next waker's request is the task's now.
+        tracer.withSpan("GET /second") { _ in
+            stallmon_request_inherit_for(here, job)
+            #expect(request(for: job)?.operation == "GET /second")
+            #expect(request(for: job)?.spanID != firstSpanID)
+        }
+        let third = tracer.startSpan("GET /third")
+        stallmon_request_inherit_for(here, job)
+        #expect(request(for: job)?.operation == "GET /third")
+        // A fourth request, in a task of its own, wakes it while the third lasts: it stays the third's.
+        let (fourthKey, fourth) = await Task.detached {
+            (stallmon_request_current_key(), tracer.startSpan("GET /fourth"))
+        }.value
+        #expect(request(for: fourthKey)?.operation == "GET /fourth")
+        stallmon_request_inherit_for(fourthKey, job)
+        #expect(request(for: job)?.operation == "GET /third")
+        fourth.end()
+        third.end()
+        #expect(request(for: job) == nil)
     }
 
     /// Past the table's slots near a key, a span goes unregistered (counted) and the rest work on.
@@ -89,7 +137,8 @@ struct RequestTableTests {
             spans.append(tracer.startSpan("span \(index)"))
         }
         #expect(stallmon_request_refused() > refused)
-        #expect(stallmon_request_live() <= Int64(STALLMON_REQUEST_SLOTS))
+        // One task's spans share the window of its key.
+        #expect(stallmon_request_live() == 4)
         for span in spans { span.end() }
         #expect(stallmon_request_live() == 0)
         tracer.withSpan("after") { _ in #expect(request(for: here)?.operation == "after") }

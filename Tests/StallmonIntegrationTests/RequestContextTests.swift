@@ -105,7 +105,7 @@ extension Serial {
             let stall = try #require(events.first { $0["name"] as? String == "stall" }, "\(stalled)")
             let attributes = try #require(stall["attributes"] as? [String: String])
             #expect(attributes["stallmon.stall.id"]?.contains(ended["STALL_ID"] ?? "?") == true, "\(attributes)")
-            #expect(attributes["thread.id"]?.contains(ended["STALL_THREAD_TID"] ?? "?") == true, "\(attributes)")
+            #expect(attributes["thread.id"] == "int64(\(ended["STALL_THREAD_TID"] ?? "?"))", "\(attributes)")
             #expect(attributes["code.function"]?.contains("sleepInHandler(milliseconds:)") == true, "\(attributes)")
             #expect(attributes["stallmon.stall.duration_ms"] != nil)
             #expect((stalled["attributes"] as? [String: String])?["stallmon.stalled"]?.contains("true") == true)
