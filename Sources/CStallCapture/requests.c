@@ -4,8 +4,8 @@
 // registration number). An alias is a task's only: the pool hook makes none for an actor's job or
 // another executor's, and one whose address now holds another task (its ID differs) is ignored.
 //
-// A key is looked for in the STALLMON_REQUEST_WINDOW slots from its hash: a registration takes the
-// first free one, or refuses (counted) when the window is full. A span's start registers and its
+// A key is looked for in the WINDOW slots from its hash: a registration takes the first free one
+// (or an alias's whose owner is gone), else a live alias's, else refuses (counted). A span's start registers and its
 // end withdraws; the pool hook makes aliases; the watchdog reads. Nobody waits on anybody, but for
 // one case: a span that ends while a watchdog retains its record waits for that retain.
 //
@@ -17,16 +17,14 @@
 
 #define _GNU_SOURCE
 #include "requests.h"
+#include "stallcapture.h"
 
 #if defined(STALLMON_LINUX)
 
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
-#include <unistd.h>
 #include <sys/random.h>
-#include <sys/syscall.h>
-#include <time.h>
 
 // The Swift runtime's retain that fails on an object being deinitialized (libswiftCore): a
 // reader's +1 on a record it found. It returns the object, or NULL when it failed (its C++
@@ -117,7 +115,7 @@ uint64_t stallmon_request_thread_key(pid_t tid) { return (uint64_t)(uint32_t)tid
 uint64_t stallmon_request_current_key(void) {
     void *task = swift_task_getCurrent != NULL ? swift_task_getCurrent() : NULL;
     if (task != NULL) return (uint64_t)(uintptr_t)task;
-    if (cached_tid == 0) cached_tid = (pid_t)syscall(SYS_gettid);
+    if (cached_tid == 0) cached_tid = stallmon_gettid();
     return stallmon_request_thread_key(cached_tid);
 }
 
@@ -269,21 +267,16 @@ double stallmon_request_measure_inherit_ns(long jobs, uint64_t current) {
     // Zeroed jobs (tasks, by their kind), 64 bytes apart, as tasks are at least.
     static char fake_jobs[1024 * 64 + 64];
     uintptr_t base = ((uintptr_t)fake_jobs + 63) & ~(uintptr_t)63;
-    uint64_t start = 0, end = 0;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    start = (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+    uint64_t start = stallmon_now_ns();
     for (long i = 0; i < jobs; i++) {
         void *job = (void *)(base + (uintptr_t)(i % 1024) * 64);
         if (current == 0) {
             stallmon_request_inherit(job);
-        } else if (atomic_load_explicit(&used, memory_order_relaxed)) {
-            inherit_from(current, job);
+        } else {
+            stallmon_request_inherit_for(current, (uint64_t)(uintptr_t)job);
         }
     }
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    end = (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
-    return jobs > 0 ? (double)(end - start) / (double)jobs : 0;
+    return jobs > 0 ? (double)(stallmon_now_ns() - start) / (double)jobs : 0;
 }
 
 static __thread uint64_t random_state __attribute__((tls_model("initial-exec")));
@@ -292,9 +285,7 @@ uint64_t stallmon_request_random(void) {
     if (__builtin_expect(random_state == 0, 0)) {
         uint64_t seed = 0;
         if (getrandom(&seed, sizeof seed, GRND_NONBLOCK) != (ssize_t)sizeof seed) {
-            struct timespec ts;
-            clock_gettime(CLOCK_MONOTONIC, &ts);
-            seed = (uint64_t)ts.tv_nsec ^ (uint64_t)ts.tv_sec << 32 ^ (uint64_t)syscall(SYS_gettid) << 16;
+            seed = stallmon_now_ns() ^ (uint64_t)stallmon_gettid() << 32;
         }
         random_state = seed | 1;
     }
