@@ -22,17 +22,13 @@ final class RequestState: StallRequestRecord, @unchecked Sendable {
     let mutable: Mutex<Mutable>
     /// Whether a stall was noted: a span that ends without one takes no lock for it.
     private let stalledFlag = Atomic<Bool>(false)
-    let recordsItself: Bool
     /// Alone: the span's trace context.
     let trace: TraceParent?
-    /// Whether this is a span of this process (not the caller's trace context read from a header).
-    let isLocal: Bool
     /// Wrapping: the wrapped tracer's span, read on the reporting thread (a span is Sendable), and
     /// the tracer, which says the span's W3C IDs when asked to inject its context.
     let inner: (any Tracing.Span)?
     private let injector: InjectorBox?
-    /// Alone, without a span around it here: the context it started in (a `traceparent`
-    /// extracted into it stays there).
+    /// Alone: the context it started in (a `traceparent` extracted into it stays there).
     let startContext: InstrumentationContext?
     /// The span the task or thread was serving when this one started: the request's method and
     /// route, when this span (a database call's, say) has none of its own.
@@ -45,9 +41,7 @@ final class RequestState: StallRequestRecord, @unchecked Sendable {
 
     init(ownOperation: String, trace: TraceParent, parent: RequestState?, context: InstrumentationContext? = nil) {
         self.mutable = Mutex(Mutable(operationName: ownOperation))
-        self.recordsItself = true
         self.trace = trace
-        self.isLocal = true
         self.inner = nil
         self.injector = nil
         self.startContext = context
@@ -58,9 +52,7 @@ final class RequestState: StallRequestRecord, @unchecked Sendable {
     /// The trace context of an incoming request (`traceparent`): the parent of its server span.
     init(remote trace: TraceParent) {
         self.mutable = Mutex(Mutable())
-        self.recordsItself = true
         self.trace = trace
-        self.isLocal = false
         self.inner = nil
         self.injector = nil
         self.startContext = nil
@@ -70,9 +62,7 @@ final class RequestState: StallRequestRecord, @unchecked Sendable {
 
     init(inner: any Tracing.Span, injector: InjectorBox, parent: RequestState?) {
         self.mutable = Mutex(Mutable())
-        self.recordsItself = false
         self.trace = nil
-        self.isLocal = true
         self.inner = inner
         self.injector = injector
         self.startContext = nil
@@ -131,13 +121,12 @@ final class RequestState: StallRequestRecord, @unchecked Sendable {
     /// Fills the parts of `request` still empty from this span: its name and span ID only for the
     /// innermost span, the request's parts from any.
     private func fill(_ request: inout StallReport.Request, innermost: Bool) {
-        let operation: String
-        var attributes: SpanAttributes
-        if recordsItself {
-            (operation, attributes) = mutable.withLock { ($0.operationName, $0.attributes) }
-        } else {
-            (operation, attributes) = (inner!.operationName, inner!.attributes)
-        }
+        let (operation, attributes) =
+            if let inner {
+                (inner.operationName, inner.attributes)
+            } else {
+                mutable.withLock { ($0.operationName, $0.attributes) }
+            }
         func text(_ names: String...) -> String {
             for name in names { if let value = attributes.get(name) { return Self.text(value) } }
             return ""

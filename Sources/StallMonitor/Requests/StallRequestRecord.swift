@@ -49,7 +49,7 @@ package protocol StallRequestRecord: AnyObject, Sendable {
 import CStallCapture
 
 /// A record found for a stalled thread, retained until the stall's reports are out.
-final class StallRequestHandle: @unchecked Sendable {
+final class StallRequestHandle: Sendable {
     let record: any StallRequestRecord
 
     private init(record: any StallRequestRecord) {

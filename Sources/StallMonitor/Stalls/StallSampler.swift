@@ -109,8 +109,8 @@ final class StallSampler {
         return true
     }
 
-    /// Looks the stalled thread's request up, at the first samples only: the task a signalled
-    /// thread was running is the surest key, so a sample without it is followed by one more look.
+    /// Looks the stalled thread's request up, at the first two samples until one finds it (a
+    /// sample that got no stack looks by the pool job and the thread alone).
     private func findRequest(_ stall: inout StallSamples, threadID: pid_t, signalled: Bool) {
         guard stall.request == nil, stall.requestLooks < 2 else { return }
         stall.requestLooks += 1
