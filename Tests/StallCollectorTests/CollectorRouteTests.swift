@@ -225,49 +225,24 @@ struct CollectorRouteTests {
         #expect(earlier.units["api.service"]?.endpoints.isEmpty == true)
         #expect(earlier.units["api.service"]?.stalls == 4)
 
+        // A change that writes one endpoint of the unit, as a damaged file might have it.
+        func endpoint(_ name: String, stalls: Int, total: Int, lastSeen: Int) -> (inout [String: Any]) -> Void {
+            { document in
+                editUnit(&document) { unit in
+                    var endpoints = unit["endpoints"] as! [String: Any]
+                    endpoints[name] = ["stalls": stalls, "totalMicroseconds": total, "lastSeenMicroseconds": lastSeen]
+                    unit["endpoints"] = endpoints
+                }
+            }
+        }
         let damaged: [(String, (inout [String: Any]) -> Void)] = [
             ("foldedEndpointStalls is -1, below zero", { $0["foldedEndpointStalls"] = -1 }),
-            (
-                "endpoints[GET /a].stalls is 99, outside 0...4",
-                { document in
-                    editUnit(&document) { unit in
-                        var endpoints = unit["endpoints"] as! [String: Any]
-                        endpoints["GET /a"] = ["stalls": 99, "totalMicroseconds": 1, "lastSeenMicroseconds": 1]
-                        unit["endpoints"] = endpoints
-                    }
-                }
-            ),
-            (
-                "fewer than its endpoints' 7",
-                { document in
-                    editUnit(&document) { unit in
-                        var endpoints = unit["endpoints"] as! [String: Any]
-                        endpoints["GET /z"] = ["stalls": 3, "totalMicroseconds": 1, "lastSeenMicroseconds": 1]
-                        unit["endpoints"] = endpoints
-                    }
-                }
-            ),
-            (
-                "is not an endpoint: 0 bytes",
-                { document in
-                    editUnit(&document) { unit in
-                        var endpoints = unit["endpoints"] as! [String: Any]
-                        endpoints[""] = ["stalls": 0, "totalMicroseconds": 0, "lastSeenMicroseconds": 0]
-                        unit["endpoints"] = endpoints
-                    }
-                }
-            ),
+            ("endpoints[GET /a].stalls is 99, outside 0...4", endpoint("GET /a", stalls: 99, total: 1, lastSeen: 1)),
+            ("fewer than its endpoints' 7", endpoint("GET /z", stalls: 3, total: 1, lastSeen: 1)),
+            ("is not an endpoint: 0 bytes", endpoint("", stalls: 0, total: 0, lastSeen: 0)),
             (
                 "is not an endpoint: 400 bytes",
-                { document in
-                    editUnit(&document) { unit in
-                        var endpoints = unit["endpoints"] as! [String: Any]
-                        endpoints[String(repeating: "e", count: 400)] = [
-                            "stalls": 0, "totalMicroseconds": 0, "lastSeenMicroseconds": 0,
-                        ]
-                        unit["endpoints"] = endpoints
-                    }
-                }
+                endpoint(String(repeating: "e", count: 400), stalls: 0, total: 0, lastSeen: 0)
             ),
         ]
         for (reason, change) in damaged {
