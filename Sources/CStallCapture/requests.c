@@ -9,11 +9,11 @@
 // end withdraws; the pool hook makes aliases; the watchdog reads. Nobody waits on anybody, but for
 // one case: a span that ends while a watchdog retains its record waits for that retain.
 //
-// The records' lifetimes: the table holds no reference. A reader pins the slot, loads the record
-// and tries to retain it (which fails once the record is being deinitialized), then unpins; a
-// withdrawal, at the span's end or in its record's deinit, takes the record out and returns only
-// once no reader holds a pin (sequentially consistent on both sides, so that either the reader sees
-// no record or the withdrawal sees the pin): a record is never freed under a reader.
+// What a span says (its name, method, route, trace; a wrapped tracer's span) is kept by the caller
+// (StallMonitorTracing), in storage of its own per slot, made by the slot's first span and reused by
+// every later one: after the first spans, a span allocates nothing. It is read and written under the
+// slot's lock, where the reader checks that the slot still holds the registration it found. A span
+// holds the lock to write a few values; a reader to copy them.
 
 #define _GNU_SOURCE
 #include "requests.h"
@@ -26,18 +26,13 @@
 #include <stdbool.h>
 #include <sys/random.h>
 
-// The Swift runtime's retain that fails on an object being deinitialized (libswiftCore): a
-// reader's +1 on a record it found. It returns the object, or NULL when it failed (its C++
-// declaration says bool, but the function returns the pointer: test it as one).
-extern void *swift_tryRetain(void *object);
-
 enum {
     WINDOW = 4,
     SLOT_MASK = STALLMON_REQUEST_SLOTS - 1,
     // A link: the aliased task's ID (32 bits), the owner's registration number (its low 18 bits)
     // and the owner's slot (14 bits).
     LINK_SLOT_BITS = 14,
-    LINK_SEQUENCE_BITS = 18,
+    LINK_SEQUENCE_BITS = STALLMON_REQUEST_SEQUENCE_BITS,
     // The runtime's Job (see pool.c): its kind in the low byte of Flags at 32 (0: a task), and its
     // ID at 36 (a task's, unique while it lives).
     JOB_KIND_OFFSET = 32,
@@ -49,12 +44,13 @@ _Static_assert(STALLMON_REQUEST_SLOTS <= (1 << LINK_SLOT_BITS), "a slot index fi
 
 typedef struct {
     _Atomic uint64_t key;       // 0: free
-    _Atomic uint64_t sequence;  // an owner's registration number in this slot once published; 0 otherwise
-    uint64_t registrations;     // the slot's owners so far: written by its claimer only
+    _Atomic uint64_t sequence;  // an owner's registration number once published; 0 otherwise
+    uint64_t registrations;     // the slot's last registration number: written by its claimer only
     _Atomic uint32_t depth;     // an owner's spans around it: the innermost of a key is the deepest
-    _Atomic(void *) record;     // an owner's record (not retained: a reader tries to retain it)
+    _Atomic uint32_t task_id;   // an owner under a task: the task's ID
     _Atomic uint64_t link;      // an alias: task ID, owner's registration number and slot; 0 otherwise
-    _Atomic uint32_t pins;      // readers retaining the record now
+    _Atomic(void *) parts;      // the caller's storage for the slot's spans, once made
+    _Atomic uint32_t lock;      // over the parts
 } __attribute__((aligned(64))) request_slot;
 
 static request_slot slots[STALLMON_REQUEST_SLOTS];
@@ -83,7 +79,7 @@ static inline uint32_t link_task_id(uint64_t link) { return (uint32_t)(link >> (
 // Whether an owner has `sequence` published now (its low bits, as a link keeps them).
 static inline bool published(request_slot *slot, uint64_t sequence) {
     uint64_t now = atomic_load_explicit(&slot->sequence, memory_order_acquire);
-    return now != 0 && (now & SEQUENCE_MASK) == sequence;
+    return now != 0 && now == sequence;
 }
 
 // Whether `link` still names a published owner.
@@ -119,15 +115,32 @@ uint64_t stallmon_request_current_key(void) {
     return stallmon_request_thread_key(cached_tid);
 }
 
+// Frees the slot of a span that a task at `key` registered and never ended, once another task
+// (`id`) lives at that address. Only the new task does, for its own address: the old one's memory
+// is the new one's, so reading its ID is safe.
+static bool free_stale_owner(request_slot *slot, uint64_t key, uint32_t id) {
+    if (atomic_load_explicit(&slot->key, memory_order_acquire) != key) return false;
+    uint64_t sequence = atomic_load_explicit(&slot->sequence, memory_order_acquire);
+    if (sequence == 0 || atomic_load_explicit(&slot->task_id, memory_order_relaxed) == id) return false;
+    if (!atomic_compare_exchange_strong_explicit(&slot->sequence, &sequence, 0, memory_order_acq_rel,
+                                                 memory_order_relaxed)) {
+        return false;
+    }
+    atomic_store_explicit(&slot->key, 0, memory_order_release);
+    return true;
+}
+
 // Takes a slot for `key` in its window: returns its index, or -1. A free slot has no link. A span
 // (`evict`) takes an alias's slot when the window has no other: aliases are the best effort.
 static int claim(uint64_t key, bool evict) {
     unsigned base = home(key);
+    bool task = evict && (key & 1) == 0;
+    uint32_t id = task ? task_id((const void *)(uintptr_t)key) : 0;
     for (int pass = 0; pass < (evict ? 2 : 1); pass++) {
         for (int step = 0; step < WINDOW; step++) {
             request_slot *slot = at(base, step);
             uint64_t seen = atomic_load_explicit(&slot->key, memory_order_acquire);
-            if (seen != 0 && !free_alias(slot, pass == 1)) continue;
+            if (seen != 0 && !free_alias(slot, pass == 1) && !(task && free_stale_owner(slot, key, id))) continue;
             seen = 0;
             if (atomic_compare_exchange_strong_explicit(&slot->key, &seen, key, memory_order_acq_rel,
                                                         memory_order_relaxed)) {
@@ -138,32 +151,97 @@ static int claim(uint64_t key, bool evict) {
     return -1;
 }
 
-int stallmon_request_register(uint64_t key, void *record, uint32_t depth) {
-    if (key == 0 || record == NULL) return -1;
+static inline void back_off(int spins);
+
+int stallmon_request_register(uint64_t key, uint32_t depth, uint64_t *sequence, void **parts) {
+    if (key == 0) return -1;
     int index = claim(key, true);
     if (index < 0) {
         atomic_fetch_add_explicit(&refused, 1, memory_order_relaxed);
         return -1;
     }
     request_slot *slot = &slots[index];
-    uint64_t sequence = ++slot->registrations;
+    uint64_t number = (slot->registrations + 1) & SEQUENCE_MASK;
+    if (number == 0) number = 1;
+    slot->registrations = number;
     atomic_store_explicit(&slot->depth, depth, memory_order_relaxed);
-    atomic_store_explicit(&slot->record, record, memory_order_relaxed);
-    atomic_store_explicit(&slot->sequence, sequence, memory_order_release);
-    if (!atomic_load_explicit(&used, memory_order_relaxed)) atomic_store_explicit(&used, 1, memory_order_release);
+    atomic_store_explicit(&slot->task_id, (key & 1) == 0 ? task_id((const void *)(uintptr_t)key) : 0,
+                          memory_order_relaxed);
+    *sequence = number;
+    *parts = atomic_load_explicit(&slot->parts, memory_order_acquire);
+    // Readers that found the slot's last registration copy its parts under the lock: done once it
+    // is free, and later ones see this registration unpublished.
+    for (int spins = 0; atomic_load_explicit(&slot->lock, memory_order_acquire) != 0; spins++) back_off(spins);
     return index;
 }
 
-void stallmon_request_withdraw(int index) {
+void stallmon_request_publish(int index, uint64_t sequence) {
     if (index < 0 || index >= STALLMON_REQUEST_SLOTS) return;
-    request_slot *slot = &slots[index];
-    if (atomic_load_explicit(&slot->sequence, memory_order_relaxed) == 0) return;
-    // Aliases of this owner and readers looking for it see it gone from here on.
-    atomic_store_explicit(&slot->sequence, 0, memory_order_release);
-    atomic_exchange_explicit(&slot->record, NULL, memory_order_seq_cst);
-    while (atomic_load_explicit(&slot->pins, memory_order_seq_cst) != 0) sched_yield();
-    atomic_store_explicit(&slot->key, 0, memory_order_release);
+    atomic_store_explicit(&slots[index].sequence, sequence, memory_order_release);
+    if (!atomic_load_explicit(&used, memory_order_relaxed)) atomic_store_explicit(&used, 1, memory_order_release);
 }
+
+int stallmon_request_holds(int index, uint64_t sequence) {
+    if (index < 0 || index >= STALLMON_REQUEST_SLOTS || sequence == 0) return 0;
+    return atomic_load_explicit(&slots[index].sequence, memory_order_acquire) == sequence;
+}
+
+int stallmon_request_withdraw(int index, uint64_t sequence) {
+    if (index < 0 || index >= STALLMON_REQUEST_SLOTS || sequence == 0) return 0;
+    request_slot *slot = &slots[index];
+    // Aliases of this owner and readers looking for it see it gone from here on; a copy of the span
+    // ending it again, or a span ending after its slot was reclaimed, fails here.
+    if (!atomic_compare_exchange_strong_explicit(&slot->sequence, &sequence, 0, memory_order_acq_rel,
+                                                 memory_order_relaxed)) {
+        return 0;
+    }
+    atomic_store_explicit(&slot->key, 0, memory_order_release);
+    return 1;
+}
+
+void *stallmon_request_parts(int index) {
+    if (index < 0 || index >= STALLMON_REQUEST_SLOTS) return NULL;
+    return atomic_load_explicit(&slots[index].parts, memory_order_acquire);
+}
+
+void stallmon_request_set_parts(int index, void *parts) {
+    if (index < 0 || index >= STALLMON_REQUEST_SLOTS) return;
+    atomic_store_explicit(&slots[index].parts, parts, memory_order_release);
+}
+
+static inline void back_off(int spins) {
+    if (spins < 64) {
+#if defined(__x86_64__)
+        __builtin_ia32_pause();
+#elif defined(__aarch64__)
+        __asm__ volatile("yield");
+#endif
+    } else {
+        sched_yield();
+    }
+}
+
+void stallmon_request_lock(int index) {
+    _Atomic uint32_t *lock = &slots[index & SLOT_MASK].lock;
+    for (int spins = 0;; spins++) {
+        uint32_t free = 0;
+        if (atomic_compare_exchange_weak_explicit(lock, &free, 1, memory_order_acquire, memory_order_relaxed)) return;
+        back_off(spins);
+    }
+}
+
+
+void *stallmon_request_lock_held(int index, uint64_t sequence) {
+    if (index < 0 || index >= STALLMON_REQUEST_SLOTS || sequence == 0) return NULL;
+    request_slot *slot = &slots[index];
+    stallmon_request_lock(index);
+    void *parts = atomic_load_explicit(&slot->parts, memory_order_acquire);
+    if (parts != NULL && atomic_load_explicit(&slot->sequence, memory_order_acquire) == sequence) return parts;
+    stallmon_request_unlock(index);
+    return NULL;
+}
+
+void stallmon_request_unlock(int index) { atomic_store_explicit(&slots[index & SLOT_MASK].lock, 0, memory_order_release); }
 
 // The link of the owner serving `key`: its own innermost registration, else the owner its task
 // inherited (a task's address: its ID checked against the alias's, which was made for the task that
@@ -177,6 +255,11 @@ static uint64_t find(uint64_t key) {
         if (atomic_load_explicit(&slot->key, memory_order_acquire) != key) continue;
         uint64_t sequence = atomic_load_explicit(&slot->sequence, memory_order_acquire);
         if (sequence != 0) {
+            // A span that a task never ended, at an address another task has now.
+            if ((key & 1) == 0 &&
+                atomic_load_explicit(&slot->task_id, memory_order_relaxed) != task_id((const void *)(uintptr_t)key)) {
+                continue;
+            }
             int64_t depth = atomic_load_explicit(&slot->depth, memory_order_relaxed);
             if (depth > best_depth) {
                 best_depth = depth;
@@ -190,29 +273,18 @@ static uint64_t find(uint64_t key) {
     return best != 0 ? best : alias;
 }
 
-// Retains the record of the owner `link` names, or returns NULL when it is gone.
-static void *retain_owner(uint64_t link) {
-    request_slot *slot = &slots[link_slot(link)];
-    void *record = NULL;
-    atomic_fetch_add_explicit(&slot->pins, 1, memory_order_seq_cst);
-    if (published(slot, link_sequence(link))) {
-        record = atomic_load_explicit(&slot->record, memory_order_seq_cst);
-        if (record != NULL && swift_tryRetain(record) == NULL) record = NULL;
-    }
-    atomic_fetch_sub_explicit(&slot->pins, 1, memory_order_seq_cst);
-    return record;
-}
-
-void *stallmon_request_acquire(const uint64_t *keys, int count) {
-    if (!atomic_load_explicit(&used, memory_order_acquire)) return NULL;
+int stallmon_request_find(const uint64_t *keys, int count, stallmon_request_found *found) {
+    if (!atomic_load_explicit(&used, memory_order_acquire)) return 0;
     for (int i = 0; i < count; i++) {
         if (keys[i] == 0) continue;
         uint64_t link = find(keys[i]);
         if (link == 0) continue;
-        void *record = retain_owner(link);
-        if (record != NULL) return record;
+        found->slot = (int32_t)link_slot(link);
+        found->sequence = link_sequence(link);
+        found->depth = atomic_load_explicit(&slots[found->slot].depth, memory_order_relaxed);
+        return 1;
     }
-    return NULL;
+    return 0;
 }
 
 // `job`, enqueued by the work of `current`, serves the request `current` serves. Only a task's job:
@@ -281,19 +353,48 @@ double stallmon_request_measure_inherit_ns(long jobs, uint64_t current) {
 
 static __thread uint64_t random_state __attribute__((tls_model("initial-exec")));
 
-uint64_t stallmon_request_random(void) {
-    if (__builtin_expect(random_state == 0, 0)) {
+// splitmix64, from the calling thread's state (seeded from getrandom once per thread).
+static inline uint64_t splitmix(uint64_t *state) {
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+static inline uint64_t thread_state(void) {
+    uint64_t state = random_state;
+    if (__builtin_expect(state == 0, 0)) {
         uint64_t seed = 0;
         if (getrandom(&seed, sizeof seed, GRND_NONBLOCK) != (ssize_t)sizeof seed) {
             seed = stallmon_now_ns() ^ (uint64_t)stallmon_gettid() << 32;
         }
-        random_state = seed | 1;
+        state = seed | 1;
     }
-    // splitmix64
-    uint64_t z = (random_state += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
+    return state;
+}
+
+static inline uint64_t non_zero(uint64_t *state) {
+    uint64_t value;
+    do value = splitmix(state);
+    while (value == 0);
+    return value;
+}
+
+uint64_t stallmon_request_random(void) {
+    uint64_t state = thread_state();
+    uint64_t value = splitmix(&state);
+    random_state = state;
+    return value;
+}
+
+void stallmon_request_new_ids(uint64_t *high, uint64_t *low, uint64_t *span) {
+    uint64_t state = thread_state();
+    if (high != NULL) {
+        *high = non_zero(&state);
+        *low = non_zero(&state);
+    }
+    *span = non_zero(&state);
+    random_state = state;
 }
 
 int stallmon_request_used(void) { return atomic_load_explicit(&used, memory_order_acquire); }

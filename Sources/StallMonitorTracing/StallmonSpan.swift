@@ -1,81 +1,137 @@
 import Instrumentation
+import StallJournal
 import StallMonitor
-import Synchronization
 import Tracing
 
 /// A span of ``StallmonTracer``: the wrapped tracer's span, registered with stallmon while it runs.
 /// Everything a span does is handed to the wrapped one; when it ends, every stall that happened
 /// inside it becomes a `stall` event on it, and its `stallmon.stalled` attribute is set.
 ///
-/// Alone (``StallmonTracer/init()``), a span keeps its name and its attributes for a report, and
-/// its context is the one it started in: inserting into a context would cost more than all the rest
-/// of a span.
+/// Alone (``StallmonTracer/init()``), a span keeps what a report reads: its name, and its HTTP
+/// method, route, path and gRPC method among the attributes set on it. Like the spans of
+/// `NoOpTracer`, it reads back no attributes, and its context is the one it started in: keeping
+/// every attribute, or inserting the span into a context, would cost more than all the rest of a
+/// span.
+///
+/// A span must end, as every span of swift-distributed-tracing must: one dropped unended names
+/// the stalls of its task until the task ends (outside a task, until its last copy goes).
 public struct StallmonSpan: Tracing.Span {
-    /// Everything of the span, so that a copy of it costs one retain.
-    let state: RequestState
+    // Three words, so that a span fits an existential's inline buffer: the frameworks' middlewares
+    // start spans through `any LegacyTracer` (the global `withSpan` and `startSpan`), whose spans
+    // are `any Span`, and a larger span would be boxed, an allocation per span.
+
+    /// Where the span is registered (`SpanRegistration`, packed): what it says is kept there.
+    private let packedRegistration: UInt64
+    /// Alone: the context it started in (a `traceparent` extracted into it stays there).
+    private let startContext: InstrumentationContext
+    /// Wrapping, the tracer's span; outside a task, what withdraws the registration if the span is
+    /// dropped unended. `nil` alone in a task: such a span allocates nothing.
+    private let holder: SpanHolder?
+
+    var registration: SpanRegistration { SpanRegistration(packed: packedRegistration) }
+    private var wraps: Bool { holder?.wraps ?? false }
 
     init(alone operationName: String, context: @autoclosure () -> InstrumentationContext) {
         // A child of the span its task serves, unless the context it is given carries another
         // trace (a message's, or a request's read from its header): then of that.
         let context = context()
-        let given = context.stallmonState
-        var around = RequestTable.current()
-        if let given, let local = around, local.trace?.traceID != given.trace?.traceID { around = nil }
-        state = RequestState(
-            ownOperation: operationName, trace: TraceParent.child(of: around?.trace ?? given?.trace), parent: around,
-            context: context)
-        state.register()
+        let given = context.isEmpty ? nil : context.stallmonTrace
+        let key = SpanTable.currentKey()
+        var around = SpanTable.around(key)
+        var aroundTrace = around.flatMap { SpanTable.trace(of: $0.registration) }
+        if let given, let local = aroundTrace, local.traceHigh != given.traceHigh || local.traceLow != given.traceLow {
+            (around, aroundTrace) = (nil, nil)
+        }
+        let trace = TraceParent.child(of: aroundTrace ?? given)
+        let registration = SpanTable.register(key: key, around: around) { parts in
+            parts.pointee.operation = operationName
+            parts.pointee.trace = trace
+        }
+        packedRegistration = registration.packed
+        startContext = context
+        holder =
+            registration.isRegistered && !SpanTable.isTask(key)
+            ? SpanHolder(inner: nil, registration: registration, withdrawsWhenDropped: true) : nil
     }
 
-    init(wrapping inner: any Tracing.Span, injector: InjectorBox) {
-        state = RequestState(inner: inner, injector: injector, parent: RequestTable.current())
-        state.register()
+    init(wrapping inner: any Tracing.Span, injector: Unmanaged<InjectorBox>) {
+        let key = SpanTable.currentKey()
+        let registration = SpanTable.register(key: key, around: SpanTable.around(key)) { parts in
+            parts.pointee.operation = ""
+            parts.pointee.trace = nil
+            parts.pointee.inner = inner
+            parts.pointee.injector = injector
+        }
+        packedRegistration = registration.packed
+        startContext = .topLevel
+        holder = SpanHolder(
+            inner: inner, registration: registration,
+            withdrawsWhenDropped: registration.isRegistered && !SpanTable.isTask(key))
     }
 
-    public var context: InstrumentationContext { state.inner?.context ?? state.startContext ?? .topLevel }
+    public var context: InstrumentationContext {
+        if let holder, holder.wraps, let inner = holder.inner { return inner.context }
+        return startContext
+    }
 
     public var operationName: String {
-        get { state.inner?.operationName ?? state.mutable.withLock { $0.operationName } }
+        get {
+            if let holder, holder.wraps, let inner = holder.inner { return inner.operationName }
+            return SpanTable.withParts(registration) { $0.pointee.operation } ?? ""
+        }
         nonmutating set {
-            if let inner = state.inner {
+            if let holder, holder.wraps, let inner = holder.inner {
                 inner.operationName = newValue
             } else {
-                state.mutable.withLock { $0.operationName = newValue }
+                _ = SpanTable.withParts(registration) { $0.pointee.operation = newValue }
             }
         }
     }
 
     public var attributes: SpanAttributes {
-        get { state.inner?.attributes ?? state.ownAttributes }
+        get {
+            if let holder, holder.wraps, let inner = holder.inner { return inner.attributes }
+            return [:]
+        }
         nonmutating set {
-            if let inner = state.inner {
+            if let holder, holder.wraps, let inner = holder.inner {
                 inner.attributes = newValue
             } else {
-                state.ownAttributes = newValue
+                SpanTable.keepAttributes(newValue, of: registration)
             }
         }
     }
 
-    public var isRecording: Bool { state.inner?.isRecording ?? false }
+    public var isRecording: Bool {
+        if let holder, holder.wraps, let inner = holder.inner { return inner.isRecording }
+        return false
+    }
 
-    public func setStatus(_ status: SpanStatus) { state.inner?.setStatus(status) }
+    public func setStatus(_ status: SpanStatus) {
+        if let holder, holder.wraps, let inner = holder.inner { inner.setStatus(status) }
+    }
 
-    public func addEvent(_ event: SpanEvent) { state.inner?.addEvent(event) }
+    public func addEvent(_ event: SpanEvent) {
+        if let holder, holder.wraps, let inner = holder.inner { inner.addEvent(event) }
+    }
 
     public func recordError<Instant: TracerInstant>(
         _ error: any Error, attributes: SpanAttributes, at instant: @autoclosure () -> Instant
     ) {
-        state.inner?.recordError(error, attributes: attributes, at: instant())
+        if let holder, holder.wraps, let inner = holder.inner { inner.recordError(error, attributes: attributes, at: instant()) }
     }
 
-    public func addLink(_ link: SpanLink) { state.inner?.addLink(link) }
+    public func addLink(_ link: SpanLink) {
+        if let holder, holder.wraps, let inner = holder.inner { inner.addLink(link) }
+    }
 
     public func end<Instant: TracerInstant>(at instant: @autoclosure () -> Instant) {
-        state.end()
-        guard let inner = state.inner else { return }
-        let events = state.stallEvents()
-        if !events.isEmpty {
-            for event in events { inner.addEvent(event) }
+        let notes = SpanTable.withdraw(registration, wraps: wraps)
+        guard let holder, holder.wraps, let inner = holder.inner else { return }
+        if !notes.isEmpty {
+            let wallNow = DefaultTracerClock.now.nanosecondsSinceEpoch
+            let monotonicNow = MonotonicClock.now()
+            for note in notes { inner.addEvent(note.spanEvent(wallNow: wallNow, monotonicNow: monotonicNow)) }
             inner.attributes["stallmon.stalled"] = true
         }
         inner.end(at: instant())

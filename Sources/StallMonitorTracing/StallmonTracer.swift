@@ -18,7 +18,8 @@ import Tracing
 /// makes trace and span IDs, and writes `traceparent` into outgoing requests. Wrapping a tracer,
 /// it hands every call to it, and reads the IDs from what that tracer injects, only for a stall.
 ///
-/// Cost: one allocation and a few atomic operations per span (`span_cost_ns` in stallmon-bench).
+/// Cost: no allocation and a few atomic operations per span in a task (`span_cost_ns` in
+/// stallmon-bench); outside a task, one allocation more.
 /// Nothing is added to the spans the wrapped tracer exports but the `stall` events and the
 /// `stallmon.stalled` attribute of spans that stalled. Not generic, so that the code that starts
 /// spans through `any Tracer` (`InstrumentationSystem.tracer`) looks no type up at run time.
@@ -27,20 +28,22 @@ public struct StallmonTracer: Tracer {
 
     /// The service's tracer; `nil` alone.
     let wrapped: (any Tracer)?
-    /// The same, boxed once: what a span asks for its W3C IDs.
-    let injector: InjectorBox?
+    /// The same, boxed once and never freed: what a span asks for its W3C IDs.
+    let injector: Unmanaged<InjectorBox>?
 
     /// A tracer for a service without a tracing backend: its spans only tell stallmon their requests.
     public init() {
         self.wrapped = nil
         self.injector = nil
+        StallRequests.install(SpanTableReader())
     }
 
     /// A tracer that registers the spans of `wrapped` with stallmon and hands everything else to it.
     public init(wrapping wrapped: some Tracer) {
         let recording = !(wrapped is NoOpTracer)
         self.wrapped = recording ? wrapped : nil
-        self.injector = recording ? InjectorBox(wrapped) : nil
+        self.injector = recording ? InjectorBox.make(wrapped) : nil
+        StallRequests.install(SpanTableReader())
     }
 
     public func startSpan<Instant: TracerInstant>(
@@ -74,7 +77,7 @@ public struct StallmonTracer: Tracer {
         } else if let header = extractor.extract(key: TraceParent.header, from: carrier),
             let parent = TraceParent(header)
         {
-            context.stallmonState = RequestState(remote: parent)
+            context.stallmonTrace = parent
         }
     }
 
@@ -83,7 +86,7 @@ public struct StallmonTracer: Tracer {
     ) where Inject: Injector, Inject.Carrier == Carrier {
         if let wrapped {
             wrapped.inject(context, into: &carrier, using: injector)
-        } else if let trace = RequestTable.current()?.trace ?? context.stallmonState?.trace {
+        } else if let trace = SpanTable.currentTrace() ?? context.stallmonTrace {
             // The span the calling task serves (a span's context does not carry it: see
             // StallmonSpan), else the trace context the request came with.
             injector.inject(trace.header, forKey: TraceParent.header, into: &carrier)

@@ -36,16 +36,14 @@ struct TraceParent: Sendable, Hashable {
 
     /// A new trace's first span, or a child of `parent` in its trace.
     static func child(of parent: TraceParent?) -> TraceParent {
-        let span = nonZero()
-        guard let parent else { return TraceParent(traceHigh: nonZero(), traceLow: nonZero(), spanID: span, flags: 1) }
-        return TraceParent(traceHigh: parent.traceHigh, traceLow: parent.traceLow, spanID: span, flags: parent.flags)
-    }
-
-    private static func nonZero() -> UInt64 {
-        while true {
-            let value = RequestTable.random()
-            if value != 0 { return value }
+        var span: UInt64 = 0
+        if let parent {
+            SpanTable.newIDs(nil, &span)
+            return TraceParent(traceHigh: parent.traceHigh, traceLow: parent.traceLow, spanID: span, flags: parent.flags)
         }
+        var trace: (UInt64, UInt64) = (0, 0)
+        SpanTable.newIDs(&trace, &span)
+        return TraceParent(traceHigh: trace.0, traceLow: trace.1, spanID: span, flags: 1)
     }
 
     private static func hex(_ bytes: some Collection<UInt8>) -> UInt64? {
@@ -70,13 +68,13 @@ struct TraceParent: Sendable, Hashable {
 
 extension InstrumentationContext {
     private enum StallmonStateKey: InstrumentationContextKey {
-        typealias Value = RequestState
+        typealias Value = TraceParent
         static let nameOverride: String? = "stallmon-span"
     }
 
-    /// What `StallmonTracer` keeps in a context when it is the only tracer: the current span's
-    /// state, or the caller's trace context extracted from an incoming request.
-    var stallmonState: RequestState? {
+    /// What `StallmonTracer` keeps in a context when it is the only tracer: the caller's trace
+    /// context extracted from an incoming request.
+    var stallmonTrace: TraceParent? {
         get { self[StallmonStateKey.self] }
         set { self[StallmonStateKey.self] = newValue }
     }

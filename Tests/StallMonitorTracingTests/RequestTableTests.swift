@@ -1,8 +1,10 @@
 import CStallCapture
+import Foundation
 import InMemoryTracing
 import Instrumentation
 import StallJournal
 import StallMonitor
+import Synchronization
 import Testing
 import Tracing
 
@@ -15,9 +17,9 @@ struct RequestTableTests {
     /// What the watchdog finds for `key` now, as the report would say it.
     func request(for key: UInt64) -> StallReport.Request? {
         var key = key
-        guard let pointer = stallmon_request_acquire(&key, 1) else { return nil }
-        let record = Unmanaged<AnyObject>.fromOpaque(pointer).takeRetainedValue() as? any StallRequestRecord
-        return record?.stallRequest
+        var found = stallmon_request_found()
+        guard stallmon_request_find(&key, 1, &found) != 0 else { return nil }
+        return SpanTableReader().request(slot: found.slot, sequence: found.sequence)
     }
 
     var here: UInt64 { stallmon_request_current_key() }
@@ -144,16 +146,146 @@ struct RequestTableTests {
         tracer.withSpan("after") { _ in #expect(request(for: here)?.operation == "after") }
     }
 
-    /// A span dropped without its end leaves the table as its record goes: the table keeps no
-    /// reference, and a reader never finds a record being freed.
-    @Test func aSpanDroppedWithoutItsEndLeavesTheTable() {
-        do {
-            let span = StallmonTracer().startSpan("never ended")
-            #expect(request(for: here)?.operation == "never ended")
-            _ = span
+    /// Outside a task, a span dropped without its end leaves the table with its last copy: a
+    /// thread's registrations never lapse by themselves.
+    @Test func aSpanDroppedWithoutItsEndOutsideATaskLeavesTheTable() {
+        let thread = Thread {
+            let key = stallmon_request_current_key()
+            do {
+                let span = StallmonTracer().startSpan("never ended")
+                #expect(request(for: key)?.operation == "never ended")
+                _ = span
+            }
+            #expect(request(for: key) == nil)
+            #expect(stallmon_request_live() == 0)
         }
+        thread.start()
+        while !thread.isFinished { usleep(1000) }
+    }
+
+    /// In a task, a span registered and never withdrawn names the task's stalls while the task
+    /// lives; once another task lives at its address (its ID differs), it is found no more, and the
+    /// new task's first span takes its slot back.
+    @Test func aSpanATaskNeverEndedLapsesWithTheTask() {
+        let memory = UnsafeMutableRawPointer.allocate(byteCount: 128, alignment: 64)
+        defer { memory.deallocate() }
+        memory.initializeMemory(as: UInt8.self, repeating: 0, count: 128)
+        memory.storeBytes(of: UInt32(41), toByteOffset: 36, as: UInt32.self)
+        var task = UInt64(UInt(bitPattern: memory))
+        var found = stallmon_request_found()
+        let refused = stallmon_request_refused()
+
+        var leaked: UInt64 = 0
+        var parts: UnsafeMutableRawPointer? = nil
+        let slot = stallmon_request_register(task, 0, &leaked, &parts)
+        #expect(slot >= 0)
+        stallmon_request_publish(slot, leaked)
+        #expect(stallmon_request_find(&task, 1, &found) == 1 && found.slot == slot)
+
+        // The task has ended, and another lives at its address.
+        memory.storeBytes(of: UInt32(42), toByteOffset: 36, as: UInt32.self)
+        #expect(stallmon_request_find(&task, 1, &found) == 0)
+        var sequence: UInt64 = 0
+        let again = stallmon_request_register(task, 0, &sequence, &parts)
+        stallmon_request_publish(again, sequence)
+        #expect(again == slot && sequence != leaked)
+        #expect(stallmon_request_refused() == refused)
+        #expect(stallmon_request_live() == 1)
+        // The old span's end, late, takes nothing from the new one.
+        #expect(stallmon_request_withdraw(slot, leaked) == 0)
+        #expect(stallmon_request_find(&task, 1, &found) == 1 && found.sequence == sequence)
+        #expect(stallmon_request_withdraw(again, sequence) == 1)
         #expect(stallmon_request_live() == 0)
-        #expect(request(for: here) == nil)
+    }
+
+    /// A span is three words: the frameworks start spans as `any Span`, and a larger one would be
+    /// boxed, an allocation per span.
+    @Test func aSpanFitsAnExistentialsInlineBuffer() {
+        #expect(MemoryLayout<StallmonSpan>.size <= 3 * MemoryLayout<Int>.size)
+    }
+
+    /// A span's attributes reach the report whether set one at a time or in a batch, later sets
+    /// before earlier ones, and the current names before the older ones.
+    @Test func attributesSetInBatchesAndOneAtATimeReachTheReport() {
+        let tracer = StallmonTracer()
+        tracer.withSpan("GET /batch", ofKind: .server) { span in
+            span.updateAttributes { attributes in
+                attributes["http.method"] = "POST"
+                attributes["http.target"] = "/old/7"
+                attributes["user_agent.original"] = "curl"
+            }
+            #expect(request(for: here)?.method == "POST")
+            #expect(request(for: here)?.path == "/old/7")
+            span.updateAttributes { attributes in
+                attributes["http.request.method"] = "GET"
+                attributes["url.path"] = "/batch/7"
+                attributes["rpc.service"] = "Echo"
+            }
+            span.attributes["rpc.method"] = "Get"
+            #expect(request(for: here)?.method == "GET")
+            #expect(request(for: here)?.path == "/batch/7")
+            #expect(request(for: here)?.rpcMethod == "Echo/Get")
+            // Past the sets kept one by one, the last takes the rest.
+            for index in 0..<20 { span.attributes["extra.\(index)"] = index }
+            span.attributes["http.route"] = "/batch/:id"
+            #expect(request(for: here)?.route == "/batch/:id")
+            span.operationName = "GET /batch/:id"
+            #expect(span.operationName == "GET /batch/:id")
+            #expect(request(for: here)?.operation == "GET /batch/:id")
+        }
+        // The next span in the slot says nothing of the last one's.
+        tracer.withSpan("GET /next") { _ in
+            #expect(request(for: here)?.operation == "GET /next")
+            #expect(request(for: here)?.method == "")
+            #expect(request(for: here)?.route == "")
+        }
+    }
+
+    /// Spans start, set attributes and end in many tasks at once while a reader (the monitor's
+    /// part) reads them: a report never mixes two spans' parts, and never reads a span that ended.
+    @Test(arguments: [false, true])
+    func readersNeverSeeHalfASpan(wrapping: Bool) async {
+        let tracer = wrapping ? StallmonTracer(wrapping: InMemoryTracer()) : StallmonTracer()
+        let keys = Keys()
+        let stop = Atomic<Bool>(false)
+        let mismatches = Atomic<Int>(0)
+        let reads = Atomic<Int>(0)
+        let reader = Thread {
+            var found = stallmon_request_found()
+            while !stop.load(ordering: .relaxed) {
+                for var key in keys.all() where stallmon_request_find(&key, 1, &found) != 0 {
+                    guard let request = SpanTableReader().request(slot: found.slot, sequence: found.sequence)
+                    else { continue }
+                    reads.add(1, ordering: .relaxed)
+                    // "op <n>" goes with "/<n>" (or no path yet).
+                    let number = request.operation.dropFirst(3)
+                    if !request.operation.hasPrefix("op ") || !(request.path.isEmpty || request.path == "/\(number)") {
+                        mismatches.add(1, ordering: .relaxed)
+                    }
+                }
+            }
+        }
+        reader.start()
+        await withTaskGroup(of: Void.self) { group in
+            for worker in 0..<4 {
+                group.addTask {
+                    keys.add(stallmon_request_current_key())
+                    for index in 0..<20_000 {
+                        let number = worker * 100_000 + index
+                        if wrapping, index % 100 == 0 { tracer.withSpan("op \(number)") { _ in } }
+                        tracer.withSpan("op \(number)") { span in
+                            span.attributes["url.path"] = "/\(number)"
+                            span.attributes["http.request.method"] = "GET"
+                        }
+                    }
+                }
+            }
+        }
+        stop.store(true, ordering: .relaxed)
+        while !reader.isFinished { try? await Task.sleep(for: .milliseconds(1)) }
+        #expect(mismatches.load(ordering: .relaxed) == 0)
+        #expect(reads.load(ordering: .relaxed) > 0)
+        #expect(stallmon_request_live() == 0)
     }
 
     @Test func alonesTraceContextFollowsAnIncomingTraceparentAndGoesOut() throws {
@@ -192,6 +324,29 @@ struct RequestTableTests {
         #expect(parsed?.spanIDText == "00f067aa0ba902b7")
     }
 
+    /// A span that ends with a stall inside it leaves what it said last for the stall's later
+    /// reports (a Hummingbird span names its route only as it ends); one without a stall leaves
+    /// nothing.
+    @Test func aStalledSpanThatEndsLeavesItsLastWordsForTheStallsReports() {
+        let tracer = StallmonTracer()
+        var stalled = SpanRegistration.none
+        tracer.withSpan("GET /slow", ofKind: .server) { span in
+            span.attributes["url.path"] = "/slow/1"
+            stalled = span.registration
+            SpanTableReader().noteStall(
+                StallNote(
+                    stallID: "00112233445566778899aabbccddeeff", startNanoseconds: 1, duration: .milliseconds(250),
+                    ended: false, threadID: 42, frame: "", loop: "cooperative-pool"),
+                slot: stalled.slot, sequence: stalled.sequence)
+            span.attributes["http.route"] = "/slow/:id"
+        }
+        let last = SpanTableReader().request(slot: stalled.slot, sequence: stalled.sequence)
+        #expect(last?.route == "/slow/:id" && last?.path == "/slow/1")
+        var quiet = SpanRegistration.none
+        tracer.withSpan("GET /quiet") { span in quiet = span.registration }
+        #expect(SpanTableReader().request(slot: quiet.slot, sequence: quiet.sequence) == nil)
+    }
+
     /// Wrapping a recording tracer: its spans are the ones that end, with a `stall` event for a
     /// stall noted inside them and `stallmon.stalled`; others carry neither.
     @Test func aWrappedSpanGetsAStallEventForAStallNotedInIt() throws {
@@ -200,10 +355,11 @@ struct RequestTableTests {
         tracer.withSpan("GET /slow", ofKind: .server) { span in
             span.attributes["http.route"] = "/slow"
             #expect(request(for: here)?.route == "/slow")
-            span.state.noteStall(
+            SpanTableReader().noteStall(
                 StallNote(
                     stallID: "0123456789abcdef0123456789abcdef", startNanoseconds: 1, duration: .milliseconds(250),
-                    ended: true, threadID: 42, frame: "Slow.work() (Slow.swift:7)", loop: "cooperative-pool"))
+                    ended: true, threadID: 42, frame: "Slow.work() (Slow.swift:7)", loop: "cooperative-pool"),
+                slot: span.registration.slot, sequence: span.registration.sequence)
         }
         tracer.withSpan("GET /fast") { _ in }
         let slow = try #require(memory.finishedSpans.first { $0.operationName == "GET /slow" })
@@ -224,4 +380,12 @@ private struct DictionaryExtractor: Extractor {
 
 private struct DictionaryInjector: Injector {
     func inject(_ value: String, forKey key: String, into carrier: inout [String: String]) { carrier[key] = value }
+}
+
+/// The keys of the tasks a test runs, for a reader thread.
+private final class Keys: Sendable {
+    private let keys = Mutex<[UInt64]>([])
+
+    func add(_ key: UInt64) { keys.withLock { $0.append(key) } }
+    func all() -> [UInt64] { keys.withLock { $0 } }
 }

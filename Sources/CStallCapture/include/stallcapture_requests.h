@@ -4,8 +4,8 @@
 // The requests in flight: which span of swift-distributed-tracing the work of a task or thread
 // serves, so that a watchdog can name the request of a stalled thread. A span registers itself
 // when it starts, under the task it starts in (or its thread, outside a task), and withdraws when
-// it ends; the watchdog looks the stalled thread's task up. No lock and no allocation: a fixed
-// table of slots claimed with a compare-and-swap.
+// it ends; the watchdog looks the stalled thread's task up. No allocation: a fixed table of slots
+// claimed with a compare-and-swap; each slot's lock is held only to copy what its span says.
 
 #if defined(__linux__) && !defined(STALLMON_PRETEND_NON_LINUX)
 #define STALLMON_LINUX 1
@@ -29,18 +29,49 @@ uint64_t stallmon_request_current_key(void);
 /// The key of thread `tid`, outside a task.
 uint64_t stallmon_request_thread_key(pid_t tid);
 
-/// Registers `record` (an object pointer, not retained: the caller withdraws it before the object
-/// is freed, in its deinit at the latest) under `key`, inside `depth` spans of its task or thread.
-/// Returns the slot, or -1 when the table is full near the key.
-int stallmon_request_register(uint64_t key, void *record, uint32_t depth);
-/// Withdraws the registration in `slot`. Waits only while a watchdog retains that record at this
-/// moment (the time of one retain).
-void stallmon_request_withdraw(int slot);
+/// A registration number: a slot's owners count up, in STALLMON_REQUEST_SEQUENCE_BITS bits, never 0.
+enum { STALLMON_REQUEST_SEQUENCE_BITS = 18 };
 
-/// The record serving the first of `keys` that has one, retained (+1, for the caller to release),
-/// or NULL. A record registered under a key itself is preferred to one the key inherited, and the
-/// deepest to the others (the innermost span).
-void *stallmon_request_acquire(const uint64_t *keys, int count);
+/// Takes a slot for a span under `key`, inside `depth` spans of its task or thread: returns it and
+/// writes its registration number to `*sequence` and the slot's storage to `*parts` (NULL until
+/// the caller sets it), or returns -1 when the table is full near the key. The caller keeps what
+/// the span says in that storage: it writes it now, without the slot's lock (free when this
+/// returns, and no reader looks at an unpublished slot), then publishes the registration. A span
+/// under a task keeps the task's ID: once another task lives at the address (a span the first
+/// never ended), the registration is no longer found, and its slot is reclaimed by the next span
+/// of that address.
+int stallmon_request_register(uint64_t key, uint32_t depth, uint64_t *sequence, void **parts);
+void stallmon_request_publish(int slot, uint64_t sequence);
+/// Withdraws registration `sequence` of `slot`: 1, or 0 when it is withdrawn already (a copy of
+/// the span ended it).
+int stallmon_request_withdraw(int slot, uint64_t sequence);
+/// Whether `slot` holds registration `sequence` now (under the slot's lock: until it is unlocked).
+int stallmon_request_holds(int slot, uint64_t sequence);
+
+/// A registration found: its slot, registration number and depth.
+typedef struct {
+    int32_t slot;
+    uint32_t depth;
+    uint64_t sequence;
+} stallmon_request_found;
+
+/// The registration serving the first of `keys` that has one: 1 with `*found` filled, else 0. A
+/// registration under a key itself is preferred to one the key inherited, and the deepest to the
+/// others (the innermost span). What it says is read under the slot's lock, where the caller checks
+/// that the slot still holds that registration.
+int stallmon_request_find(const uint64_t *keys, int count, stallmon_request_found *found);
+
+/// The storage the caller keeps for `slot` (set once, by the first span in the slot; never freed),
+/// or NULL; ids for a new span: its trace (`high`, `low`; unless NULL) and its span ID, never 0.
+void *stallmon_request_parts(int slot);
+void stallmon_request_set_parts(int slot, void *parts);
+void stallmon_request_new_ids(uint64_t *high, uint64_t *low, uint64_t *span);
+/// The slot's lock, over its parts while published: held for the copies of a few values.
+void stallmon_request_lock(int slot);
+void stallmon_request_unlock(int slot);
+/// Locks `slot` and returns its storage if it holds registration `sequence`; else returns NULL,
+/// unlocked.
+void *stallmon_request_lock_held(int slot, uint64_t sequence);
 
 /// 64 random bits from the calling thread's generator (seeded from getrandom once per thread):
 /// trace and span IDs, where stallmon makes them.

@@ -230,10 +230,10 @@ final class Reporter: @unchecked Sendable {
             stackSource: index.flatMap { stall.stackSources.indices.contains($0) ? stall.stackSources[$0] : nil }
         )
         report.sampledStacks = SampledStack.symbolicate(stall.stacks, symbolicator: symbolicator)
-        if let record = stall.request?.record {
-            let request = record.stallRequest
+        if let handle = stall.request {
+            let request = handle.request
             report.request = request.isEmpty ? nil : request
-            record.noteStall(
+            handle.noteStall(
                 StallNote(
                     stallID: stall.stallID, startNanoseconds: stall.startNanoseconds,
                     duration: .nanoseconds(stall.duration), ended: stall.event != .detected,

@@ -1,0 +1,336 @@
+#if STALLMON_LINUX
+import CStallCapture
+#endif
+import Instrumentation
+import StallJournal
+import StallMonitor
+import Synchronization
+import Tracing
+
+/// A span's registration in the monitor's table of requests in flight: its slot and registration
+/// number there.
+struct SpanRegistration: Sendable, Equatable {
+    var slot: Int32
+    var sequence: UInt64
+
+    /// Not registered: no monitor to tell (not Linux), or the table is full near the key.
+    static let none = SpanRegistration(slot: -1, sequence: 0)
+
+    var isRegistered: Bool { slot >= 0 }
+
+    /// In one word: the slot in the low half, the registration number in the high.
+    var packed: UInt64 { UInt64(UInt32(bitPattern: slot)) | sequence << 32 }
+
+    init(slot: Int32, sequence: UInt64) {
+        self.slot = slot
+        self.sequence = sequence
+    }
+
+    init(packed: UInt64) {
+        self.init(slot: Int32(bitPattern: UInt32(truncatingIfNeeded: packed)), sequence: packed >> 32)
+    }
+}
+
+/// The monitor's table of requests in flight (CStallCapture's `stallmon_request_*`): where a span
+/// says which task or thread serves it, and what a report says of it. Each slot of the table has a
+/// ``SpanParts`` of its own, made by its first span and reused by every later one, so that a span
+/// allocates nothing; a span writes its parts and a reader copies them under the slot's lock.
+/// `SpanParts` are reached through the C table by pointer and never freed (a slot's storage lives
+/// as long as the process; at most one per slot).
+/// Elsewhere than on Linux there is no monitor to tell: spans register nowhere.
+enum SpanTable {
+    // MARK: A span's registration
+
+    /// What a span starting now in the calling task would be inside: the span its task serves
+    /// (none outside a task: a span registered under a thread, an event loop's, covers all the loop
+    /// runs until it ends, other connections' work too, and is no parent of theirs).
+    struct Around {
+        var registration: SpanRegistration
+        var depth: UInt32
+    }
+
+    /// The calling task or thread's key (task address, or thread ID tagged with 1).
+    static func currentKey() -> UInt64 {
+        #if STALLMON_LINUX
+        stallmon_request_current_key()
+        #else
+        0
+        #endif
+    }
+
+    /// Whether `key` is a task's: a span there is a parent of the task's next spans, and a span
+    /// outside a task needs a ``ThreadRegistration`` to withdraw it if it is dropped unended.
+    static func isTask(_ key: UInt64) -> Bool { key != 0 && key & 1 == 0 }
+
+    /// The innermost span the task `key` serves now.
+    static func around(_ key: UInt64) -> Around? {
+        #if STALLMON_LINUX
+        guard isTask(key) else { return nil }
+        var key = key
+        var found = stallmon_request_found()
+        guard stallmon_request_find(&key, 1, &found) != 0 else { return nil }
+        return Around(registration: SpanRegistration(slot: found.slot, sequence: found.sequence), depth: found.depth)
+        #else
+        return nil
+        #endif
+    }
+
+    /// Registers a span under `key`, inside `around`, and has `write` write what it says into its
+    /// slot's parts: its name and trace alone, or the wrapped tracer's span.
+    ///
+    /// The parts are written before the registration is published, without their lock: no reader
+    /// copies them before.
+    @inline(__always)
+    static func register(
+        key: UInt64, around: Around?, _ write: (UnsafeMutablePointer<SpanParts>) -> Void
+    ) -> SpanRegistration {
+        #if STALLMON_LINUX
+        var sequence: UInt64 = 0
+        var pointer: UnsafeMutableRawPointer? = nil
+        let slot = stallmon_request_register(key, around.map { $0.depth &+ 1 } ?? 0, &sequence, &pointer)
+        guard slot >= 0 else { return .none }
+        let parts: UnsafeMutablePointer<SpanParts>
+        if let pointer {
+            parts = pointer.assumingMemoryBound(to: SpanParts.self)
+        } else {
+            parts = .allocate(capacity: 1)
+            parts.initialize(to: SpanParts())
+            stallmon_request_set_parts(slot, parts)
+        }
+        parts.pointee.attributeCount = 0
+        parts.pointee.parent = around?.registration ?? .none
+        if parts.pointee.injector != nil {
+            // A wrapped span's, never ended.
+            parts.pointee.inner = nil
+            parts.pointee.injector = nil
+        }
+        if parts.pointee.stalled.load(ordering: .relaxed) {
+            parts.pointee.notes = []
+            parts.pointee.stalled.store(false, ordering: .relaxed)
+        }
+        write(parts)
+        stallmon_request_publish(slot, sequence)
+        return SpanRegistration(slot: slot, sequence: sequence)
+        #else
+        return .none
+        #endif
+    }
+
+    /// Withdraws `registration` of a span that `wraps` a tracer's span or not: stalls from here on
+    /// are not its span's. Returns the notes of the stalls inside it; none when it was withdrawn
+    /// already (a copy of the span ended it).
+    static func withdraw(_ registration: SpanRegistration, wraps: Bool) -> [StallNote] {
+        #if STALLMON_LINUX
+        guard registration.isRegistered, let pointer = stallmon_request_parts(registration.slot) else { return [] }
+        let parts = pointer.assumingMemoryBound(to: SpanParts.self)
+        let stalled = parts.pointee.stalled.load(ordering: .acquiring)
+        guard wraps || stalled else {
+            _ = stallmon_request_withdraw(registration.slot, registration.sequence)
+            return []
+        }
+        if stalled { SpanTableReader.keepEnded(registration) }
+        // Once the readers that found the span are done: the wrapped span goes, and the notes come
+        // out, to be released outside the lock.
+        var notes: [StallNote] = []
+        var inner: (any Tracing.Span)? = nil
+        stallmon_request_lock(registration.slot)
+        if stallmon_request_withdraw(registration.slot, registration.sequence) != 0 {
+            swap(&notes, &parts.pointee.notes)
+            parts.pointee.stalled.store(false, ordering: .relaxed)
+            if wraps {
+                swap(&inner, &parts.pointee.inner)
+                parts.pointee.injector = nil
+            }
+        }
+        stallmon_request_unlock(registration.slot)
+        _ = inner
+        return notes
+        #else
+        return []
+        #endif
+    }
+
+    // MARK: What a span says
+
+    /// Runs `body` on the parts of `registration` under the slot's lock, if the slot still holds it.
+    @inline(__always)
+    static func withParts<T>(_ registration: SpanRegistration, _ body: (UnsafeMutablePointer<SpanParts>) -> T) -> T? {
+        #if STALLMON_LINUX
+        guard registration.isRegistered,
+            let pointer = stallmon_request_lock_held(registration.slot, registration.sequence)
+        else { return nil }
+        defer { stallmon_request_unlock(registration.slot) }
+        return body(pointer.assumingMemoryBound(to: SpanParts.self))
+        #else
+        return nil
+        #endif
+    }
+
+    /// Keeps `attributes`, set on the span of `registration` alone, for a report to read: as they
+    /// come, a retain, since the monitor reads them only for a stall.
+    static func keepAttributes(_ attributes: SpanAttributes, of registration: SpanRegistration) {
+        guard registration.isRegistered, !attributes.isEmpty else { return }
+        _ = withParts(registration) { parts in
+            let count = parts.pointee.attributeCount
+            if count < SpanParts.maximumAttributeSets {
+                parts.pointee.attributeSets[count] = attributes
+                parts.pointee.attributeCount = count + 1
+            } else {
+                parts.pointee.attributeSets[count - 1].merge(attributes)
+            }
+        }
+    }
+
+    /// The trace of the span of `registration`, alone.
+    static func trace(of registration: SpanRegistration) -> TraceParent? {
+        withParts(registration) { $0.pointee.trace } ?? nil
+    }
+
+    /// The trace context of the span the calling task serves: what goes out with its requests.
+    static func currentTrace() -> TraceParent? {
+        around(currentKey()).flatMap { trace(of: $0.registration) }
+    }
+
+    // MARK: The slots' parts
+
+    // MARK: Helpers
+
+    /// When the pool thread `threadID` ended the job it ran at `start` that the monitor watched as
+    /// a stall, if it has.
+    static func poolJobEnd(threadID: Int, start: UInt64) -> UInt64? {
+        #if STALLMON_LINUX
+        let end = stallmon_pool_stall_end_of_thread(pid_t(threadID), start)
+        return end == 0 ? nil : end
+        #else
+        return nil
+        #endif
+    }
+
+    /// IDs for a new span: its trace's, unless `trace` is nil, and its own; never 0.
+    static func newIDs(_ trace: UnsafeMutablePointer<(UInt64, UInt64)>?, _ span: inout UInt64) {
+        #if STALLMON_LINUX
+        if let trace {
+            trace.withMemoryRebound(to: UInt64.self, capacity: 2) { stallmon_request_new_ids($0, $0 + 1, &span) }
+        } else {
+            stallmon_request_new_ids(nil, nil, &span)
+        }
+        #else
+        func nonZero() -> UInt64 {
+            while true {
+                let value = UInt64.random(in: .min ... .max)
+                if value != 0 { return value }
+            }
+        }
+        trace?.pointee = (nonZero(), nonZero())
+        span = nonZero()
+        #endif
+    }
+}
+
+/// What the spans of one slot say, one span at a time: read by the monitor under the slot's lock
+/// while the slot holds the reader's registration, and written under it too, but for a span's
+/// start, which comes before the registration is published. Made once per slot and never freed;
+/// reached by pointer, so that no access is checked for exclusivity at run time.
+struct SpanParts: ~Copyable {
+    /// Alone: the span's name, and its attributes as they were set (a report reads a few): the
+    /// first `attributeCount` sets. The sets past them are an earlier span's, released as they are
+    /// overwritten.
+    var operation = ""
+    let attributeSets: UnsafeMutablePointer<SpanAttributes>
+    var attributeCount = 0
+    /// The sets of attributes kept as they come, at most: past them, the last is merged into.
+    static let maximumAttributeSets = 8
+    /// Alone: the span's trace context.
+    var trace: TraceParent?
+    /// The span its task served when it started: the request's method and route, when this span
+    /// (a database call's, say) has none of its own.
+    var parent = SpanRegistration.none
+    /// Wrapping: the tracer's span (Sendable: read on the reporting thread), and the tracer, which
+    /// says the span's W3C IDs when asked to inject its context.
+    var inner: (any Tracing.Span)?
+    var injector: Unmanaged<InjectorBox>?
+    /// Stalls inside the span, for its events; `stalled` once there is one.
+    var notes: [StallNote] = []
+    let stalled = Atomic<Bool>(false)
+
+    init() {
+        attributeSets = .allocate(capacity: Self.maximumAttributeSets)
+        attributeSets.initialize(repeating: [:], count: Self.maximumAttributeSets)
+    }
+}
+
+/// The attributes a report reads, picked from a span's attributes: the current names before the
+/// older ones (`http.method`, `http.target`), later sets before earlier ones.
+struct KeptAttributes {
+    private(set) var route: String?
+    private(set) var rpcMethod: String?
+    private(set) var rpcService: String?
+    private var requestMethod: String?
+    private var olderMethod: String?
+    private var urlPath: String?
+    private var olderTarget: String?
+
+    var method: String? { requestMethod ?? olderMethod }
+    var path: String? { urlPath ?? olderTarget }
+
+    init(_ sets: [SpanAttributes]) {
+        for attributes in sets { attributes.forEach { name, value in keep(name, value) } }
+    }
+
+    private mutating func keep(_ name: String, _ value: SpanAttribute) {
+        switch name {
+        case "http.request.method": requestMethod = Self.text(value)
+        case "http.method": olderMethod = Self.text(value)
+        case "http.route": route = Self.text(value)
+        case "url.path": urlPath = Self.text(value)
+        case "http.target": olderTarget = Self.text(value)
+        case "rpc.method": rpcMethod = Self.text(value)
+        case "rpc.service": rpcService = Self.text(value)
+        default: break
+        }
+    }
+
+    private static func text(_ value: SpanAttribute) -> String {
+        switch value {
+        case .string(let value): value
+        case .stringConvertible(let value): value.description
+        default: "\(value)"
+        }
+    }
+}
+
+/// What a span keeps that does not fit in it: the wrapped tracer's span; and outside a task, a
+/// registration to withdraw when the last copy of the span goes, if the span never ended. A
+/// thread's registrations never lapse by themselves (a task's do when the task ends), so a span
+/// dropped unended there would name every later stall of its thread.
+final class SpanHolder: Sendable {
+    let inner: (any Tracing.Span)?
+    /// Whether `inner` is set: a flag costs less to look at than an optional existential.
+    let wraps: Bool
+    private let registration: SpanRegistration
+    private let withdrawsWhenDropped: Bool
+
+    init(inner: (any Tracing.Span)?, registration: SpanRegistration, withdrawsWhenDropped: Bool) {
+        self.inner = inner
+        self.wraps = inner != nil
+        self.registration = registration
+        self.withdrawsWhenDropped = withdrawsWhenDropped
+    }
+
+    deinit {
+        if withdrawsWhenDropped { _ = SpanTable.withdraw(registration, wraps: wraps) }
+    }
+}
+
+/// The wrapped tracer, once per ``StallmonTracer``, and never freed: spans name it unretained.
+final class InjectorBox: Sendable {
+    let instrument: any Instrument
+
+    private init(_ instrument: any Instrument) {
+        self.instrument = instrument
+    }
+
+    static func make(_ instrument: any Instrument) -> Unmanaged<InjectorBox> {
+        Unmanaged.passRetained(InjectorBox(instrument))
+    }
+}
