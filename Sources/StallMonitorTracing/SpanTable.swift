@@ -299,26 +299,33 @@ struct KeptAttributes {
     }
 }
 
-/// What a span keeps that does not fit in it: the wrapped tracer's span; and outside a task, a
-/// registration to withdraw when the last copy of the span goes, if the span never ended. A
-/// thread's registrations never lapse by themselves (a task's do when the task ends), so a span
-/// dropped unended there would name every later stall of its thread.
-final class SpanHolder: Sendable {
-    let inner: (any Tracing.Span)?
-    /// Whether `inner` is set: a flag costs less to look at than an optional existential.
-    let wraps: Bool
+/// What a span keeps that does not fit in it: outside a task, a registration to withdraw when the
+/// last copy of the span goes, if the span never ended. A thread's registrations never lapse by
+/// themselves (a task's do when the task ends), so a span dropped unended there would name every
+/// later stall of its thread.
+class SpanKeeper: @unchecked Sendable {
     private let registration: SpanRegistration
+    private let wraps: Bool
     private let withdrawsWhenDropped: Bool
 
-    init(inner: (any Tracing.Span)?, registration: SpanRegistration, withdrawsWhenDropped: Bool) {
-        self.inner = inner
-        self.wraps = inner != nil
+    init(_ registration: SpanRegistration, wraps: Bool, withdrawsWhenDropped: Bool) {
         self.registration = registration
+        self.wraps = wraps
         self.withdrawsWhenDropped = withdrawsWhenDropped
     }
 
     deinit {
         if withdrawsWhenDropped { _ = SpanTable.withdraw(registration, wraps: wraps) }
+    }
+}
+
+/// A span's wrapped tracer's span (Sendable, as every span is).
+final class WrappedSpan: SpanKeeper, @unchecked Sendable {
+    let inner: any Tracing.Span
+
+    init(_ inner: any Tracing.Span, registration: SpanRegistration, withdrawsWhenDropped: Bool) {
+        self.inner = inner
+        super.init(registration, wraps: true, withdrawsWhenDropped: withdrawsWhenDropped)
     }
 }
 

@@ -24,12 +24,16 @@ public struct StallmonSpan: Tracing.Span {
     private let packedRegistration: UInt64
     /// Alone: the context it started in (a `traceparent` extracted into it stays there).
     private let startContext: InstrumentationContext
-    /// Wrapping, the tracer's span; outside a task, what withdraws the registration if the span is
-    /// dropped unended. `nil` alone in a task: such a span allocates nothing.
-    private let holder: SpanHolder?
+    /// Wrapping, the tracer's span (a ``WrappedSpan``, as `packedRegistration` says); outside a
+    /// task, what withdraws the registration if the span is dropped unended. `nil` alone in a task:
+    /// such a span allocates nothing.
+    private let keeper: SpanKeeper?
 
-    var registration: SpanRegistration { SpanRegistration(packed: packedRegistration) }
-    private var wraps: Bool { holder?.wraps ?? false }
+    var registration: SpanRegistration { SpanRegistration(packed: packedRegistration & ~Self.wrapsBit) }
+    private var wraps: Bool { packedRegistration & Self.wrapsBit != 0 }
+    /// The wrapped tracer's span, without a cast checked at run time.
+    private var wrapped: WrappedSpan? { wraps ? unsafeDowncast(keeper.unsafelyUnwrapped, to: WrappedSpan.self) : nil }
+    private static let wrapsBit: UInt64 = 1 << 63
 
     init(alone operationName: String, context: @autoclosure () -> InstrumentationContext) {
         // A child of the span its task serves, unless the context it is given carries another
@@ -49,9 +53,9 @@ public struct StallmonSpan: Tracing.Span {
         }
         packedRegistration = registration.packed
         startContext = context
-        holder =
+        keeper =
             registration.isRegistered && !SpanTable.isTask(key)
-            ? SpanHolder(inner: nil, registration: registration, withdrawsWhenDropped: true) : nil
+            ? SpanKeeper(registration, wraps: false, withdrawsWhenDropped: true) : nil
     }
 
     init(wrapping inner: any Tracing.Span, injector: Unmanaged<InjectorBox>) {
@@ -62,26 +66,25 @@ public struct StallmonSpan: Tracing.Span {
             parts.pointee.inner = inner
             parts.pointee.injector = injector
         }
-        packedRegistration = registration.packed
+        packedRegistration = registration.packed | Self.wrapsBit
         startContext = .topLevel
-        holder = SpanHolder(
-            inner: inner, registration: registration,
-            withdrawsWhenDropped: registration.isRegistered && !SpanTable.isTask(key))
+        keeper = WrappedSpan(
+            inner, registration: registration, withdrawsWhenDropped: registration.isRegistered && !SpanTable.isTask(key))
     }
 
     public var context: InstrumentationContext {
-        if let holder, holder.wraps, let inner = holder.inner { return inner.context }
+        if let wrapped { return wrapped.inner.context }
         return startContext
     }
 
     public var operationName: String {
         get {
-            if let holder, holder.wraps, let inner = holder.inner { return inner.operationName }
+            if let wrapped { return wrapped.inner.operationName }
             return SpanTable.withParts(registration) { $0.pointee.operation } ?? ""
         }
         nonmutating set {
-            if let holder, holder.wraps, let inner = holder.inner {
-                inner.operationName = newValue
+            if let wrapped {
+                wrapped.inner.operationName = newValue
             } else {
                 _ = SpanTable.withParts(registration) { $0.pointee.operation = newValue }
             }
@@ -90,12 +93,12 @@ public struct StallmonSpan: Tracing.Span {
 
     public var attributes: SpanAttributes {
         get {
-            if let holder, holder.wraps, let inner = holder.inner { return inner.attributes }
+            if let wrapped { return wrapped.inner.attributes }
             return [:]
         }
         nonmutating set {
-            if let holder, holder.wraps, let inner = holder.inner {
-                inner.attributes = newValue
+            if let wrapped {
+                wrapped.inner.attributes = newValue
             } else {
                 SpanTable.keepAttributes(newValue, of: registration)
             }
@@ -103,37 +106,37 @@ public struct StallmonSpan: Tracing.Span {
     }
 
     public var isRecording: Bool {
-        if let holder, holder.wraps, let inner = holder.inner { return inner.isRecording }
+        if let wrapped { return wrapped.inner.isRecording }
         return false
     }
 
     public func setStatus(_ status: SpanStatus) {
-        if let holder, holder.wraps, let inner = holder.inner { inner.setStatus(status) }
+        if let wrapped { wrapped.inner.setStatus(status) }
     }
 
     public func addEvent(_ event: SpanEvent) {
-        if let holder, holder.wraps, let inner = holder.inner { inner.addEvent(event) }
+        if let wrapped { wrapped.inner.addEvent(event) }
     }
 
     public func recordError<Instant: TracerInstant>(
         _ error: any Error, attributes: SpanAttributes, at instant: @autoclosure () -> Instant
     ) {
-        if let holder, holder.wraps, let inner = holder.inner { inner.recordError(error, attributes: attributes, at: instant()) }
+        if let wrapped { wrapped.inner.recordError(error, attributes: attributes, at: instant()) }
     }
 
     public func addLink(_ link: SpanLink) {
-        if let holder, holder.wraps, let inner = holder.inner { inner.addLink(link) }
+        if let wrapped { wrapped.inner.addLink(link) }
     }
 
     public func end<Instant: TracerInstant>(at instant: @autoclosure () -> Instant) {
         let notes = SpanTable.withdraw(registration, wraps: wraps)
-        guard let holder, holder.wraps, let inner = holder.inner else { return }
+        guard let wrapped else { return }
         if !notes.isEmpty {
             let wallNow = DefaultTracerClock.now.nanosecondsSinceEpoch
             let monotonicNow = MonotonicClock.now()
-            for note in notes { inner.addEvent(note.spanEvent(wallNow: wallNow, monotonicNow: monotonicNow)) }
-            inner.attributes["stallmon.stalled"] = true
+            for note in notes { wrapped.inner.addEvent(note.spanEvent(wallNow: wallNow, monotonicNow: monotonicNow)) }
+            wrapped.inner.attributes["stallmon.stalled"] = true
         }
-        inner.end(at: instant())
+        wrapped.inner.end(at: instant())
     }
 }

@@ -58,7 +58,9 @@ public struct StallmonTracer: Tracer {
         guard let wrapped, let injector else {
             return StallmonSpan(alone: operationName, context: context())
         }
-        let inner = wrapped.startSpan(
+        // As `InstrumentationSystem.legacyTracer` would start it, were the wrapped tracer bootstrapped
+        // itself: the span is an `any Span` either way.
+        let inner = wrapped.startAnySpan(
             operationName, context: context(), ofKind: kind, at: instant(), function: function, file: fileID,
             line: line)
         return StallmonSpan(wrapping: inner, injector: injector)
