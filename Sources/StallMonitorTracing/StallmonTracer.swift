@@ -58,9 +58,7 @@ public struct StallmonTracer: Tracer {
         guard let wrapped, let injector else {
             return StallmonSpan(alone: operationName, context: context())
         }
-        // As `InstrumentationSystem.legacyTracer` would start it, were the wrapped tracer bootstrapped
-        // itself: the span is an `any Span` either way.
-        let inner = wrapped.startAnySpan(
+        let inner = wrapped.startSpan(
             operationName, context: context(), ofKind: kind, at: instant(), function: function, file: fileID,
             line: line)
         return StallmonSpan(wrapping: inner, injector: injector)

@@ -111,11 +111,11 @@ enum TracingCost {
         (0..<runs).map { _ in measure() }.min() ?? .nan
     }
 
-    /// Nanoseconds per span: started, given a method and a path, ended. Through `any LegacyTracer`,
-    /// as swift-distributed-tracing's global `withSpan` and `startSpan`, which the frameworks'
-    /// tracing middlewares call, start spans with `InstrumentationSystem.legacyTracer`: the span is an
-    /// `any Span` (boxed, when it is larger than 3 words).
-    private static func perSpan(_ tracer: any LegacyTracer, _ count: Int) -> Double {
+    /// Nanoseconds per span: started, given a method and a path, ended. As an `any Span`, the way
+    /// swift-distributed-tracing's global `withSpan` and `startSpan`, which the frameworks' tracing
+    /// middlewares call, start spans with `InstrumentationSystem.legacyTracer` (a span larger than 3
+    /// words is boxed).
+    private static func perSpan(_ tracer: any Tracer, _ count: Int) -> Double {
         let start = DispatchTime.now().uptimeNanoseconds
         for _ in 0..<count {
             tracer.withAnySpan("GET /users/:id", ofKind: .server) { span in
