@@ -382,10 +382,12 @@ private struct DictionaryInjector: Injector {
     func inject(_ value: String, forKey key: String, into carrier: inout [String: String]) { carrier[key] = value }
 }
 
-/// The keys of the tasks a test runs, for a reader thread.
-private final class Keys: Sendable {
-    private let keys = Mutex<[UInt64]>([])
+/// The keys of the tasks a test runs, for a reader thread. (An NSLock: ThreadSanitizer, which this
+/// test is run under too, does not see Synchronization.Mutex's ordering.)
+private final class Keys: @unchecked Sendable {
+    private let lock = NSLock()
+    private var keys: [UInt64] = []
 
-    func add(_ key: UInt64) { keys.withLock { $0.append(key) } }
-    func all() -> [UInt64] { keys.withLock { $0 } }
+    func add(_ key: UInt64) { lock.withLock { keys.append(key) } }
+    func all() -> [UInt64] { lock.withLock { keys } }
 }
