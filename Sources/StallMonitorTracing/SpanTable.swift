@@ -99,10 +99,9 @@ enum SpanTable {
         }
         parts.pointee.attributeCount = 0
         parts.pointee.parent = around?.registration ?? .none
-        if parts.pointee.injector != nil {
-            // A wrapped span's, never ended.
-            parts.pointee.inner = nil
-            parts.pointee.injector = nil
+        if parts.pointee.wrapped != nil {
+            // The last span's wrapped tracer's span: no reader holds it any more.
+            parts.pointee.wrapped = nil
         }
         if parts.pointee.stalled.load(ordering: .relaxed) {
             parts.pointee.notes = []
@@ -116,38 +115,39 @@ enum SpanTable {
         #endif
     }
 
-    /// Withdraws `registration` of a span that `wraps` a tracer's span or not: stalls from here on
-    /// are not its span's. Returns the notes of the stalls inside it; none when it was withdrawn
-    /// already (a copy of the span ended it).
-    static func withdraw(_ registration: SpanRegistration, wraps: Bool) -> [StallNote] {
+    /// Withdraws `registration`: stalls from here on are not its span's. Returns the notes of the
+    /// stalls inside it; none when it was withdrawn already (a copy of the span ended it).
+    ///
+    /// A wrapped tracer's span stays in the slot's parts until the slot's next span starts, which
+    /// releases it: readers that found the span copy it under the slot's lock, and the next span
+    /// waits for that lock to be free, so the end takes no lock.
+    static func withdraw(_ registration: SpanRegistration) -> [StallNote] {
         #if STALLMON_LINUX
         guard registration.isRegistered, let pointer = stallmon_request_parts(registration.slot) else { return [] }
         let parts = pointer.assumingMemoryBound(to: SpanParts.self)
-        let stalled = parts.pointee.stalled.load(ordering: .acquiring)
-        guard wraps || stalled else {
+        guard parts.pointee.stalled.load(ordering: .acquiring) else {
             _ = stallmon_request_withdraw(registration.slot, registration.sequence)
             return []
         }
-        if stalled { SpanTableReader.keepEnded(registration) }
-        // Once the readers that found the span are done: the wrapped span goes, and the notes come
-        // out, to be released outside the lock.
+        keepEndedRequest(registration)
+        // Once the readers that found the span are done: the notes come out, to be released outside
+        // the lock.
         var notes: [StallNote] = []
-        var inner: (any Tracing.Span)? = nil
         stallmon_request_lock(registration.slot)
         if stallmon_request_withdraw(registration.slot, registration.sequence) != 0 {
             swap(&notes, &parts.pointee.notes)
             parts.pointee.stalled.store(false, ordering: .relaxed)
-            if wraps {
-                swap(&inner, &parts.pointee.inner)
-                parts.pointee.injector = nil
-            }
         }
         stallmon_request_unlock(registration.slot)
-        _ = inner
         return notes
         #else
         return []
         #endif
+    }
+
+    /// What a span that ends with a stall noted inside it says last, for the stall's later reports.
+    private static func keepEndedRequest(_ registration: SpanRegistration) {
+        SpanTableReader.keepEnded(registration)
     }
 
     // MARK: What a span says
@@ -245,10 +245,8 @@ struct SpanParts: ~Copyable {
     /// The span its task served when it started: the request's method and route, when this span
     /// (a database call's, say) has none of its own.
     var parent = SpanRegistration.none
-    /// Wrapping: the tracer's span (Sendable: read on the reporting thread), and the tracer, which
-    /// says the span's W3C IDs when asked to inject its context.
-    var inner: (any Tracing.Span)?
-    var injector: Unmanaged<InjectorBox>?
+    /// Wrapping: the tracer's span (released by the slot's next span: see `SpanTable.withdraw`).
+    var wrapped: WrappedSpan?
     /// Stalls inside the span, for its events; `stalled` once there is one.
     var notes: [StallNote] = []
     let stalled = Atomic<Bool>(false)
@@ -299,45 +297,24 @@ struct KeptAttributes {
     }
 }
 
-/// What a span keeps that does not fit in it: outside a task, a registration to withdraw when the
-/// last copy of the span goes, if the span never ended. A thread's registrations never lapse by
-/// themselves (a task's do when the task ends), so a span dropped unended there would name every
-/// later stall of its thread.
-class SpanKeeper: @unchecked Sendable {
-    private let registration: SpanRegistration
-    private let wraps: Bool
-    private let withdrawsWhenDropped: Bool
+/// What a span keeps that does not fit in it: the wrapped tracer's span (``WrappedSpan``), or,
+/// outside a task, a registration to withdraw when the last copy of the span goes, if the span
+/// never ended (``ThreadSpanKeeper``).
+class SpanKeeper: @unchecked Sendable {}
 
-    init(_ registration: SpanRegistration, wraps: Bool, withdrawsWhenDropped: Bool) {
+/// The registration of a span outside a task, and its wrapped tracer's span. A thread's
+/// registrations never lapse by themselves (a task's do when the task ends), so a span dropped
+/// unended there would name every later stall of its thread.
+final class ThreadSpanKeeper: SpanKeeper, @unchecked Sendable {
+    private let registration: SpanRegistration
+    let wrapped: WrappedSpan?
+
+    init(_ registration: SpanRegistration, wrapped: WrappedSpan?) {
         self.registration = registration
-        self.wraps = wraps
-        self.withdrawsWhenDropped = withdrawsWhenDropped
+        self.wrapped = wrapped
     }
 
     deinit {
-        if withdrawsWhenDropped { _ = SpanTable.withdraw(registration, wraps: wraps) }
-    }
-}
-
-/// A span's wrapped tracer's span (Sendable, as every span is).
-final class WrappedSpan: SpanKeeper, @unchecked Sendable {
-    let inner: any Tracing.Span
-
-    init(_ inner: any Tracing.Span, registration: SpanRegistration, withdrawsWhenDropped: Bool) {
-        self.inner = inner
-        super.init(registration, wraps: true, withdrawsWhenDropped: withdrawsWhenDropped)
-    }
-}
-
-/// The wrapped tracer, once per ``StallmonTracer``, and never freed: spans name it unretained.
-final class InjectorBox: Sendable {
-    let instrument: any Instrument
-
-    private init(_ instrument: any Instrument) {
-        self.instrument = instrument
-    }
-
-    static func make(_ instrument: any Instrument) -> Unmanaged<InjectorBox> {
-        Unmanaged.passRetained(InjectorBox(instrument))
+        _ = SpanTable.withdraw(registration)
     }
 }

@@ -38,10 +38,11 @@ struct SpanTableReader: StallRequestReader {
         var registration = SpanRegistration(slot: slot, sequence: sequence)
         for depth in 0..<maximumDepth {
             // The copy is taken under the slot's lock; the wrapped span is read outside it.
-            guard let said = SpanTable.withParts(registration, { SpanSaid($0) }) else {
+            guard var said = SpanTable.withParts(registration, { SpanSaid($0) }) else {
                 if depth == 0 { return nil }
                 break
             }
+            said.readWrapped()
             said.fill(&request, innermost: depth == 0)
             guard said.parent.isRegistered else { break }
             registration = said.parent
@@ -70,36 +71,31 @@ private struct SpanSaid {
     var attributeSets: [SpanAttributes]
     var trace: TraceParent?
     var parent: SpanRegistration
-    var inner: (any Tracing.Span)?
-    var injector: Unmanaged<InjectorBox>?
+    var wrapped: WrappedSpan?
 
     init(_ parts: UnsafeMutablePointer<SpanParts>) {
         operation = parts.pointee.operation
         attributeSets = Array(UnsafeBufferPointer(start: parts.pointee.attributeSets, count: parts.pointee.attributeCount))
         trace = parts.pointee.trace
         parent = parts.pointee.parent
-        inner = parts.pointee.inner
-        injector = parts.pointee.injector
+        wrapped = parts.pointee.wrapped
+    }
+
+    /// The wrapped tracer's span, read outside the slot's lock: its name, attributes and W3C IDs.
+    mutating func readWrapped() {
+        guard let wrapped else { return }
+        operation = wrapped.operationName
+        attributeSets = [wrapped.attributes]
+        trace = wrapped.tracer._withUnsafeGuaranteedRef { $0.traceParent(of: wrapped.context) }
     }
 
     /// Fills the parts of `request` still empty from this span: its name and span ID only for the
     /// innermost span, the request's parts from any.
     func fill(_ request: inout StallReport.Request, innermost: Bool) {
-        let operation: String
-        let kept: KeptAttributes
-        if let inner {
-            // The wrapped tracer's span keeps its name and attributes.
-            operation = inner.operationName
-            kept = KeptAttributes([inner.attributes])
-        } else {
-            operation = self.operation
-            kept = KeptAttributes(attributeSets)
-        }
+        let kept = KeptAttributes(attributeSets)
         if innermost {
             request.operation = operation
-            if let (trace, span) = ids() {
-                (request.traceID, request.spanID) = (trace, span)
-            }
+            if let trace { (request.traceID, request.spanID) = (trace.traceID, trace.spanIDText) }
         }
         if request.method.isEmpty { request.method = kept.method ?? "" }
         if request.route.isEmpty { request.route = kept.route ?? "" }
@@ -108,23 +104,6 @@ private struct SpanSaid {
             let service = kept.rpcService ?? ""
             request.rpcMethod = service.isEmpty || method.isEmpty ? method : "\(service)/\(method)"
         }
-    }
-
-    /// The span's W3C trace and span IDs: its own alone, else what the wrapped tracer injects.
-    private func ids() -> (trace: String, span: String)? {
-        if let trace { return (trace.traceID, trace.spanIDText) }
-        guard let inner, let injector else { return nil }
-        var headers: [String: String] = [:]
-        injector.takeUnretainedValue().instrument.inject(inner.context, into: &headers, using: HeaderInjector())
-        guard let header = headers[TraceParent.header], let parsed = TraceParent(header) else { return nil }
-        return (parsed.traceID, parsed.spanIDText)
-    }
-}
-
-/// Collects what a tracer injects into an outgoing request's headers.
-private struct HeaderInjector: Injector {
-    func inject(_ value: String, forKey key: String, into carrier: inout [String: String]) {
-        carrier[key.lowercased()] = value
     }
 }
 

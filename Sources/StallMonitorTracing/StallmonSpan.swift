@@ -1,6 +1,7 @@
 import Instrumentation
 import StallJournal
 import StallMonitor
+import Synchronization
 import Tracing
 
 /// A span of ``StallmonTracer``: the wrapped tracer's span, registered with stallmon while it runs.
@@ -29,11 +30,21 @@ public struct StallmonSpan: Tracing.Span {
     /// such a span allocates nothing.
     private let keeper: SpanKeeper?
 
-    var registration: SpanRegistration { SpanRegistration(packed: packedRegistration & ~Self.wrapsBit) }
+    var registration: SpanRegistration {
+        SpanRegistration(packed: packedRegistration & ~(Self.wrapsBit | Self.keptBit))
+    }
     private var wraps: Bool { packedRegistration & Self.wrapsBit != 0 }
     /// The wrapped tracer's span, without a cast checked at run time.
-    private var wrapped: WrappedSpan? { wraps ? unsafeDowncast(keeper.unsafelyUnwrapped, to: WrappedSpan.self) : nil }
+    private var wrapped: WrappedSpan? {
+        guard wraps else { return nil }
+        if packedRegistration & Self.keptBit != 0 {
+            return unsafeDowncast(keeper.unsafelyUnwrapped, to: ThreadSpanKeeper.self).wrapped
+        }
+        return unsafeDowncast(keeper.unsafelyUnwrapped, to: WrappedSpan.self)
+    }
+    /// In `packedRegistration`: the span wraps a tracer's span; `keeper` is a ``ThreadSpanKeeper``.
     private static let wrapsBit: UInt64 = 1 << 63
+    private static let keptBit: UInt64 = 1 << 62
 
     init(alone operationName: String, context: @autoclosure () -> InstrumentationContext) {
         // A child of the span its task serves, unless the context it is given carries another
@@ -51,40 +62,46 @@ public struct StallmonSpan: Tracing.Span {
             parts.pointee.operation = operationName
             parts.pointee.trace = trace
         }
-        packedRegistration = registration.packed
         startContext = context
-        keeper =
-            registration.isRegistered && !SpanTable.isTask(key)
-            ? SpanKeeper(registration, wraps: false, withdrawsWhenDropped: true) : nil
+        if registration.isRegistered && !SpanTable.isTask(key) {
+            packedRegistration = registration.packed | Self.keptBit
+            keeper = ThreadSpanKeeper(registration, wrapped: nil)
+        } else {
+            packedRegistration = registration.packed
+            keeper = nil
+        }
     }
 
-    init(wrapping inner: any Tracing.Span, injector: Unmanaged<InjectorBox>) {
+    init(wrapping wrapped: WrappedSpan) {
         let key = SpanTable.currentKey()
         let registration = SpanTable.register(key: key, around: SpanTable.around(key)) { parts in
             parts.pointee.operation = ""
             parts.pointee.trace = nil
-            parts.pointee.inner = inner
-            parts.pointee.injector = injector
+            parts.pointee.wrapped = wrapped
         }
-        packedRegistration = registration.packed | Self.wrapsBit
         startContext = .topLevel
-        keeper = WrappedSpan(
-            inner, registration: registration, withdrawsWhenDropped: registration.isRegistered && !SpanTable.isTask(key))
+        if registration.isRegistered && !SpanTable.isTask(key) {
+            packedRegistration = registration.packed | Self.wrapsBit | Self.keptBit
+            keeper = ThreadSpanKeeper(registration, wrapped: wrapped)
+        } else {
+            packedRegistration = registration.packed | Self.wrapsBit
+            keeper = wrapped
+        }
     }
 
     public var context: InstrumentationContext {
-        if let wrapped { return wrapped.inner.context }
+        if let wrapped { return wrapped.context }
         return startContext
     }
 
     public var operationName: String {
         get {
-            if let wrapped { return wrapped.inner.operationName }
+            if let wrapped { return wrapped.operationName }
             return SpanTable.withParts(registration) { $0.pointee.operation } ?? ""
         }
         nonmutating set {
             if let wrapped {
-                wrapped.inner.operationName = newValue
+                wrapped.operationName = newValue
             } else {
                 _ = SpanTable.withParts(registration) { $0.pointee.operation = newValue }
             }
@@ -93,12 +110,12 @@ public struct StallmonSpan: Tracing.Span {
 
     public var attributes: SpanAttributes {
         get {
-            if let wrapped { return wrapped.inner.attributes }
+            if let wrapped { return wrapped.attributes }
             return [:]
         }
         nonmutating set {
             if let wrapped {
-                wrapped.inner.attributes = newValue
+                wrapped.attributes = newValue
             } else {
                 SpanTable.keepAttributes(newValue, of: registration)
             }
@@ -106,37 +123,37 @@ public struct StallmonSpan: Tracing.Span {
     }
 
     public var isRecording: Bool {
-        if let wrapped { return wrapped.inner.isRecording }
+        if let wrapped { return wrapped.isRecording }
         return false
     }
 
     public func setStatus(_ status: SpanStatus) {
-        if let wrapped { wrapped.inner.setStatus(status) }
+        if let wrapped { wrapped.setStatus(status) }
     }
 
     public func addEvent(_ event: SpanEvent) {
-        if let wrapped { wrapped.inner.addEvent(event) }
+        if let wrapped { wrapped.addEvent(event) }
     }
 
     public func recordError<Instant: TracerInstant>(
         _ error: any Error, attributes: SpanAttributes, at instant: @autoclosure () -> Instant
     ) {
-        if let wrapped { wrapped.inner.recordError(error, attributes: attributes, at: instant()) }
+        if let wrapped { wrapped.recordError(error, attributes: attributes, at: instant()) }
     }
 
     public func addLink(_ link: SpanLink) {
-        if let wrapped { wrapped.inner.addLink(link) }
+        if let wrapped { wrapped.addLink(link) }
     }
 
     public func end<Instant: TracerInstant>(at instant: @autoclosure () -> Instant) {
-        let notes = SpanTable.withdraw(registration, wraps: wraps)
+        let notes = SpanTable.withdraw(registration)
         guard let wrapped else { return }
         if !notes.isEmpty {
             let wallNow = DefaultTracerClock.now.nanosecondsSinceEpoch
             let monotonicNow = MonotonicClock.now()
-            for note in notes { wrapped.inner.addEvent(note.spanEvent(wallNow: wallNow, monotonicNow: monotonicNow)) }
-            wrapped.inner.attributes["stallmon.stalled"] = true
+            for note in notes { wrapped.addEvent(note.spanEvent(wallNow: wallNow, monotonicNow: monotonicNow)) }
+            wrapped.attributes["stallmon.stalled"] = true
         }
-        wrapped.inner.end(at: instant())
+        wrapped.end(at: instant())
     }
 }

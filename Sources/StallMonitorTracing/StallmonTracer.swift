@@ -29,13 +29,13 @@ public struct StallmonTracer: Tracer {
 
     /// The service's tracer; `nil` alone.
     let wrapped: (any Tracer)?
-    /// The same, boxed once and never freed: what a span asks for its W3C IDs.
-    let injector: Unmanaged<InjectorBox>?
+    /// The same, as its own type, made once and never freed: what starts the spans.
+    let wrapping: Unmanaged<WrappingTracer>?
 
     /// A tracer for a service without a tracing backend: its spans only tell stallmon their requests.
     public init() {
         self.wrapped = nil
-        self.injector = nil
+        self.wrapping = nil
         StallRequests.install(SpanTableReader())
     }
 
@@ -43,7 +43,7 @@ public struct StallmonTracer: Tracer {
     public init(wrapping wrapped: some Tracer) {
         let recording = !(wrapped is NoOpTracer)
         self.wrapped = recording ? wrapped : nil
-        self.injector = recording ? InjectorBox.make(wrapped) : nil
+        self.wrapping = recording ? WrappingTracer.make(wrapped) : nil
         StallRequests.install(SpanTableReader())
     }
 
@@ -56,13 +56,15 @@ public struct StallmonTracer: Tracer {
         file fileID: String,
         line: UInt
     ) -> StallmonSpan {
-        guard let wrapped, let injector else {
+        guard let wrapping else {
             return StallmonSpan(alone: operationName, context: context())
         }
-        let inner = wrapped.startSpan(
-            operationName, context: context(), ofKind: kind, at: instant(), function: function, file: fileID,
-            line: line)
-        return StallmonSpan(wrapping: inner, injector: injector)
+        let wrapped = wrapping._withUnsafeGuaranteedRef {
+            $0.start(
+                operationName, context: context(), ofKind: kind, at: instant(), function: function, file: fileID,
+                line: line)
+        }
+        return StallmonSpan(wrapping: wrapped)
     }
 
     @available(*, deprecated)
