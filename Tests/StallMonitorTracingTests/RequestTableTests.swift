@@ -347,6 +347,40 @@ struct RequestTableTests {
         #expect(SpanTableReader().request(slot: quiet.slot, sequence: quiet.sequence) == nil)
     }
 
+    /// A wrapped tracer whose spans are objects (as swift-otel's are), in a task and outside one
+    /// (where the span's keeper holds it): the report reads the wrapped span, and its stall becomes
+    /// an event on it.
+    @Test func aWrappedTracersObjectSpansAreReadAndGetTheirStallEvents() async throws {
+        let objects = ObjectSpanTracer()
+        let tracer = StallmonTracer(wrapping: objects)
+        @Sendable func check() throws {
+            let key = stallmon_request_current_key()
+            let span = tracer.startSpan("GET /object", ofKind: .server)
+            span.attributes["http.request.method"] = "GET"
+            span.attributes["http.route"] = "/object/:id"
+            #expect(span.operationName == "GET /object" && span.isRecording)
+            let found = request(for: key)
+            #expect(found?.operation == "GET /object" && found?.endpoint == "GET /object/:id", "\(String(describing: found))")
+            SpanTableReader().noteStall(
+                StallNote(
+                    stallID: "ffeeddccbbaa99887766554433221100", startNanoseconds: 1, duration: .milliseconds(120),
+                    ended: true, threadID: 7, frame: "Object.work()", loop: "cooperative-pool"),
+                slot: span.registration.slot, sequence: span.registration.sequence)
+            span.end()
+            #expect(request(for: key) == nil)
+        }
+        try await Task { try check() }.value
+        let thread = Thread { try? check() }
+        thread.start()
+        while !thread.isFinished { try await Task.sleep(for: .milliseconds(1)) }
+        let ended = objects.ended.withLock { $0 }
+        #expect(ended.count == 2)
+        for span in ended {
+            #expect(span.events.map(\.name) == ["stall"])
+            #expect(span.attributes.get("stallmon.stalled") == .bool(true))
+        }
+    }
+
     /// Wrapping a recording tracer: its spans are the ones that end, with a `stall` event for a
     /// stall noted inside them and `stallmon.stalled`; others carry neither.
     @Test func aWrappedSpanGetsAStallEventForAStallNotedInIt() throws {
@@ -390,4 +424,69 @@ private final class Keys: @unchecked Sendable {
 
     func add(_ key: UInt64) { lock.withLock { keys.append(key) } }
     func all() -> [UInt64] { lock.withLock { keys } }
+}
+
+/// A tracer whose spans are objects, as swift-otel's are.
+private struct ObjectSpanTracer: Tracer {
+    let ended = ObjectSpan.Ended()
+
+    func startSpan<Instant: TracerInstant>(
+        _ operationName: String, context: @autoclosure () -> InstrumentationContext, ofKind kind: SpanKind,
+        at instant: @autoclosure () -> Instant, function: String, file fileID: String, line: UInt
+    ) -> ObjectSpan {
+        ObjectSpan(operationName: operationName, context: context(), ended: ended)
+    }
+
+    func forceFlush() {}
+
+    func extract<Carrier, Extract: Extractor>(
+        _ carrier: Carrier, into context: inout InstrumentationContext, using extractor: Extract
+    ) where Extract.Carrier == Carrier {}
+
+    func inject<Carrier, Inject: Injector>(
+        _ context: InstrumentationContext, into carrier: inout Carrier, using injector: Inject
+    ) where Inject.Carrier == Carrier {}
+}
+
+private final class ObjectSpan: Tracing.Span, @unchecked Sendable {
+    final class Ended: @unchecked Sendable {
+        private let lock = NSLock()
+        private var spans: [ObjectSpan] = []
+        func add(_ span: ObjectSpan) { lock.withLock { spans.append(span) } }
+        func withLock<T>(_ body: ([ObjectSpan]) -> T) -> T { lock.withLock { body(spans) } }
+    }
+
+    let context: InstrumentationContext
+    private let lock = NSLock()
+    private let ended: Ended
+    private var name: String
+    private var attributesSet: SpanAttributes = [:]
+    private(set) var events: [SpanEvent] = []
+    private var done = false
+
+    init(operationName: String, context: InstrumentationContext, ended: Ended) {
+        self.name = operationName
+        self.context = context
+        self.ended = ended
+    }
+
+    var operationName: String {
+        get { lock.withLock { name } }
+        set { lock.withLock { name = newValue } }
+    }
+    var attributes: SpanAttributes {
+        get { lock.withLock { attributesSet } }
+        set { lock.withLock { attributesSet = newValue } }
+    }
+    var isRecording: Bool { lock.withLock { !done } }
+    func setStatus(_ status: SpanStatus) {}
+    func addEvent(_ event: SpanEvent) { lock.withLock { events.append(event) } }
+    func recordError<Instant: TracerInstant>(
+        _ error: any Error, attributes: SpanAttributes, at instant: @autoclosure () -> Instant
+    ) {}
+    func addLink(_ link: SpanLink) {}
+    func end<Instant: TracerInstant>(at instant: @autoclosure () -> Instant) {
+        lock.withLock { done = true }
+        ended.add(self)
+    }
 }
