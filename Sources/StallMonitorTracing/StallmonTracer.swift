@@ -19,11 +19,12 @@ import Tracing
 /// it hands every call to it, and reads the IDs from what that tracer injects, only for a stall.
 ///
 /// Cost: alone, a span in a task allocates nothing and takes two compare-and-swaps, and one lock a
-/// set of attributes (`span_cost_ns` in stallmon-bench); outside a task, and wrapping, a span
-/// allocates one small object more.
+/// set of attributes (`span_cost_ns` in stallmon-bench); outside a task, a span allocates one small
+/// object, and wrapping, one that holds the wrapped tracer's span.
 /// Nothing is added to the spans the wrapped tracer exports but the `stall` events and the
 /// `stallmon.stalled` attribute of spans that stalled. Not generic, so that the code that starts
-/// spans through `any Tracer` (`InstrumentationSystem.tracer`) looks no type up at run time.
+/// spans through `any Tracer` (`InstrumentationSystem.tracer`) looks no type up at run time: the
+/// wrapped tracer is held as its own type once, by an object made when the tracer is.
 public struct StallmonTracer: Tracer {
     public typealias Span = StallmonSpan
 
