@@ -34,13 +34,15 @@ public struct StallmonSpan: Tracing.Span {
         SpanRegistration(packed: packedRegistration & ~(Self.wrapsBit | Self.keptBit))
     }
     private var wraps: Bool { packedRegistration & Self.wrapsBit != 0 }
-    /// The wrapped tracer's span, without a cast checked at run time.
-    private var wrapped: WrappedSpan? {
+    /// The wrapped tracer's span, without a cast checked at run time, and unretained: the span
+    /// holds it for as long as it is used.
+    private var wrapped: Unmanaged<WrappedSpan>? {
         guard wraps else { return nil }
         if packedRegistration & Self.keptBit != 0 {
-            return unsafeDowncast(keeper.unsafelyUnwrapped, to: ThreadSpanKeeper.self).wrapped
+            return Unmanaged.passUnretained(
+                unsafeDowncast(keeper.unsafelyUnwrapped, to: ThreadSpanKeeper.self).wrapped.unsafelyUnwrapped)
         }
-        return unsafeDowncast(keeper.unsafelyUnwrapped, to: WrappedSpan.self)
+        return Unmanaged.passUnretained(unsafeDowncast(keeper.unsafelyUnwrapped, to: WrappedSpan.self))
     }
     /// In `packedRegistration`: the span wraps a tracer's span; `keeper` is a ``ThreadSpanKeeper``.
     private static let wrapsBit: UInt64 = 1 << 63
@@ -90,18 +92,18 @@ public struct StallmonSpan: Tracing.Span {
     }
 
     public var context: InstrumentationContext {
-        if let wrapped { return wrapped.context }
+        if let wrapped { return wrapped._withUnsafeGuaranteedRef { $0.context } }
         return startContext
     }
 
     public var operationName: String {
         get {
-            if let wrapped { return wrapped.operationName }
+            if let wrapped { return wrapped._withUnsafeGuaranteedRef { $0.operationName } }
             return SpanTable.withParts(registration) { $0.pointee.operation } ?? ""
         }
         nonmutating set {
             if let wrapped {
-                wrapped.operationName = newValue
+                wrapped._withUnsafeGuaranteedRef { $0.operationName = newValue }
             } else {
                 _ = SpanTable.withParts(registration) { $0.pointee.operation = newValue }
             }
@@ -110,12 +112,12 @@ public struct StallmonSpan: Tracing.Span {
 
     public var attributes: SpanAttributes {
         get {
-            if let wrapped { return wrapped.attributes }
+            if let wrapped { return wrapped._withUnsafeGuaranteedRef { $0.attributes } }
             return [:]
         }
         nonmutating set {
             if let wrapped {
-                wrapped.attributes = newValue
+                wrapped._withUnsafeGuaranteedRef { $0.attributes = newValue }
             } else {
                 SpanTable.keepAttributes(newValue, of: registration)
             }
@@ -123,37 +125,39 @@ public struct StallmonSpan: Tracing.Span {
     }
 
     public var isRecording: Bool {
-        if let wrapped { return wrapped.isRecording }
+        if let wrapped { return wrapped._withUnsafeGuaranteedRef { $0.isRecording } }
         return false
     }
 
     public func setStatus(_ status: SpanStatus) {
-        if let wrapped { wrapped.setStatus(status) }
+        if let wrapped { wrapped._withUnsafeGuaranteedRef { $0.setStatus(status) } }
     }
 
     public func addEvent(_ event: SpanEvent) {
-        if let wrapped { wrapped.addEvent(event) }
+        if let wrapped { wrapped._withUnsafeGuaranteedRef { $0.addEvent(event) } }
     }
 
     public func recordError<Instant: TracerInstant>(
         _ error: any Error, attributes: SpanAttributes, at instant: @autoclosure () -> Instant
     ) {
-        if let wrapped { wrapped.recordError(error, attributes: attributes, at: instant()) }
+        if let wrapped { wrapped._withUnsafeGuaranteedRef { $0.recordError(error, attributes: attributes, at: instant()) } }
     }
 
     public func addLink(_ link: SpanLink) {
-        if let wrapped { wrapped.addLink(link) }
+        if let wrapped { wrapped._withUnsafeGuaranteedRef { $0.addLink(link) } }
     }
 
     public func end<Instant: TracerInstant>(at instant: @autoclosure () -> Instant) {
         let notes = SpanTable.withdraw(registration)
         guard let wrapped else { return }
-        if !notes.isEmpty {
-            let wallNow = DefaultTracerClock.now.nanosecondsSinceEpoch
-            let monotonicNow = MonotonicClock.now()
-            for note in notes { wrapped.addEvent(note.spanEvent(wallNow: wallNow, monotonicNow: monotonicNow)) }
-            wrapped.attributes["stallmon.stalled"] = true
+        wrapped._withUnsafeGuaranteedRef { wrapped in
+            if !notes.isEmpty {
+                let wallNow = DefaultTracerClock.now.nanosecondsSinceEpoch
+                let monotonicNow = MonotonicClock.now()
+                for note in notes { wrapped.addEvent(note.spanEvent(wallNow: wallNow, monotonicNow: monotonicNow)) }
+                wrapped.attributes["stallmon.stalled"] = true
+            }
+            wrapped.end(at: instant())
         }
-        wrapped.end(at: instant())
     }
 }
