@@ -45,7 +45,7 @@ _Static_assert(STALLMON_REQUEST_SLOTS <= (1 << LINK_SLOT_BITS), "a slot index fi
 typedef struct {
     _Atomic uint64_t key;       // 0: free
     _Atomic uint64_t sequence;  // an owner's registration number once published; 0 otherwise
-    uint64_t registrations;     // the slot's last registration number: written by its claimer only
+    uint64_t registrations;     // the slot's last registration number (links keep its low bits)
     _Atomic uint32_t depth;     // an owner's spans around it: the innermost of a key is the deepest
     _Atomic uint32_t task_id;   // an owner under a task: the task's ID
     _Atomic uint64_t link;      // an alias: task ID, owner's registration number and slot; 0 otherwise
@@ -79,7 +79,7 @@ static inline uint32_t link_task_id(uint64_t link) { return (uint32_t)(link >> (
 // Whether an owner has `sequence` published now (its low bits, as a link keeps them).
 static inline bool published(request_slot *slot, uint64_t sequence) {
     uint64_t now = atomic_load_explicit(&slot->sequence, memory_order_acquire);
-    return now != 0 && now == sequence;
+    return now != 0 && (now & SEQUENCE_MASK) == sequence;
 }
 
 // Whether `link` still names a published owner.
@@ -122,7 +122,7 @@ static bool free_stale_owner(request_slot *slot, uint64_t key, uint32_t id) {
     if (atomic_load_explicit(&slot->key, memory_order_acquire) != key) return false;
     uint64_t sequence = atomic_load_explicit(&slot->sequence, memory_order_acquire);
     if (sequence == 0 || atomic_load_explicit(&slot->task_id, memory_order_relaxed) == id) return false;
-    if (!atomic_compare_exchange_strong_explicit(&slot->sequence, &sequence, 0, memory_order_acq_rel,
+    if (!atomic_compare_exchange_strong_explicit(&slot->sequence, &sequence, 0, memory_order_seq_cst,
                                                  memory_order_relaxed)) {
         return false;
     }
@@ -161,8 +161,8 @@ int stallmon_request_register(uint64_t key, uint32_t depth, uint64_t *sequence, 
         return -1;
     }
     request_slot *slot = &slots[index];
-    uint64_t number = (slot->registrations + 1) & SEQUENCE_MASK;
-    if (number == 0) number = 1;
+    uint64_t number = slot->registrations + 1;
+    if (number == 0 || (number & SEQUENCE_MASK) == 0) number++;
     slot->registrations = number;
     atomic_store_explicit(&slot->depth, depth, memory_order_relaxed);
     atomic_store_explicit(&slot->task_id, (key & 1) == 0 ? task_id((const void *)(uintptr_t)key) : 0,
@@ -170,8 +170,11 @@ int stallmon_request_register(uint64_t key, uint32_t depth, uint64_t *sequence, 
     *sequence = number;
     *parts = atomic_load_explicit(&slot->parts, memory_order_acquire);
     // Readers that found the slot's last registration copy its parts under the lock: done once it
-    // is free, and later ones see this registration unpublished.
-    for (int spins = 0; atomic_load_explicit(&slot->lock, memory_order_acquire) != 0; spins++) back_off(spins);
+    // is free, and later ones see this registration unpublished. Sequentially consistent, as the
+    // withdrawal's swap of the sequence, a reader's lock and its load of the sequence are: either
+    // this load sees the reader's lock, or the reader sees the sequence withdrawn (a reader's store
+    // to the lock and its load of the sequence could otherwise be reordered, on arm64).
+    for (int spins = 0; atomic_load_explicit(&slot->lock, memory_order_seq_cst) != 0; spins++) back_off(spins);
     return index;
 }
 
@@ -190,8 +193,9 @@ int stallmon_request_withdraw(int index, uint64_t sequence) {
     if (index < 0 || index >= STALLMON_REQUEST_SLOTS || sequence == 0) return 0;
     request_slot *slot = &slots[index];
     // Aliases of this owner and readers looking for it see it gone from here on; a copy of the span
-    // ending it again, or a span ending after its slot was reclaimed, fails here.
-    if (!atomic_compare_exchange_strong_explicit(&slot->sequence, &sequence, 0, memory_order_acq_rel,
+    // ending it again, or a span ending after its slot was reclaimed, fails here. (Sequentially
+    // consistent: see stallmon_request_register.)
+    if (!atomic_compare_exchange_strong_explicit(&slot->sequence, &sequence, 0, memory_order_seq_cst,
                                                  memory_order_relaxed)) {
         return 0;
     }
@@ -225,7 +229,7 @@ void stallmon_request_lock(int index) {
     _Atomic uint32_t *lock = &slots[index & SLOT_MASK].lock;
     for (int spins = 0;; spins++) {
         uint32_t free = 0;
-        if (atomic_compare_exchange_weak_explicit(lock, &free, 1, memory_order_acquire, memory_order_relaxed)) return;
+        if (atomic_compare_exchange_weak_explicit(lock, &free, 1, memory_order_seq_cst, memory_order_relaxed)) return;
         back_off(spins);
     }
 }
@@ -236,7 +240,7 @@ void *stallmon_request_lock_held(int index, uint64_t sequence) {
     request_slot *slot = &slots[index];
     stallmon_request_lock(index);
     void *parts = atomic_load_explicit(&slot->parts, memory_order_acquire);
-    if (parts != NULL && atomic_load_explicit(&slot->sequence, memory_order_acquire) == sequence) return parts;
+    if (parts != NULL && atomic_load_explicit(&slot->sequence, memory_order_seq_cst) == sequence) return parts;
     stallmon_request_unlock(index);
     return NULL;
 }
@@ -279,8 +283,11 @@ int stallmon_request_find(const uint64_t *keys, int count, stallmon_request_foun
         if (keys[i] == 0) continue;
         uint64_t link = find(keys[i]);
         if (link == 0) continue;
+        // The owner's whole registration number (a link keeps its low bits).
+        uint64_t sequence = atomic_load_explicit(&slots[link_slot(link)].sequence, memory_order_acquire);
+        if (sequence == 0 || (sequence & SEQUENCE_MASK) != link_sequence(link)) continue;
         found->slot = (int32_t)link_slot(link);
-        found->sequence = link_sequence(link);
+        found->sequence = sequence;
         found->depth = atomic_load_explicit(&slots[found->slot].depth, memory_order_relaxed);
         return 1;
     }
@@ -302,8 +309,12 @@ static void inherit_from(uint64_t current, void *job) {
     for (int step = 0; step < WINDOW; step++) {
         request_slot *slot = at(base, step);
         if (atomic_load_explicit(&slot->key, memory_order_acquire) != key) continue;
-        // A task that serves a request of its own keeps it.
-        if (atomic_load_explicit(&slot->sequence, memory_order_acquire) != 0) return;
+        // A task that serves a request of its own keeps it (a span of a task that lived at this
+        // address before, never ended, is not this task's).
+        if (atomic_load_explicit(&slot->sequence, memory_order_acquire) != 0) {
+            if (atomic_load_explicit(&slot->task_id, memory_order_relaxed) == id) return;
+            continue;
+        }
         uint64_t old = atomic_load_explicit(&slot->link, memory_order_acquire);
         // 0: another waker is making this alias, or it is being freed. The same task, its request
         // still open: it keeps it.

@@ -18,8 +18,10 @@ struct SpanRegistration: Sendable, Equatable {
 
     var isRegistered: Bool { slot >= 0 }
 
-    /// In one word: the slot in the low half, the registration number in the high.
-    var packed: UInt64 { UInt64(UInt32(bitPattern: slot)) | sequence << 32 }
+    /// In the low 62 bits of a word: the slot in 16 (all ones: none), the registration number in 46
+    /// (a slot's registrations would take years to pass them).
+    var packed: UInt64 { UInt64(UInt16(truncatingIfNeeded: slot)) | (sequence & Self.sequenceMask) << 16 }
+    private static let sequenceMask: UInt64 = (1 << 46) - 1
 
     init(slot: Int32, sequence: UInt64) {
         self.slot = slot
@@ -27,7 +29,8 @@ struct SpanRegistration: Sendable, Equatable {
     }
 
     init(packed: UInt64) {
-        self.init(slot: Int32(bitPattern: UInt32(truncatingIfNeeded: packed)), sequence: packed >> 32)
+        let slot = UInt16(truncatingIfNeeded: packed)
+        self.init(slot: slot == .max ? -1 : Int32(slot), sequence: (packed >> 16) & Self.sequenceMask)
     }
 }
 
@@ -170,15 +173,21 @@ enum SpanTable {
     /// come, a retain, since the monitor reads them only for a stall.
     static func keepAttributes(_ attributes: SpanAttributes, of registration: SpanRegistration) {
         guard registration.isRegistered, !attributes.isEmpty else { return }
+        // What the set replaces (an earlier span's) is released after the lock: its values' deinit
+        // is the program's code.
+        var replaced: SpanAttributes? = nil
         _ = withParts(registration) { parts in
             let count = parts.pointee.attributeCount
             if count < SpanParts.maximumAttributeSets {
-                parts.pointee.attributeSets[count] = attributes
+                let set = parts.pointee.attributeSets + count
+                replaced = set.move()
+                set.initialize(to: attributes)
                 parts.pointee.attributeCount = count + 1
             } else {
                 parts.pointee.attributeSets[count - 1].merge(attributes)
             }
         }
+        _ = replaced
     }
 
     /// The trace of the span of `registration`, alone.

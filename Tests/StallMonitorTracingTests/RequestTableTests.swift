@@ -185,6 +185,12 @@ struct RequestTableTests {
         // The task has ended, and another lives at its address.
         memory.storeBytes(of: UInt32(42), toByteOffset: 36, as: UInt32.self)
         #expect(stallmon_request_find(&task, 1, &found) == 0)
+        // A request's work wakes the new task: it inherits the request, the old span
+        // notwithstanding.
+        StallmonTracer().withSpan("GET /waker") { _ in
+            stallmon_request_inherit_for(here, task)
+            #expect(request(for: task)?.operation == "GET /waker")
+        }
         var sequence: UInt64 = 0
         let again = stallmon_request_register(task, 0, &sequence, &parts)
         stallmon_request_publish(again, sequence)

@@ -29,7 +29,8 @@ uint64_t stallmon_request_current_key(void);
 /// The key of thread `tid`, outside a task.
 uint64_t stallmon_request_thread_key(pid_t tid);
 
-/// A registration number: a slot's owners count up, in STALLMON_REQUEST_SEQUENCE_BITS bits, never 0.
+/// A registration number: a slot's owners count up from 1; an alias's link keeps the low
+/// STALLMON_REQUEST_SEQUENCE_BITS bits of its owner's (never all 0).
 enum { STALLMON_REQUEST_SEQUENCE_BITS = 18 };
 
 /// Takes a slot for a span under `key`, inside `depth` spans of its task or thread: returns it and
