@@ -1,11 +1,12 @@
-#if STALLMON_LINUX
-import CStallCapture
-#endif
 import Instrumentation
 import StallJournal
 import StallMonitor
 import Synchronization
 import Tracing
+
+#if STALLMON_LINUX
+import CStallCapture
+#endif
 
 /// A span's registration in the monitor's table of requests in flight: its slot and registration
 /// number there.

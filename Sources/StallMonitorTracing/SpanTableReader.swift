@@ -75,7 +75,8 @@ private struct SpanSaid {
 
     init(_ parts: UnsafeMutablePointer<SpanParts>) {
         operation = parts.pointee.operation
-        attributeSets = Array(UnsafeBufferPointer(start: parts.pointee.attributeSets, count: parts.pointee.attributeCount))
+        attributeSets = Array(
+            UnsafeBufferPointer(start: parts.pointee.attributeSets, count: parts.pointee.attributeCount))
         trace = parts.pointee.trace
         parent = parts.pointee.parent
         wrapped = parts.pointee.wrapped

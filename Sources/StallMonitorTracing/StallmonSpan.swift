@@ -140,7 +140,9 @@ public struct StallmonSpan: Tracing.Span {
     public func recordError<Instant: TracerInstant>(
         _ error: any Error, attributes: SpanAttributes, at instant: @autoclosure () -> Instant
     ) {
-        if let wrapped { wrapped._withUnsafeGuaranteedRef { $0.recordError(error, attributes: attributes, at: instant()) } }
+        if let wrapped {
+            wrapped._withUnsafeGuaranteedRef { $0.recordError(error, attributes: attributes, at: instant()) }
+        }
     }
 
     public func addLink(_ link: SpanLink) {

@@ -39,7 +39,8 @@ struct TraceParent: Sendable, Hashable {
         var span: UInt64 = 0
         if let parent {
             SpanTable.newIDs(nil, &span)
-            return TraceParent(traceHigh: parent.traceHigh, traceLow: parent.traceLow, spanID: span, flags: parent.flags)
+            return TraceParent(
+                traceHigh: parent.traceHigh, traceLow: parent.traceLow, spanID: span, flags: parent.flags)
         }
         var trace: (UInt64, UInt64) = (0, 0)
         SpanTable.newIDs(&trace, &span)

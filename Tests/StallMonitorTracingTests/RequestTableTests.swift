@@ -366,7 +366,9 @@ struct RequestTableTests {
             span.attributes["http.route"] = "/object/:id"
             #expect(span.operationName == "GET /object" && span.isRecording)
             let found = request(for: key)
-            #expect(found?.operation == "GET /object" && found?.endpoint == "GET /object/:id", "\(String(describing: found))")
+            #expect(
+                found?.operation == "GET /object" && found?.endpoint == "GET /object/:id",
+                "\(String(describing: found))")
             SpanTableReader().noteStall(
                 StallNote(
                     stallID: "ffeeddccbbaa99887766554433221100", startNanoseconds: 1, duration: .milliseconds(120),
