@@ -184,11 +184,6 @@ void stallmon_request_publish(int index, uint64_t sequence) {
     if (!atomic_load_explicit(&used, memory_order_relaxed)) atomic_store_explicit(&used, 1, memory_order_release);
 }
 
-int stallmon_request_holds(int index, uint64_t sequence) {
-    if (index < 0 || index >= STALLMON_REQUEST_SLOTS || sequence == 0) return 0;
-    return atomic_load_explicit(&slots[index].sequence, memory_order_acquire) == sequence;
-}
-
 int stallmon_request_withdraw(int index, uint64_t sequence) {
     if (index < 0 || index >= STALLMON_REQUEST_SLOTS || sequence == 0) return 0;
     request_slot *slot = &slots[index];
@@ -388,13 +383,6 @@ static inline uint64_t non_zero(uint64_t *state) {
     uint64_t value;
     do value = splitmix(state);
     while (value == 0);
-    return value;
-}
-
-uint64_t stallmon_request_random(void) {
-    uint64_t state = thread_state();
-    uint64_t value = splitmix(&state);
-    random_state = state;
     return value;
 }
 

@@ -133,7 +133,7 @@ enum SpanTable {
             _ = stallmon_request_withdraw(registration.slot, registration.sequence)
             return []
         }
-        keepEndedRequest(registration)
+        SpanTableReader.keepEnded(registration)
         // Once the readers that found the span are done: the notes come out, to be released outside
         // the lock.
         var notes: [StallNote] = []
@@ -147,11 +147,6 @@ enum SpanTable {
         #else
         return []
         #endif
-    }
-
-    /// What a span that ends with a stall noted inside it says last, for the stall's later reports.
-    private static func keepEndedRequest(_ registration: SpanRegistration) {
-        SpanTableReader.keepEnded(registration)
     }
 
     // MARK: What a span says

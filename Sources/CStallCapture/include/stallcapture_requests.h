@@ -46,8 +46,6 @@ void stallmon_request_publish(int slot, uint64_t sequence);
 /// Withdraws registration `sequence` of `slot`: 1, or 0 when it is withdrawn already (a copy of
 /// the span ended it).
 int stallmon_request_withdraw(int slot, uint64_t sequence);
-/// Whether `slot` holds registration `sequence` now (under the slot's lock: until it is unlocked).
-int stallmon_request_holds(int slot, uint64_t sequence);
 
 /// A registration found: its slot, registration number and depth.
 typedef struct {
@@ -63,9 +61,11 @@ typedef struct {
 int stallmon_request_find(const uint64_t *keys, int count, stallmon_request_found *found);
 
 /// The storage the caller keeps for `slot` (set once, by the first span in the slot; never freed),
-/// or NULL; ids for a new span: its trace (`high`, `low`; unless NULL) and its span ID, never 0.
+/// or NULL.
 void *stallmon_request_parts(int slot);
 void stallmon_request_set_parts(int slot, void *parts);
+/// IDs for a new span, never 0, from the calling thread's generator (seeded from getrandom once per
+/// thread): its trace's (`high`, `low`; unless NULL) and its own.
 void stallmon_request_new_ids(uint64_t *high, uint64_t *low, uint64_t *span);
 /// The slot's lock, over its parts while published: held for the copies of a few values.
 void stallmon_request_lock(int slot);
@@ -73,10 +73,6 @@ void stallmon_request_unlock(int slot);
 /// Locks `slot` and returns its storage if it holds registration `sequence`; else returns NULL,
 /// unlocked.
 void *stallmon_request_lock_held(int slot, uint64_t sequence);
-
-/// 64 random bits from the calling thread's generator (seeded from getrandom once per thread):
-/// trace and span IDs, where stallmon makes them.
-uint64_t stallmon_request_random(void);
 
 /// What the pool hook does for a job `job` enqueued by the work of key `current` (for tests).
 void stallmon_request_inherit_for(uint64_t current, uint64_t job);
