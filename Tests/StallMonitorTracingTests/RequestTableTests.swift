@@ -68,12 +68,9 @@ struct RequestTableTests {
     /// ID differs) inherits nothing, and neither does a job that is not a task (an actor's).
     @Test func aTaskEnqueuedByARequestsWorkInheritsItUntilTheSpanEnds() throws {
         let tracer = StallmonTracer()
-        // A fake job: zeroed (kind 0, a task), its ID at 36.
-        let memory = UnsafeMutableRawPointer.allocate(byteCount: 128, alignment: 64)
-        defer { memory.deallocate() }
-        memory.initializeMemory(as: UInt8.self, repeating: 0, count: 128)
-        memory.storeBytes(of: UInt32(41), toByteOffset: 36, as: UInt32.self)
-        let job = UInt64(UInt(bitPattern: memory))
+        let fake = FakeJob(id: 41)
+        defer { withExtendedLifetime(fake) {} }
+        let job = fake.key
         let inherited = stallmon_request_inherited()
         tracer.withSpan("GET /report", ofKind: .server) { span in
             span.attributes["http.route"] = "/report"
@@ -81,15 +78,15 @@ struct RequestTableTests {
             #expect(request(for: job)?.endpoint == "/report")
             #expect(request(for: job)?.spanID == request(for: here)?.spanID)
             // Another task at the same address: not the request's.
-            memory.storeBytes(of: UInt32(42), toByteOffset: 36, as: UInt32.self)
+            fake.id = 42
             #expect(request(for: job) == nil)
-            memory.storeBytes(of: UInt32(41), toByteOffset: 36, as: UInt32.self)
+            fake.id = 41
         }
         #expect(stallmon_request_inherited() == inherited + 1)
         #expect(request(for: job) == nil)
         #expect(stallmon_request_live() == 0)
         // An actor's job (kind 1) inherits nothing.
-        memory.storeBytes(of: UInt8(1), toByteOffset: 32, as: UInt8.self)
+        fake.kind = 1
         tracer.withSpan("GET /actor") { _ in
             stallmon_request_inherit_for(here, job)
             #expect(request(for: job) == nil)
@@ -100,11 +97,9 @@ struct RequestTableTests {
     /// request's task waking it does not take it over.
     @Test func aTaskKeepsItsRequestWhenAnotherRequestWakesIt() async throws {
         let tracer = StallmonTracer()
-        let memory = UnsafeMutableRawPointer.allocate(byteCount: 128, alignment: 64)
-        defer { memory.deallocate() }
-        memory.initializeMemory(as: UInt8.self, repeating: 0, count: 128)
-        memory.storeBytes(of: UInt32(7), toByteOffset: 36, as: UInt32.self)
-        let job = UInt64(UInt(bitPattern: memory))
+        let fake = FakeJob(id: 7)
+        defer { withExtendedLifetime(fake) {} }
+        let job = fake.key
         let first = tracer.startSpan("GET /first")
         stallmon_request_inherit_for(here, job)
         let firstSpanID = request(for: here)?.spanID
@@ -167,11 +162,9 @@ struct RequestTableTests {
     /// lives; once another task lives at its address (its ID differs), it is found no more, and the
     /// new task's first span takes its slot back.
     @Test func aSpanATaskNeverEndedLapsesWithTheTask() {
-        let memory = UnsafeMutableRawPointer.allocate(byteCount: 128, alignment: 64)
-        defer { memory.deallocate() }
-        memory.initializeMemory(as: UInt8.self, repeating: 0, count: 128)
-        memory.storeBytes(of: UInt32(41), toByteOffset: 36, as: UInt32.self)
-        var task = UInt64(UInt(bitPattern: memory))
+        let fake = FakeJob(id: 41)
+        defer { withExtendedLifetime(fake) {} }
+        var task = fake.key
         var found = stallmon_request_found()
         let refused = stallmon_request_refused()
 
@@ -183,7 +176,7 @@ struct RequestTableTests {
         #expect(stallmon_request_find(&task, 1, &found) == 1 && found.slot == slot)
 
         // The task has ended, and another lives at its address.
-        memory.storeBytes(of: UInt32(42), toByteOffset: 36, as: UInt32.self)
+        fake.id = 42
         #expect(stallmon_request_find(&task, 1, &found) == 0)
         // A request's work wakes the new task: it inherits the request, the old span
         // notwithstanding.
@@ -496,5 +489,32 @@ private final class ObjectSpan: Tracing.Span, @unchecked Sendable {
     func end<Instant: TracerInstant>(at instant: @autoclosure () -> Instant) {
         lock.withLock { done = true }
         ended.add(self)
+    }
+}
+
+/// A fake runtime job (see requests.c): zeroed, so a task by its kind (the byte at 32), with its ID
+/// at 36; freed with the object, which a test keeps alive while the table may read it.
+private final class FakeJob {
+    private let memory = UnsafeMutableRawPointer.allocate(byteCount: 128, alignment: 64)
+
+    init(id: UInt32) {
+        memory.initializeMemory(as: UInt8.self, repeating: 0, count: 128)
+        self.id = id
+    }
+
+    deinit { memory.deallocate() }
+
+    /// Its key in the table: its address.
+    var key: UInt64 { UInt64(UInt(bitPattern: memory)) }
+
+    var id: UInt32 {
+        get { memory.load(fromByteOffset: 36, as: UInt32.self) }
+        set { memory.storeBytes(of: newValue, toByteOffset: 36, as: UInt32.self) }
+    }
+
+    /// 0: a task; 1: an actor's job.
+    var kind: UInt8 {
+        get { memory.load(fromByteOffset: 32, as: UInt8.self) }
+        set { memory.storeBytes(of: newValue, toByteOffset: 32, as: UInt8.self) }
     }
 }

@@ -10,15 +10,7 @@ extension Serial {
     @Suite
     struct RequestJournalTests {
         static func send(_ record: StallRecord, to journal: Journald, overrides: [String: String] = [:]) throws {
-            var fields = record.fields.map { ($0.name, $0.value) }
-            for (name, value) in overrides {
-                if let index = fields.firstIndex(where: { $0.0 == name }) {
-                    fields[index].1 = value
-                } else {
-                    fields.append((name, value))
-                }
-            }
-            try journal.send(fields)
+            try journal.send(Entries.fields(of: record, overriding: overrides))
         }
 
         @Test func requestFieldsRoundTripThroughJournald() throws {

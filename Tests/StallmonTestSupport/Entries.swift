@@ -40,6 +40,12 @@ package enum Entries {
             threadSyscall: "", threadWaitChannel: "", cpuMicroseconds: 390_000, samples: 20, samplesUnanswered: 0,
             stackSamples: 19, fingerprint: fingerprint, frame: frame, backtrace: "#0 \(frame)", priority: 4,
             syslogIdentifier: identifier)
+        return fields(of: record, overriding: overrides)
+    }
+
+    /// `record`'s journal fields in order, each of `overrides` replacing the field of its name or
+    /// added after them.
+    package static func fields(of record: StallRecord, overriding overrides: [String: String]) -> [(String, String)] {
         var fields = record.fields.map { ($0.name, $0.value) }
         for (name, value) in overrides {
             if let index = fields.firstIndex(where: { $0.0 == name }) {
