@@ -1,19 +1,21 @@
 // The requests in flight (see stallcapture_requests.h): a table of slots, each either a span's own
-// registration (the owner: its key, a registration number and its record) or an alias (a task made
-// or woken by a request's task: the task's address and ID, pointing at the owner's slot and
-// registration number). An alias is a task's only: the pool hook makes none for an actor's job or
-// another executor's, and one whose address now holds another task (its ID differs) is ignored.
+// registration (the owner: its key, a registration number, its depth and its task's ID) or an alias
+// (a task made or woken by a request's task: the task's address and ID, pointing at the owner's slot
+// and registration number). An alias is a task's only: the pool hook makes none for an actor's job
+// or another executor's, and one whose address now holds another task (its ID differs) is ignored.
 //
 // A key is looked for in the WINDOW slots from its hash: a registration takes the first free one
-// (or an alias's whose owner is gone), else a live alias's, else refuses (counted). A span's start registers and its
-// end withdraws; the pool hook makes aliases; the watchdog reads. Nobody waits on anybody, but for
-// one case: a span that ends while a watchdog retains its record waits for that retain.
+// (or an alias's whose owner is gone, or a span's that a task at this address never ended), else a
+// live alias's, else refuses (counted). A span's start registers and its end withdraws; the pool
+// hook makes aliases; the watchdog reads.
 //
-// What a span says (its name, method, route, trace; a wrapped tracer's span) is kept by the caller
+// What a span says (its name, attributes, trace; a wrapped tracer's span) is kept by the caller
 // (StallMonitorTracing), in storage of its own per slot, made by the slot's first span and reused by
-// every later one: after the first spans, a span allocates nothing. It is read and written under the
-// slot's lock, where the reader checks that the slot still holds the registration it found. A span
-// holds the lock to write a few values; a reader to copy them.
+// every later one: after the first spans, a span allocates nothing. A reader copies it under the
+// slot's lock, checking that the slot still holds the registration it found; a span takes the lock
+// to add attributes. A span's start writes its parts unlocked, before it publishes its registration,
+// once the lock is free (readers of the slot's last registration are done): the one wait, the time
+// of a reader's copy.
 
 #define _GNU_SOURCE
 #include "requests.h"
