@@ -30,20 +30,11 @@ enum TracingCost {
     static func figures(scale: Double) -> [Figure] {
         let spans = max(20_000, Int(200_000 * scale))
         let runs = 5
-        let (noop, alone) = inTask {
-            (least(runs) { perSpan(NoOpTracer(), spans) }, least(runs) { perSpan(StallmonTracer(), spans) })
-        }
-        let outsideNoop = least(runs) { perSpan(NoOpTracer(), spans) }
-        let outsideAlone = least(runs) { perSpan(StallmonTracer(), spans) }
+        let (noop, alone) = inTask { leastInTurns(runs, NoOpTracer(), StallmonTracer(), spans) }
+        let (outsideNoop, outsideAlone) = leastInTurns(runs, NoOpTracer(), StallmonTracer(), spans)
         let (recorded, wrappedRecorded) = inTask {
             let recording = RecordingTracer()
-            let wrapping = StallmonTracer(wrapping: recording)
-            var (alone, wrapped) = (Double.infinity, Double.infinity)
-            for _ in 0..<runs {
-                alone = min(alone, perSpan(recording, spans))
-                wrapped = min(wrapped, perSpan(wrapping, spans))
-            }
-            return (alone, wrapped)
+            return leastInTurns(runs, recording, StallmonTracer(wrapping: recording), spans)
         }
         // InMemoryTracer keeps every span: fewer of them, cleared after each run, and runs of each in
         // turn.
@@ -117,6 +108,19 @@ enum TracingCost {
             let values = results.values.withLock { $0 }
             return values.reduce(0, +) / Double(max(1, values.count))
         }
+    }
+
+    /// The least of `runs` runs of `spans` spans of each tracer, a run of each in turn: a burst of
+    /// the machine's noise then weighs on both, not on every run of one.
+    private static func leastInTurns(
+        _ runs: Int, _ first: any Tracer, _ second: any Tracer, _ spans: Int
+    ) -> (Double, Double) {
+        var least = (Double.infinity, Double.infinity)
+        for _ in 0..<runs {
+            least.0 = min(least.0, perSpan(first, spans))
+            least.1 = min(least.1, perSpan(second, spans))
+        }
+        return least
     }
 
     private final class Results: Sendable {
