@@ -163,8 +163,8 @@ int stallmon_request_register(uint64_t key, uint32_t depth, uint64_t *sequence, 
         return -1;
     }
     request_slot *slot = &slots[index];
-    uint64_t number = slot->registrations + 1;
-    if (number == 0 || (number & SEQUENCE_MASK) == 0) number++;
+    uint64_t number = (slot->registrations + 1) & ((1ULL << STALLMON_REQUEST_NUMBER_BITS) - 1);
+    if ((number & SEQUENCE_MASK) == 0) number++;
     slot->registrations = number;
     atomic_store_explicit(&slot->depth, depth, memory_order_relaxed);
     atomic_store_explicit(&slot->task_id, (key & 1) == 0 ? task_id((const void *)(uintptr_t)key) : 0,
@@ -411,3 +411,9 @@ uint64_t stallmon_request_refused(void) { return atomic_load_explicit(&refused, 
 uint64_t stallmon_request_inherited(void) { return atomic_load_explicit(&inherited, memory_order_relaxed); }
 
 #endif  // STALLMON_LINUX
+
+void *stallmon_span_calls[STALLMON_SPAN_CALLS];
+
+void stallmon_span_calls_set(uint64_t number, void *calls) {
+    if (number < STALLMON_SPAN_CALLS) stallmon_span_calls[number] = calls;
+}

@@ -19,10 +19,11 @@ struct SpanRegistration: Sendable, Equatable {
 
     var isRegistered: Bool { slot >= 0 }
 
-    /// In the low 62 bits of a word: the slot in 16 (all ones: none), the registration number in 46
-    /// (a slot's registrations would take years to pass them).
+    /// In the low 59 bits of a word (`packedMask`): the slot in 16 (all ones: none), the
+    /// registration number in the 43 that it counts in.
     var packed: UInt64 { UInt64(UInt16(truncatingIfNeeded: slot)) | (sequence & Self.sequenceMask) << 16 }
-    private static let sequenceMask: UInt64 = (1 << 46) - 1
+    private static let sequenceMask: UInt64 = (1 << 43) - 1
+    static let packedMask: UInt64 = (1 << 59) - 1
 
     init(slot: Int32, sequence: UInt64) {
         self.slot = slot
@@ -251,7 +252,7 @@ struct SpanParts: ~Copyable {
     /// (a database call's, say) has none of its own.
     var parent = SpanRegistration.none
     /// Wrapping: the tracer's span (released by the slot's next span: see `SpanTable.withdraw`).
-    var wrapped: WrappedSpan?
+    var wrapped: HeldSpan?
     /// Stalls inside the span, for its events; `stalled` once there is one.
     var notes: [StallNote] = []
     let stalled = Atomic<Bool>(false)
@@ -302,19 +303,14 @@ struct KeptAttributes {
     }
 }
 
-/// What a span keeps that does not fit in it: the wrapped tracer's span (``WrappedSpan``), or,
-/// outside a task, a registration to withdraw when the last copy of the span goes, if the span
-/// never ended (``ThreadSpanKeeper``).
-class SpanKeeper: @unchecked Sendable {}
-
-/// The registration of a span outside a task, and its wrapped tracer's span. A thread's
-/// registrations never lapse by themselves (a task's do when the task ends), so a span dropped
-/// unended there would name every later stall of its thread.
-final class ThreadSpanKeeper: SpanKeeper, @unchecked Sendable {
+/// The registration of a span outside a task, and the object that holds its wrapped tracer's span
+/// (see ``WrappedSpan``). A thread's registrations never lapse by themselves (a task's do when the
+/// task ends), so a span dropped unended there would name every later stall of its thread.
+final class ThreadSpanKeeper: @unchecked Sendable {
     private let registration: SpanRegistration
-    let wrapped: WrappedSpan?
+    let wrapped: AnyObject?
 
-    init(_ registration: SpanRegistration, wrapped: WrappedSpan?) {
+    init(_ registration: SpanRegistration, wrapped: AnyObject?) {
         self.registration = registration
         self.wrapped = wrapped
     }

@@ -71,7 +71,7 @@ private struct SpanSaid {
     var attributeSets: [SpanAttributes]
     var trace: TraceParent?
     var parent: SpanRegistration
-    var wrapped: WrappedSpan?
+    var wrapped: HeldSpan?
 
     init(_ parts: UnsafeMutablePointer<SpanParts>) {
         operation = parts.pointee.operation
@@ -85,9 +85,8 @@ private struct SpanSaid {
     /// The wrapped tracer's span, read outside the slot's lock: its name, attributes and W3C IDs.
     mutating func readWrapped() {
         guard let wrapped else { return }
-        operation = wrapped.operationName
-        attributeSets = [wrapped.attributes]
-        trace = wrapped.tracer._withUnsafeGuaranteedRef { $0.traceParent(of: wrapped.context) }
+        (operation, attributeSets) = wrapped.with { ($0.operationName, [$0.attributes]) }
+        trace = wrapped.traceParent
     }
 
     /// Fills the parts of `request` still empty from this span: its name and span ID only for the

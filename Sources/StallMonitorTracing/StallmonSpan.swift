@@ -25,28 +25,29 @@ public struct StallmonSpan: Tracing.Span {
     private let packedRegistration: UInt64
     /// Alone: the context it started in (a `traceparent` extracted into it stays there).
     private let startContext: InstrumentationContext
-    /// Wrapping, the tracer's span (a ``WrappedSpan``, as `packedRegistration` says); outside a
-    /// task, what withdraws the registration if the span is dropped unended. `nil` alone in a task:
-    /// such a span allocates nothing.
-    private let keeper: SpanKeeper?
+    /// Wrapping, the object that holds the tracer's span (see ``WrappingTracer``); outside a task,
+    /// a ``ThreadSpanKeeper`` (as `packedRegistration` says), which holds that object and
+    /// withdraws the registration if the span is dropped unended. `nil` alone in a task: such a
+    /// span allocates nothing.
+    // Sendable: a span is, and so is every object that holds one.
+    nonisolated(unsafe) private let keeper: AnyObject?
 
-    var registration: SpanRegistration {
-        SpanRegistration(packed: packedRegistration & ~(Self.wrapsBit | Self.keptBit))
+    var registration: SpanRegistration { SpanRegistration(packed: packedRegistration & SpanRegistration.packedMask) }
+    /// The wrapped tracer's span, unretained: the span holds it for as long as it is used.
+    private var wrapped: WrappedSpan? {
+        let number = packedRegistration >> Self.callsShift
+        guard number != 0 else { return nil }
+        let calls = SpanCalls.numbered(number)
+        let object =
+            packedRegistration & Self.keptBit != 0
+            ? unsafeDowncast(keeper.unsafelyUnwrapped, to: ThreadSpanKeeper.self).wrapped.unsafelyUnwrapped
+            : keeper.unsafelyUnwrapped
+        return WrappedSpan(calls: calls, span: .passUnretained(object))
     }
-    private var wraps: Bool { packedRegistration & Self.wrapsBit != 0 }
-    /// The wrapped tracer's span, without a cast checked at run time, and unretained: the span
-    /// holds it for as long as it is used.
-    private var wrapped: Unmanaged<WrappedSpan>? {
-        guard wraps else { return nil }
-        if packedRegistration & Self.keptBit != 0 {
-            return Unmanaged.passUnretained(
-                unsafeDowncast(keeper.unsafelyUnwrapped, to: ThreadSpanKeeper.self).wrapped.unsafelyUnwrapped)
-        }
-        return Unmanaged.passUnretained(unsafeDowncast(keeper.unsafelyUnwrapped, to: WrappedSpan.self))
-    }
-    /// In `packedRegistration`: the span wraps a tracer's span; `keeper` is a ``ThreadSpanKeeper``.
-    private static let wrapsBit: UInt64 = 1 << 63
-    private static let keptBit: UInt64 = 1 << 62
+    /// In `packedRegistration`, over the registration: `keeper` is a ``ThreadSpanKeeper``; and the
+    /// number of the wrapped span's calls, 0 alone (see ``SpanCalls/number(of:)``).
+    private static let keptBit: UInt64 = 1 << 59
+    private static let callsShift: UInt64 = 60
 
     init(alone operationName: String, context: @autoclosure () -> InstrumentationContext) {
         // A child of the span its task serves, unless the context it is given carries another
@@ -74,36 +75,39 @@ public struct StallmonSpan: Tracing.Span {
         }
     }
 
-    init(wrapping wrapped: WrappedSpan) {
+    /// A span of `tracer`'s, held by `span` (retained: the span takes it over).
+    init(wrapping span: Unmanaged<AnyObject>, of tracer: Unmanaged<WrappingTracer>) {
+        let object = span.takeRetainedValue()
         let key = SpanTable.currentKey()
         let registration = SpanTable.register(key: key, around: SpanTable.around(key)) { parts in
             parts.pointee.operation = ""
             parts.pointee.trace = nil
-            parts.pointee.wrapped = wrapped
+            parts.pointee.wrapped = HeldSpan(tracer: tracer, object: object)
         }
         startContext = .topLevel
+        let calls = tracer._withUnsafeGuaranteedRef { $0.callsNumber } << Self.callsShift
         if registration.isRegistered && !SpanTable.isTask(key) {
-            packedRegistration = registration.packed | Self.wrapsBit | Self.keptBit
-            keeper = ThreadSpanKeeper(registration, wrapped: wrapped)
+            packedRegistration = registration.packed | calls | Self.keptBit
+            keeper = ThreadSpanKeeper(registration, wrapped: object)
         } else {
-            packedRegistration = registration.packed | Self.wrapsBit
-            keeper = wrapped
+            packedRegistration = registration.packed | calls
+            keeper = object
         }
     }
 
     public var context: InstrumentationContext {
-        if let wrapped { return wrapped._withUnsafeGuaranteedRef { $0.context } }
+        if let wrapped { return wrapped.context }
         return startContext
     }
 
     public var operationName: String {
         get {
-            if let wrapped { return wrapped._withUnsafeGuaranteedRef { $0.operationName } }
+            if let wrapped { return wrapped.operationName }
             return SpanTable.withParts(registration) { $0.pointee.operation } ?? ""
         }
         nonmutating set {
             if let wrapped {
-                wrapped._withUnsafeGuaranteedRef { $0.operationName = newValue }
+                wrapped.setOperationName(newValue)
             } else {
                 _ = SpanTable.withParts(registration) { $0.pointee.operation = newValue }
             }
@@ -112,12 +116,12 @@ public struct StallmonSpan: Tracing.Span {
 
     public var attributes: SpanAttributes {
         get {
-            if let wrapped { return wrapped._withUnsafeGuaranteedRef { $0.attributes } }
+            if let wrapped { return wrapped.attributes }
             return [:]
         }
         nonmutating set {
             if let wrapped {
-                wrapped._withUnsafeGuaranteedRef { $0.attributes = newValue }
+                wrapped.setAttributes(newValue)
             } else {
                 SpanTable.keepAttributes(newValue, of: registration)
             }
@@ -125,41 +129,39 @@ public struct StallmonSpan: Tracing.Span {
     }
 
     public var isRecording: Bool {
-        if let wrapped { return wrapped._withUnsafeGuaranteedRef { $0.isRecording } }
+        if let wrapped { return wrapped.isRecording }
         return false
     }
 
     public func setStatus(_ status: SpanStatus) {
-        if let wrapped { wrapped._withUnsafeGuaranteedRef { $0.setStatus(status) } }
+        wrapped?.setStatus(status)
     }
 
     public func addEvent(_ event: SpanEvent) {
-        if let wrapped { wrapped._withUnsafeGuaranteedRef { $0.addEvent(event) } }
+        wrapped?.addEvent(event)
     }
 
     public func recordError<Instant: TracerInstant>(
         _ error: any Error, attributes: SpanAttributes, at instant: @autoclosure () -> Instant
     ) {
-        if let wrapped {
-            wrapped._withUnsafeGuaranteedRef { $0.recordError(error, attributes: attributes, at: instant()) }
-        }
+        wrapped?.recordError(error, attributes: attributes, at: instant().timestamp)
     }
 
     public func addLink(_ link: SpanLink) {
-        if let wrapped { wrapped._withUnsafeGuaranteedRef { $0.addLink(link) } }
+        wrapped?.addLink(link)
     }
 
     public func end<Instant: TracerInstant>(at instant: @autoclosure () -> Instant) {
         let notes = SpanTable.withdraw(registration)
         guard let wrapped else { return }
-        wrapped._withUnsafeGuaranteedRef { wrapped in
-            if !notes.isEmpty {
-                let wallNow = DefaultTracerClock.now.nanosecondsSinceEpoch
-                let monotonicNow = MonotonicClock.now()
-                for note in notes { wrapped.addEvent(note.spanEvent(wallNow: wallNow, monotonicNow: monotonicNow)) }
-                wrapped.attributes["stallmon.stalled"] = true
-            }
-            wrapped.end(at: instant())
+        if !notes.isEmpty {
+            let wallNow = DefaultTracerClock.now.nanosecondsSinceEpoch
+            let monotonicNow = MonotonicClock.now()
+            for note in notes { wrapped.addEvent(note.spanEvent(wallNow: wallNow, monotonicNow: monotonicNow)) }
+            var attributes = wrapped.attributes
+            attributes["stallmon.stalled"] = true
+            wrapped.setAttributes(attributes)
         }
+        wrapped.end(at: instant().timestamp)
     }
 }

@@ -20,7 +20,8 @@ import Tracing
 ///
 /// Cost: alone, a span in a task allocates nothing and takes two compare-and-swaps, and one lock a
 /// set of attributes (`span_cost_ns` in stallmon-bench); outside a task, a span allocates one small
-/// object, and wrapping, one that holds the wrapped tracer's span.
+/// object. Wrapping, a span holds the wrapped tracer's span as it is when that is an object (as
+/// swift-otel's are), and moves any other into one object.
 /// Nothing is added to the spans the wrapped tracer exports but the `stall` events and the
 /// `stallmon.stalled` attribute of spans that stalled. Not generic, so that the code that starts
 /// spans through `any Tracer` (`InstrumentationSystem.tracer`) looks no type up at run time: the
@@ -60,12 +61,13 @@ public struct StallmonTracer: Tracer {
         guard let wrapping else {
             return StallmonSpan(alone: operationName, context: context())
         }
-        let wrapped = wrapping._withUnsafeGuaranteedRef {
+        let span = wrapping._withUnsafeGuaranteedRef {
             $0.start(
-                operationName, context: context(), ofKind: kind, at: instant(), function: function, file: fileID,
+                operationName, context: context(), ofKind: kind, at: instant().timestamp, function: function,
+                file: fileID,
                 line: line)
         }
-        return StallmonSpan(wrapping: wrapped)
+        return StallmonSpan(wrapping: span, of: wrapping)
     }
 
     @available(*, deprecated)

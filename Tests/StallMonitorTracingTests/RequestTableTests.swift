@@ -350,7 +350,7 @@ struct RequestTableTests {
     /// (where the span's keeper holds it): the report reads the wrapped span, and its stall becomes
     /// an event on it.
     @Test func aWrappedTracersObjectSpansAreReadAndGetTheirStallEvents() async throws {
-        let objects = ObjectSpanTracer()
+        let objects = ObjectSpanTracer<Void>()
         let tracer = StallmonTracer(wrapping: objects)
         @Sendable func check() throws {
             let key = stallmon_request_current_key()
@@ -379,6 +379,43 @@ struct RequestTableTests {
         for span in ended {
             #expect(span.events.map(\.name) == ["stall"])
             #expect(span.attributes.get("stallmon.stalled") == .bool(true))
+        }
+    }
+
+    /// A wrapped span is held by its tracer's span type's calls, numbered for the first 14 types a
+    /// process wraps; the spans of the types past them are held with their calls, and work the same.
+    @Test func theSpansOfMoreTypesThanTheCallsHaveNumbersForWorkTheSame() async throws {
+        func check<Marker>(_ marker: Marker.Type) async throws {
+            let objects = ObjectSpanTracer<Marker>()
+            let tracer = StallmonTracer(wrapping: objects)
+            try await Task {
+                let key = stallmon_request_current_key()
+                let span = tracer.startSpan("GET /\(Marker.self)", ofKind: .server)
+                span.attributes["http.request.method"] = "GET"
+                span.attributes["http.route"] = "/\(Marker.self)/:id"
+                span.operationName = "GET /\(Marker.self)/:id"
+                let found = try #require(request(for: key))
+                #expect(found.operation == "GET /\(Marker.self)/:id" && found.route == "/\(Marker.self)/:id")
+                SpanTableReader().noteStall(
+                    StallNote(
+                        stallID: "00112233445566778899aabbccddeeff", startNanoseconds: 1, duration: .milliseconds(90),
+                        ended: true, threadID: 9, frame: "Marked.work()", loop: "cooperative-pool"),
+                    slot: span.registration.slot, sequence: span.registration.sequence)
+                span.end()
+            }.value
+            let ended = objects.ended.withLock { $0 }
+            #expect(ended.count == 1, "\(Marker.self)")
+            #expect(ended.first?.events.map(\.name) == ["stall"], "\(Marker.self)")
+            #expect(ended.first?.attributes.get("http.route") == .string("/\(Marker.self)/:id"))
+            #expect(ended.first?.attributes.get("stallmon.stalled") == .bool(true))
+        }
+        let markers: [Any.Type] = [
+            Int8.self, Int16.self, Int32.self, Int64.self, UInt8.self, UInt16.self, UInt32.self, UInt64.self,
+            Float.self, Double.self, String.self, Bool.self, Character.self, Substring.self, UInt.self, Int.self,
+        ]
+        for marker in markers {
+            func open<Marker>(_ marker: Marker.Type) async throws { try await check(marker) }
+            try await open(marker)
         }
     }
 
@@ -427,14 +464,14 @@ private final class Keys: @unchecked Sendable {
     func all() -> [UInt64] { lock.withLock { keys } }
 }
 
-/// A tracer whose spans are objects, as swift-otel's are.
-private struct ObjectSpanTracer: Tracer {
-    let ended = ObjectSpan.Ended()
+/// A tracer whose spans are objects, as swift-otel's are; a type of span for each `Marker`.
+private struct ObjectSpanTracer<Marker>: Tracer {
+    let ended = ObjectSpan<Marker>.Ended()
 
     func startSpan<Instant: TracerInstant>(
         _ operationName: String, context: @autoclosure () -> InstrumentationContext, ofKind kind: SpanKind,
         at instant: @autoclosure () -> Instant, function: String, file fileID: String, line: UInt
-    ) -> ObjectSpan {
+    ) -> ObjectSpan<Marker> {
         ObjectSpan(operationName: operationName, context: context(), ended: ended)
     }
 
@@ -449,7 +486,7 @@ private struct ObjectSpanTracer: Tracer {
     ) where Inject.Carrier == Carrier {}
 }
 
-private final class ObjectSpan: Tracing.Span, @unchecked Sendable {
+private final class ObjectSpan<Marker>: Tracing.Span, @unchecked Sendable {
     final class Ended: @unchecked Sendable {
         private let lock = NSLock()
         private var spans: [ObjectSpan] = []

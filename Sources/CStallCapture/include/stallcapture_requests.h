@@ -29,9 +29,10 @@ uint64_t stallmon_request_current_key(void);
 /// The key of thread `tid`, outside a task.
 uint64_t stallmon_request_thread_key(pid_t tid);
 
-/// A registration number: a slot's owners count up from 1; an alias's link keeps the low
-/// STALLMON_REQUEST_SEQUENCE_BITS bits of its owner's (never all 0).
-enum { STALLMON_REQUEST_SEQUENCE_BITS = 18 };
+/// A registration number: a slot's owners count up from 1, in STALLMON_REQUEST_NUMBER_BITS bits
+/// (a span keeps its number in a word with more), and round to 1 past them; an alias's link keeps
+/// the low STALLMON_REQUEST_SEQUENCE_BITS bits of its owner's (never all 0).
+enum { STALLMON_REQUEST_NUMBER_BITS = 43, STALLMON_REQUEST_SEQUENCE_BITS = 18 };
 
 /// Takes a slot for a span under `key`, inside `depth` spans of its task or thread: returns it and
 /// writes its registration number to `*sequence` and the slot's storage to `*parts` (NULL until
@@ -73,6 +74,16 @@ void stallmon_request_unlock(int slot);
 /// Locks `slot` and returns its storage if it holds registration `sequence`; else returns NULL,
 /// unlocked.
 void *stallmon_request_lock_held(int slot, uint64_t sequence);
+
+/// The calls of wrapped tracers' spans, by number (StallMonitorTracing's `SpanCalls`): each set
+/// once, before any span names it. A span keeps the number; a load finds them, where a Swift global
+/// would be reached through its initializer's check on every call of the span.
+enum { STALLMON_SPAN_CALLS = 16 };
+extern void *stallmon_span_calls[STALLMON_SPAN_CALLS];
+static inline void *stallmon_span_calls_numbered(uint64_t number) {
+    return stallmon_span_calls[number % STALLMON_SPAN_CALLS];
+}
+void stallmon_span_calls_set(uint64_t number, void *calls);
 
 /// What the pool hook does for a job `job` enqueued by the work of key `current` (for tests).
 void stallmon_request_inherit_for(uint64_t current, uint64_t job);
