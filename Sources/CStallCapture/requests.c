@@ -410,10 +410,10 @@ int64_t stallmon_request_live(void) {
 uint64_t stallmon_request_refused(void) { return atomic_load_explicit(&refused, memory_order_relaxed); }
 uint64_t stallmon_request_inherited(void) { return atomic_load_explicit(&inherited, memory_order_relaxed); }
 
-#endif  // STALLMON_LINUX
-
 void *stallmon_span_calls[STALLMON_SPAN_CALLS];
 
 void stallmon_span_calls_set(uint64_t number, void *calls) {
     if (number < STALLMON_SPAN_CALLS) stallmon_span_calls[number] = calls;
 }
+
+#endif  // STALLMON_LINUX

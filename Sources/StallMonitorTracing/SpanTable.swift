@@ -304,7 +304,7 @@ struct KeptAttributes {
 }
 
 /// The registration of a span outside a task, and the object that holds its wrapped tracer's span
-/// (see ``WrappedSpan``). A thread's registrations never lapse by themselves (a task's do when the
+/// (the span itself, a ``SpanBox`` or an ``IndirectSpan``: see ``WrappingTracer``). A thread's registrations never lapse by themselves (a task's do when the
 /// task ends), so a span dropped unended there would name every later stall of its thread.
 final class ThreadSpanKeeper: @unchecked Sendable {
     private let registration: SpanRegistration

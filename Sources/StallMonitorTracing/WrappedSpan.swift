@@ -92,6 +92,8 @@ where Wrapped.Span == Span {
             // The span's own reference, handed over as it is: neither retained nor released.
             var reference: UnsafeMutableRawPointer? = nil
             withUnsafeMutablePointer(to: &reference) {
+                // Bound as a raw pointer, used as the span's one reference: `withMemoryRebound`, the
+                // sanctioned form, is a generic call here and cost 45 ns a span.
                 UnsafeMutableRawPointer($0).assumingMemoryBound(to: Span.self).initialize(to: started())
             }
             object = Unmanaged.fromOpaque(reference.unsafelyUnwrapped)
@@ -182,6 +184,7 @@ final class ObjectSpanCalls<Span: Tracing.Span & AnyObject>: SpanCalls, @uncheck
     /// its address, where a value would be copied there, a retain and a release.
     @inline(__always)
     private func withSpan<Result>(_ span: Unmanaged<AnyObject>, _ body: (UnsafePointer<Span>) -> Result) -> Result {
+        // As in `WrappingTracerOf.start`: one reference, read as the span's type in place.
         withUnsafePointer(to: span) { body(UnsafeRawPointer($0).assumingMemoryBound(to: Span.self)) }
     }
 
