@@ -135,9 +135,15 @@ let package = Package(
             name: "stallmon-bench",
             dependencies: [
                 "StallMonitor", "CStallCapture", "StallCollector", "StallJournal", "StallMonitorTracing",
+                "StallmonBenchTracer",
                 .product(name: "Tracing", package: "swift-distributed-tracing"),
                 .product(name: "InMemoryTracing", package: "swift-distributed-tracing"),
             ]
+        ),
+        // The tracer the benchmark wraps, in a module of its own as a service's tracer is.
+        .target(
+            name: "StallmonBenchTracer",
+            dependencies: [.product(name: "Tracing", package: "swift-distributed-tracing")]
         ),
         // What the fixture services share: clocks, JSON lines on standard output, the reporting sink.
         .target(

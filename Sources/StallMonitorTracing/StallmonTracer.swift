@@ -25,7 +25,9 @@ import Tracing
 /// Nothing is added to the spans the wrapped tracer exports but the `stall` events and the
 /// `stallmon.stalled` attribute of spans that stalled. Not generic, so that the code that starts
 /// spans through `any Tracer` (`InstrumentationSystem.tracer`) looks no type up at run time: the
-/// wrapped tracer is held as its own type once, by an object made when the tracer is.
+/// wrapped tracer and its spans are called through closures made once, when the tracer is; those
+/// that start spans are specialized for the tracer's type where the service wraps it
+/// (``init(wrapping:)`` is inlinable).
 public struct StallmonTracer: Tracer {
     public typealias Span = StallmonSpan
 
@@ -42,10 +44,19 @@ public struct StallmonTracer: Tracer {
     }
 
     /// A tracer that registers the spans of `wrapped` with stallmon and hands everything else to it.
+    ///
+    /// Inlinable, so that the code that calls `wrapped` and its spans is made where the service
+    /// wraps its tracer, specialized for its type.
+    @inlinable
     public init(wrapping wrapped: some Tracer) {
+        self.init(wrapped, wrapping: WrappingTracer.make(wrapped))
+    }
+
+    @usableFromInline
+    init(_ wrapped: some Tracer, wrapping: @autoclosure () -> Unmanaged<WrappingTracer>) {
         let recording = !(wrapped is NoOpTracer)
         self.wrapped = recording ? wrapped : nil
-        self.wrapping = recording ? WrappingTracer.make(wrapped) : nil
+        self.wrapping = recording ? wrapping() : nil
         StallRequests.install(SpanTableReader())
     }
 
@@ -61,11 +72,21 @@ public struct StallmonTracer: Tracer {
         guard let wrapping else {
             return StallmonSpan(alone: operationName, context: context())
         }
+        // The rest in code that is not generic (this is, unspecialized, when called through `any
+        // Tracer`).
+        return Self.start(
+            operationName, context: context(), ofKind: kind, at: instant().timestamp, function: function, file: fileID,
+            line: line, wrapping: wrapping)
+    }
+
+    private static func start(
+        _ operationName: String, context: InstrumentationContext, ofKind kind: SpanKind, at instant: Timestamp,
+        function: String, file fileID: String, line: UInt, wrapping: Unmanaged<WrappingTracer>
+    ) -> StallmonSpan {
         let span = wrapping._withUnsafeGuaranteedRef {
             $0.start(
-                operationName, context: context(), ofKind: kind, at: instant().timestamp, function: function,
-                file: fileID,
-                line: line)
+                operationName, context: context, ofKind: kind, at: instant, function: function, file: fileID, line: line
+            )
         }
         return StallmonSpan(wrapping: span, of: wrapping)
     }

@@ -9,6 +9,7 @@ import CStallCapture
 /// The instants handed to a wrapped tracer: the instant a span's caller gave, as the one type that
 /// every tracer takes (`TracerInstant` says nothing but its nanoseconds), so that the calls in
 /// between are not generic.
+@usableFromInline
 typealias Timestamp = DefaultTracerClock.Timestamp
 
 extension TracerInstant {
@@ -16,140 +17,258 @@ extension TracerInstant {
 }
 
 /// The service's tracer that a ``StallmonTracer`` wraps, made once per tracer and never freed
-/// (spans name it unretained). Generic in a subclass (``WrappingTracerOf``), so that the tracer is
-/// called as its own type, while ``StallmonTracer`` stays a type that code holding `any Tracer`
-/// looks up nothing for.
+/// (spans name it unretained).
 ///
 /// A span of the tracer is held as one object: the span itself when it is an object (swift-otel's
 /// spans are), else a ``SpanBox``. The ``SpanCalls`` of its type call it through that object, and
 /// a ``StallmonSpan`` finds them by their number in `packedRegistration`, so that it holds the
 /// wrapped span in no object of its own and still fits three words.
-class WrappingTracer: @unchecked Sendable {
+///
+/// What calls the tracer and its spans is made by inlinable code (``make(_:)``), so that it is
+/// specialized for the tracer's type where the service wraps it (an opaque `some Tracer`, as
+/// swift-otel's backend hands out, too): about 40 instructions a span fewer than unspecialized.
+/// Closures, not a generic class: a generic class's methods run unspecialized whoever made it.
+@usableFromInline
+final class WrappingTracer: @unchecked Sendable {
+    @usableFromInline
+    /// Starts a span: its name, context, kind, start, function, file and line.
+    typealias Start = (String, InstrumentationContext, SpanKind, Timestamp, String, String, UInt) -> Object
+    @usableFromInline
+    typealias Object = Unmanaged<AnyObject>
+
     /// What calls the objects that hold the tracer's spans, and its number (see
     /// ``SpanCalls/number(of:)``).
     let calls: SpanCalls
     let callsNumber: UInt64
-
-    init(calls: SpanCalls, number: UInt64) {
-        self.calls = calls
-        self.callsNumber = number
-    }
-
     /// Starts a span of the wrapped tracer: the object that holds it, retained.
-    func start(
-        _ operationName: String, context: InstrumentationContext, ofKind kind: SpanKind, at instant: Timestamp,
-        function: String, file fileID: String, line: UInt
-    ) -> Unmanaged<AnyObject> {
-        fatalError("a subclass starts spans")
-    }
-
-    /// The W3C trace context the wrapped tracer writes for `context`, parsed.
-    func traceParent(of context: InstrumentationContext) -> TraceParent? {
-        fatalError("a subclass injects")
-    }
-
-    static func make<Wrapped: Tracer>(_ tracer: Wrapped) -> Unmanaged<WrappingTracer> {
-        Unmanaged.passRetained(WrappingTracerOf<Wrapped, Wrapped.Span>(tracer))
-    }
-}
-
-/// `Span` is the tracer's span type: a generic parameter of the class, its metadata is at hand
-/// where an associated type would be looked up at each use.
-final class WrappingTracerOf<Wrapped: Tracer, Span: Tracing.Span>: WrappingTracer, @unchecked Sendable
-where Wrapped.Span == Span {
-    private let tracer: Wrapped
-    /// Whether the spans are objects, each held as itself; else each is moved into a ``SpanBox``.
-    private let spansAreObjects: Bool
+    private let start: Start
+    /// The `traceparent` header the wrapped tracer writes for a context.
+    private let inject: (InstrumentationContext) -> String?
     /// The spans' calls when they have no number of their own: each span is then held with them,
     /// in an ``IndirectSpan``.
     private let indirectCalls: SpanCalls?
 
-    init(_ tracer: Wrapped) {
-        self.tracer = tracer
-        let objects = objectSpanCalls(for: Span.self)
-        let calls = objects ?? BoxedSpanCalls<Span>()
-        self.spansAreObjects = objects != nil
+    @usableFromInline
+    init(calls: SpanCalls, start: @escaping Start, inject: @escaping (InstrumentationContext) -> String?) {
+        self.start = start
+        self.inject = inject
         if let number = SpanCalls.number(of: calls) {
+            self.calls = SpanCalls.numbered(number).takeUnretainedValue()
+            self.callsNumber = number
             self.indirectCalls = nil
-            super.init(calls: calls, number: number)
         } else {
+            self.calls = SpanCalls.numbered(SpanCalls.indirect).takeUnretainedValue()
+            self.callsNumber = SpanCalls.indirect
             self.indirectCalls = calls
-            super.init(calls: SpanCalls.numbered(SpanCalls.indirect).takeUnretainedValue(), number: SpanCalls.indirect)
         }
     }
 
-    override func start(
+    /// The wrapping of `tracer`, retained.
+    @inlinable
+    static func make<Wrapped: Tracer>(_ tracer: Wrapped) -> Unmanaged<WrappingTracer> {
+        let objects = SpanCalls.objects(Wrapped.Span.self) != nil
+        let wrapping = WrappingTracer(
+            calls: SpanCalls.of(Wrapped.Span.self),
+            start: { operationName, context, kind, instant, function, fileID, line in
+                SpanCalls.hold(objects: objects) {
+                    tracer.startSpan(
+                        operationName, context: context, ofKind: kind, at: instant, function: function, file: fileID,
+                        line: line)
+                }
+            },
+            inject: { context in traceParentHeader(injectedBy: tracer, for: context) })
+        return .passRetained(wrapping)
+    }
+
+    /// Starts a span of the wrapped tracer: the object that holds it, retained.
+    @inline(__always)
+    func start(
         _ operationName: String, context: InstrumentationContext, ofKind kind: SpanKind, at instant: Timestamp,
         function: String, file fileID: String, line: UInt
     ) -> Unmanaged<AnyObject> {
-        func started() -> Span {
-            tracer.startSpan(
-                operationName, context: context, ofKind: kind, at: instant, function: function, file: fileID,
-                line: line)
-        }
-        let object: Unmanaged<AnyObject>
-        if spansAreObjects {
-            // The span's own reference, handed over as it is: neither retained nor released.
-            var reference: UnsafeMutableRawPointer? = nil
-            withUnsafeMutablePointer(to: &reference) {
-                // Bound as a raw pointer, used as the span's one reference: `withMemoryRebound`, the
-                // sanctioned form, is a generic call here and cost 45 ns a span.
-                UnsafeMutableRawPointer($0).assumingMemoryBound(to: Span.self).initialize(to: started())
-            }
-            object = Unmanaged.fromOpaque(reference.unsafelyUnwrapped)
-        } else {
-            // Moved into its box, not copied: a struct span's copy retains each of its parts.
-            object = Unmanaged.passRetained(SpanBox(started()))
-        }
+        let object = start(operationName, context, kind, instant, function, fileID, line)
         guard let indirectCalls else { return object }
-        return Unmanaged.passRetained(IndirectSpan(object.takeRetainedValue(), calls: indirectCalls))
+        return .passRetained(IndirectSpan(object.takeRetainedValue(), calls: indirectCalls))
     }
 
-    override func traceParent(of context: InstrumentationContext) -> TraceParent? {
-        var headers: [String: String] = [:]
-        tracer.inject(context, into: &headers, using: HeaderInjector())
-        return headers[TraceParent.header].flatMap { TraceParent($0) }
+    /// The W3C trace context the wrapped tracer writes for `context`, parsed.
+    func traceParent(of context: InstrumentationContext) -> TraceParent? {
+        inject(context).flatMap { TraceParent($0) }
     }
 }
 
+/// The W3C `traceparent` header `tracer` writes for `context`.
+@usableFromInline
+func traceParentHeader(injectedBy tracer: some Tracer, for context: InstrumentationContext) -> String? {
+    var headers: [String: String] = [:]
+    tracer.inject(context, into: &headers, using: HeaderInjector())
+    return headers[TraceParent.header]
+}
+
 /// How the spans of one type are called, through the objects that hold them (see
-/// ``WrappingTracer``): as their own type, generic in a subclass. Made once per span type and
-/// never freed; numbered, so that a span names them in a few bits.
-class SpanCalls: @unchecked Sendable {
-    func context(of span: Unmanaged<AnyObject>) -> InstrumentationContext { fatalError("abstract") }
-    func operationName(of span: Unmanaged<AnyObject>) -> String { fatalError("abstract") }
-    func setOperationName(_ name: consuming String, of span: Unmanaged<AnyObject>) { fatalError("abstract") }
-    func attributes(of span: Unmanaged<AnyObject>) -> SpanAttributes { fatalError("abstract") }
-    func setAttributes(_ attributes: consuming SpanAttributes, of span: Unmanaged<AnyObject>) {
-        fatalError("abstract")
-    }
-    func isRecording(_ span: Unmanaged<AnyObject>) -> Bool { fatalError("abstract") }
-    func setStatus(_ status: SpanStatus, of span: Unmanaged<AnyObject>) { fatalError("abstract") }
-    func addEvent(_ event: SpanEvent, to span: Unmanaged<AnyObject>) { fatalError("abstract") }
-    func recordError(
-        _ error: any Error, attributes: SpanAttributes, at instant: Timestamp, in span: Unmanaged<AnyObject>
+/// ``WrappingTracer``): as their own type, by closures made for it where the tracer is wrapped
+/// (``of(_:)``). Made once per span type and never freed; numbered, so that a span names them in a
+/// few bits.
+@usableFromInline
+final class SpanCalls: @unchecked Sendable {
+    @usableFromInline
+    typealias Object = Unmanaged<AnyObject>
+
+    /// The span type whose calls these are.
+    let type: ObjectIdentifier
+    let context: (Object) -> InstrumentationContext
+    let operationName: (Object) -> String
+    let setOperationName: (consuming String, Object) -> Void
+    let attributes: (Object) -> SpanAttributes
+    let setAttributes: (consuming SpanAttributes, Object) -> Void
+    let isRecording: (Object) -> Bool
+    let setStatus: (SpanStatus, Object) -> Void
+    let addEvent: (SpanEvent, Object) -> Void
+    let recordError: (any Error, SpanAttributes, Timestamp, Object) -> Void
+    let addLink: (SpanLink, Object) -> Void
+    let end: (Timestamp, Object) -> Void
+
+    @usableFromInline
+    init(
+        type: ObjectIdentifier,
+        context: @escaping (Object) -> InstrumentationContext,
+        operationName: @escaping (Object) -> String,
+        setOperationName: @escaping (consuming String, Object) -> Void,
+        attributes: @escaping (Object) -> SpanAttributes,
+        setAttributes: @escaping (consuming SpanAttributes, Object) -> Void,
+        isRecording: @escaping (Object) -> Bool,
+        setStatus: @escaping (SpanStatus, Object) -> Void,
+        addEvent: @escaping (SpanEvent, Object) -> Void,
+        recordError: @escaping (any Error, SpanAttributes, Timestamp, Object) -> Void,
+        addLink: @escaping (SpanLink, Object) -> Void,
+        end: @escaping (Timestamp, Object) -> Void
     ) {
-        fatalError("abstract")
+        self.type = type
+        self.context = context
+        self.operationName = operationName
+        self.setOperationName = setOperationName
+        self.attributes = attributes
+        self.setAttributes = setAttributes
+        self.isRecording = isRecording
+        self.setStatus = setStatus
+        self.addEvent = addEvent
+        self.recordError = recordError
+        self.addLink = addLink
+        self.end = end
     }
-    func addLink(_ link: SpanLink, to span: Unmanaged<AnyObject>) { fatalError("abstract") }
-    func end(_ span: Unmanaged<AnyObject>, at instant: Timestamp) { fatalError("abstract") }
+
+    /// The calls of spans of type `Span`.
+    @inlinable
+    static func of<Span: Tracing.Span>(_: Span.Type) -> SpanCalls {
+        if let objects = objects(Span.self) { return of(objects: objects) }
+        return of(boxed: Span.self)
+    }
+
+    /// The calls of spans that are objects: the object is the span, reached unretained.
+    ///
+    /// Reached from ``of(_:)`` through the cast's existential, so not specialized; but an object
+    /// span can only be reached unretained where it is known to be an object (`Unmanaged<Span>`),
+    /// and specialized code that read it as an unconstrained `Span` retained and released it around
+    /// every call, which cost more than the specialization saved. (This and ``of(boxed:)`` make the
+    /// same closures: one function making both, through a protocol, cost 60 ns a span more,
+    /// unspecialized.)
+    @inlinable
+    static func of<Span: Tracing.Span & AnyObject>(objects _: Span.Type) -> SpanCalls {
+        func with<Result>(_ object: Object, _ body: (Span) -> Result) -> Result {
+            Unmanaged<Span>.fromOpaque(object.toOpaque())._withUnsafeGuaranteedRef(body)
+        }
+        return SpanCalls(
+            type: ObjectIdentifier(Span.self),
+            context: { with($0) { $0.context } },
+            operationName: { with($0) { $0.operationName } },
+            setOperationName: { name, object in
+                var name = Optional(name)
+                with(object) { $0.operationName = name.take().unsafelyUnwrapped }
+            },
+            attributes: { with($0) { $0.attributes } },
+            setAttributes: { attributes, object in
+                var attributes = Optional(attributes)
+                with(object) { $0.attributes = attributes.take().unsafelyUnwrapped }
+            },
+            isRecording: { with($0) { $0.isRecording } },
+            setStatus: { status, object in with(object) { $0.setStatus(status) } },
+            addEvent: { event, object in with(object) { $0.addEvent(event) } },
+            recordError: { error, attributes, instant, object in
+                with(object) { $0.recordError(error, attributes: attributes, at: instant) }
+            },
+            addLink: { link, object in with(object) { $0.addLink(link) } },
+            end: { instant, object in with(object) { $0.end(at: instant) } })
+    }
+
+    /// The calls of spans that are not objects, each in its ``SpanBox``.
+    @inlinable
+    static func of<Span: Tracing.Span>(boxed _: Span.Type) -> SpanCalls {
+        func with<Result>(_ object: Object, _ body: (borrowing Span) -> Result) -> Result {
+            object._withUnsafeGuaranteedRef { body(unsafeDowncast($0, to: SpanBox<Span>.self).span) }
+        }
+        return SpanCalls(
+            type: ObjectIdentifier(Span.self),
+            context: { with($0) { $0.context } },
+            operationName: { with($0) { $0.operationName } },
+            setOperationName: { name, object in
+                var name = Optional(name)
+                with(object) { $0.operationName = name.take().unsafelyUnwrapped }
+            },
+            attributes: { with($0) { $0.attributes } },
+            setAttributes: { attributes, object in
+                var attributes = Optional(attributes)
+                with(object) { $0.attributes = attributes.take().unsafelyUnwrapped }
+            },
+            isRecording: { with($0) { $0.isRecording } },
+            setStatus: { status, object in with(object) { $0.setStatus(status) } },
+            addEvent: { event, object in with(object) { $0.addEvent(event) } },
+            recordError: { error, attributes, instant, object in
+                with(object) { $0.recordError(error, attributes: attributes, at: instant) }
+            },
+            addLink: { link, object in with(object) { $0.addLink(link) } },
+            end: { instant, object in with(object) { $0.end(at: instant) } })
+    }
+
+    /// The spans of type `Span` as objects, if they are objects: each is then held as itself (see
+    /// ``hold(objects:_:)``), and called as the object it is.
+    @inlinable
+    static func objects<Span: Tracing.Span>(_: Span.Type) -> (any (Tracing.Span & AnyObject).Type)? {
+        Span.self as? any (Tracing.Span & AnyObject).Type
+    }
+
+    /// The object that holds the span `start` makes, retained: the span itself when spans are
+    /// `objects`, else a ``SpanBox`` it is moved into (a struct span's copy retains each of its
+    /// parts).
+    @inlinable @inline(__always)
+    static func hold<Span: Tracing.Span>(objects: Bool, _ start: () -> Span) -> Object {
+        guard objects else { return .passRetained(SpanBox(start())) }
+        // The span's own reference, made in place and handed over as it is: neither retained nor
+        // released. (Made there, not moved there: unspecialized, moving it would look up the
+        // metadata of a generic type, a few hundred instructions a span.)
+        return withUnsafeTemporaryAllocation(
+            byteCount: MemoryLayout<Object>.size, alignment: MemoryLayout<Object>.alignment
+        ) {
+            let reference = $0.baseAddress.unsafelyUnwrapped
+            reference.initializeMemory(as: Span.self, to: start())
+            return reference.load(as: Object.self)
+        }
+    }
 
     /// The number of the calls of ``IndirectSpan``s, and of numbered calls, at most.
     static let indirect: UInt64 = 15
     /// The span types whose calls have a number, and the numbers.
     private static let numbers = Mutex<[ObjectIdentifier: UInt64]>([:])
 
-    /// The number of `calls`, given to the first calls of their span type; `nil` when all numbers
-    /// are taken (a process wrapping more than 14 span types).
+    /// The number of the calls of `calls`'s span type, given to the first calls of that type; `nil`
+    /// when all numbers are taken (a process wrapping more than 14 span types).
     static func number(of calls: SpanCalls) -> UInt64? {
         numbers.withLock { numbers in
-            if numbers.isEmpty { setNumbered(indirect, IndirectSpanCalls()) }
-            let type = ObjectIdentifier(Swift.type(of: calls))
-            if let number = numbers[type] { return number }
+            if numbers.isEmpty { setNumbered(indirect, indirectSpanCalls()) }
+            if let number = numbers[calls.type] { return number }
             let number = UInt64(numbers.count) + 1
             guard number < indirect else { return nil }
             setNumbered(number, calls)
-            numbers[type] = number
+            numbers[calls.type] = number
             return number
         }
     }
@@ -176,117 +295,49 @@ class SpanCalls: @unchecked Sendable {
     #if !STALLMON_LINUX
     private static let table = Mutex<[Unmanaged<SpanCalls>?]>(Array(repeating: nil, count: Int(indirect) + 1))
     #endif
-}
 
-/// Calls spans that are objects: the object is the span.
-final class ObjectSpanCalls<Span: Tracing.Span & AnyObject>: SpanCalls, @unchecked Sendable {
-    /// Runs `body` with the span held by `span`, in place: a call through the span's protocol takes
-    /// its address, where a value would be copied there, a retain and a release.
-    @inline(__always)
-    private func withSpan<Result>(_ span: Unmanaged<AnyObject>, _ body: (UnsafePointer<Span>) -> Result) -> Result {
-        // As in `WrappingTracerOf.start`: one reference, read as the span's type in place.
-        withUnsafePointer(to: span) { body(UnsafeRawPointer($0).assumingMemoryBound(to: Span.self)) }
+    /// Calls each ``IndirectSpan`` through the calls it holds.
+    private static func indirectSpanCalls() -> SpanCalls {
+        func with<Result>(_ object: Object, _ body: (SpanCalls, Object) -> Result) -> Result {
+            object._withUnsafeGuaranteedRef {
+                let indirect = unsafeDowncast($0, to: IndirectSpan.self)
+                return withExtendedLifetime(indirect) { body(indirect.calls, .passUnretained(indirect.object)) }
+            }
+        }
+        return SpanCalls(
+            type: ObjectIdentifier(IndirectSpan.self),
+            context: { with($0) { $0.context($1) } },
+            operationName: { with($0) { $0.operationName($1) } },
+            setOperationName: { name, object in
+                var name = Optional(name)
+                with(object) { $0.setOperationName(name.take().unsafelyUnwrapped, $1) }
+            },
+            attributes: { with($0) { $0.attributes($1) } },
+            setAttributes: { attributes, object in
+                var attributes = Optional(attributes)
+                with(object) { $0.setAttributes(attributes.take().unsafelyUnwrapped, $1) }
+            },
+            isRecording: { with($0) { $0.isRecording($1) } },
+            setStatus: { status, object in with(object) { $0.setStatus(status, $1) } },
+            addEvent: { event, object in with(object) { $0.addEvent(event, $1) } },
+            recordError: { error, attributes, instant, object in
+                with(object) { $0.recordError(error, attributes, instant, $1) }
+            },
+            addLink: { link, object in with(object) { $0.addLink(link, $1) } },
+            end: { instant, object in with(object) { $0.end(instant, $1) } })
     }
-
-    override func context(of span: Unmanaged<AnyObject>) -> InstrumentationContext {
-        withSpan(span) { $0.pointee.context }
-    }
-    override func operationName(of span: Unmanaged<AnyObject>) -> String {
-        withSpan(span) { $0.pointee.operationName }
-    }
-    override func setOperationName(_ name: consuming String, of span: Unmanaged<AnyObject>) {
-        var name = Optional(name)
-        withSpan(span) { $0.pointee.operationName = name.take().unsafelyUnwrapped }
-    }
-    override func attributes(of span: Unmanaged<AnyObject>) -> SpanAttributes {
-        withSpan(span) { $0.pointee.attributes }
-    }
-    override func setAttributes(_ attributes: consuming SpanAttributes, of span: Unmanaged<AnyObject>) {
-        var attributes = Optional(attributes)
-        withSpan(span) { $0.pointee.attributes = attributes.take().unsafelyUnwrapped }
-    }
-    override func isRecording(_ span: Unmanaged<AnyObject>) -> Bool {
-        withSpan(span) { $0.pointee.isRecording }
-    }
-    override func setStatus(_ status: SpanStatus, of span: Unmanaged<AnyObject>) {
-        withSpan(span) { $0.pointee.setStatus(status) }
-    }
-    override func addEvent(_ event: SpanEvent, to span: Unmanaged<AnyObject>) {
-        withSpan(span) { $0.pointee.addEvent(event) }
-    }
-    override func recordError(
-        _ error: any Error, attributes: SpanAttributes, at instant: Timestamp, in span: Unmanaged<AnyObject>
-    ) {
-        withSpan(span) { $0.pointee.recordError(error, attributes: attributes, at: instant) }
-    }
-    override func addLink(_ link: SpanLink, to span: Unmanaged<AnyObject>) {
-        withSpan(span) { $0.pointee.addLink(link) }
-    }
-    override func end(_ span: Unmanaged<AnyObject>, at instant: Timestamp) {
-        withSpan(span) { $0.pointee.end(at: instant) }
-    }
-}
-
-/// The calls of spans of `type`, if they are objects.
-private func objectSpanCalls<Span: Tracing.Span>(for type: Span.Type) -> SpanCalls? {
-    func make<Object: Tracing.Span & AnyObject>(_ type: Object.Type) -> SpanCalls { ObjectSpanCalls<Object>() }
-    guard let objects = type as? any (AnyObject & Tracing.Span).Type else { return nil }
-    return make(objects)
 }
 
 /// Holds a wrapped tracer's span that is not an object (`InMemoryTracer`'s is a struct): in this
 /// one allocation, where an `any Span` would box it.
+@usableFromInline
 final class SpanBox<Inner: Tracing.Span>: @unchecked Sendable {
+    @usableFromInline
     let span: Inner
 
+    @usableFromInline
     init(_ span: consuming Inner) {
         self.span = span
-    }
-}
-
-/// Calls spans that are not objects, each in its ``SpanBox``.
-final class BoxedSpanCalls<Span: Tracing.Span>: SpanCalls, @unchecked Sendable {
-    @inline(__always)
-    private func withSpan<Result>(_ span: Unmanaged<AnyObject>, _ body: (SpanBox<Span>) -> Result) -> Result {
-        span._withUnsafeGuaranteedRef { body(unsafeDowncast($0, to: SpanBox<Span>.self)) }
-    }
-
-    override func context(of span: Unmanaged<AnyObject>) -> InstrumentationContext {
-        withSpan(span) { $0.span.context }
-    }
-    override func operationName(of span: Unmanaged<AnyObject>) -> String {
-        withSpan(span) { $0.span.operationName }
-    }
-    override func setOperationName(_ name: consuming String, of span: Unmanaged<AnyObject>) {
-        var name = Optional(name)
-        withSpan(span) { $0.span.operationName = name.take().unsafelyUnwrapped }
-    }
-    override func attributes(of span: Unmanaged<AnyObject>) -> SpanAttributes {
-        withSpan(span) { $0.span.attributes }
-    }
-    override func setAttributes(_ attributes: consuming SpanAttributes, of span: Unmanaged<AnyObject>) {
-        var attributes = Optional(attributes)
-        withSpan(span) { $0.span.attributes = attributes.take().unsafelyUnwrapped }
-    }
-    override func isRecording(_ span: Unmanaged<AnyObject>) -> Bool {
-        withSpan(span) { $0.span.isRecording }
-    }
-    override func setStatus(_ status: SpanStatus, of span: Unmanaged<AnyObject>) {
-        withSpan(span) { $0.span.setStatus(status) }
-    }
-    override func addEvent(_ event: SpanEvent, to span: Unmanaged<AnyObject>) {
-        withSpan(span) { $0.span.addEvent(event) }
-    }
-    override func recordError(
-        _ error: any Error, attributes: SpanAttributes, at instant: Timestamp, in span: Unmanaged<AnyObject>
-    ) {
-        withSpan(span) { $0.span.recordError(error, attributes: attributes, at: instant) }
-    }
-    override func addLink(_ link: SpanLink, to span: Unmanaged<AnyObject>) {
-        withSpan(span) { $0.span.addLink(link) }
-    }
-    override func end(_ span: Unmanaged<AnyObject>, at instant: Timestamp) {
-        withSpan(span) { $0.span.end(at: instant) }
     }
 }
 
@@ -302,57 +353,6 @@ final class IndirectSpan: @unchecked Sendable {
     }
 }
 
-/// Calls each ``IndirectSpan`` through the calls it holds.
-private final class IndirectSpanCalls: SpanCalls, @unchecked Sendable {
-    @inline(__always)
-    private func withSpan<Result>(
-        _ span: Unmanaged<AnyObject>, _ body: (SpanCalls, Unmanaged<AnyObject>) -> Result
-    ) -> Result {
-        span._withUnsafeGuaranteedRef {
-            let indirect = unsafeDowncast($0, to: IndirectSpan.self)
-            return withExtendedLifetime(indirect) { body(indirect.calls, .passUnretained(indirect.object)) }
-        }
-    }
-
-    override func context(of span: Unmanaged<AnyObject>) -> InstrumentationContext {
-        withSpan(span) { $0.context(of: $1) }
-    }
-    override func operationName(of span: Unmanaged<AnyObject>) -> String {
-        withSpan(span) { $0.operationName(of: $1) }
-    }
-    override func setOperationName(_ name: consuming String, of span: Unmanaged<AnyObject>) {
-        var name = Optional(name)
-        withSpan(span) { $0.setOperationName(name.take().unsafelyUnwrapped, of: $1) }
-    }
-    override func attributes(of span: Unmanaged<AnyObject>) -> SpanAttributes {
-        withSpan(span) { $0.attributes(of: $1) }
-    }
-    override func setAttributes(_ attributes: consuming SpanAttributes, of span: Unmanaged<AnyObject>) {
-        var attributes = Optional(attributes)
-        withSpan(span) { $0.setAttributes(attributes.take().unsafelyUnwrapped, of: $1) }
-    }
-    override func isRecording(_ span: Unmanaged<AnyObject>) -> Bool {
-        withSpan(span) { $0.isRecording($1) }
-    }
-    override func setStatus(_ status: SpanStatus, of span: Unmanaged<AnyObject>) {
-        withSpan(span) { $0.setStatus(status, of: $1) }
-    }
-    override func addEvent(_ event: SpanEvent, to span: Unmanaged<AnyObject>) {
-        withSpan(span) { $0.addEvent(event, to: $1) }
-    }
-    override func recordError(
-        _ error: any Error, attributes: SpanAttributes, at instant: Timestamp, in span: Unmanaged<AnyObject>
-    ) {
-        withSpan(span) { $0.recordError(error, attributes: attributes, at: instant, in: $1) }
-    }
-    override func addLink(_ link: SpanLink, to span: Unmanaged<AnyObject>) {
-        withSpan(span) { $0.addLink(link, to: $1) }
-    }
-    override func end(_ span: Unmanaged<AnyObject>, at instant: Timestamp) {
-        withSpan(span) { $0.end($1, at: instant) }
-    }
-}
-
 /// A wrapped tracer's span as stallmon reaches it: the object that holds it, unretained, and the
 /// calls of its type. Whoever makes one keeps the object alive while it is used.
 struct WrappedSpan {
@@ -363,25 +363,25 @@ struct WrappedSpan {
     @inline(__always)
     private func call<Result>(_ body: (SpanCalls) -> Result) -> Result { calls._withUnsafeGuaranteedRef(body) }
 
-    var context: InstrumentationContext { call { $0.context(of: span) } }
-    var operationName: String { call { $0.operationName(of: span) } }
+    var context: InstrumentationContext { call { $0.context(span) } }
+    var operationName: String { call { $0.operationName(span) } }
     func setOperationName(_ name: consuming String) {
         var name = Optional(name)
-        call { $0.setOperationName(name.take().unsafelyUnwrapped, of: span) }
+        call { $0.setOperationName(name.take().unsafelyUnwrapped, span) }
     }
-    var attributes: SpanAttributes { call { $0.attributes(of: span) } }
+    var attributes: SpanAttributes { call { $0.attributes(span) } }
     func setAttributes(_ attributes: consuming SpanAttributes) {
         var attributes = Optional(attributes)
-        call { $0.setAttributes(attributes.take().unsafelyUnwrapped, of: span) }
+        call { $0.setAttributes(attributes.take().unsafelyUnwrapped, span) }
     }
     var isRecording: Bool { call { $0.isRecording(span) } }
-    func setStatus(_ status: SpanStatus) { call { $0.setStatus(status, of: span) } }
-    func addEvent(_ event: SpanEvent) { call { $0.addEvent(event, to: span) } }
+    func setStatus(_ status: SpanStatus) { call { $0.setStatus(status, span) } }
+    func addEvent(_ event: SpanEvent) { call { $0.addEvent(event, span) } }
     func recordError(_ error: any Error, attributes: SpanAttributes, at instant: Timestamp) {
-        call { $0.recordError(error, attributes: attributes, at: instant, in: span) }
+        call { $0.recordError(error, attributes, instant, span) }
     }
-    func addLink(_ link: SpanLink) { call { $0.addLink(link, to: span) } }
-    func end(at instant: Timestamp) { call { $0.end(span, at: instant) } }
+    func addLink(_ link: SpanLink) { call { $0.addLink(link, span) } }
+    func end(at instant: Timestamp) { call { $0.end(instant, span) } }
 }
 
 /// A wrapped tracer's span, held: what a slot keeps of its span, and a reader's copy of that.

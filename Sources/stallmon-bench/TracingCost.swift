@@ -2,6 +2,7 @@ import CStallCapture
 import Foundation
 import InMemoryTracing
 import StallMonitorTracing
+import StallmonBenchTracer
 import Synchronization
 import Tracing
 
@@ -17,8 +18,10 @@ import Tracing
 /// - `span_cost_outside_task_ns`: the same on a thread outside any task (a span a NIO handler
 ///   starts on its event loop), where a span allocates its registration's keeper.
 /// - `span_wrapped_cost_ns`: `StallmonTracer(wrapping:)` around a tracer that records as
-///   swift-otel's does (its span a class with a lock; ``RecordingTracer``), over that tracer alone:
-///   what wrapping adds. Its spans cost a few hundred ns, so the difference stands above the noise.
+///   swift-otel's does (its span a class with a lock; `RecordingTracer`, in a module of its own and
+///   handed out as an opaque `some Tracer`, as swift-otel's backend hands out its tracer), over that
+///   tracer alone: what wrapping adds. Its spans cost a few hundred ns, so the difference stands above
+///   the noise.
 /// - `span_wrapped_in_memory_cost_ns`: the same around swift-distributed-tracing's `InMemoryTracer`,
 ///   whose span is a large struct: about 2.6 µs a span, which drifts between runs by more than
 ///   wrapping adds.
@@ -33,8 +36,13 @@ enum TracingCost {
         let (noop, alone) = inTask { leastInTurns(runs, NoOpTracer(), StallmonTracer(), spans) }
         let (outsideNoop, outsideAlone) = leastInTurns(runs, NoOpTracer(), StallmonTracer(), spans)
         let (recorded, wrappedRecorded) = inTask {
-            let recording = RecordingTracer()
-            return leastInTurns(runs, recording, StallmonTracer(wrapping: recording), spans)
+            let recording = makeRecordingTracer()
+            let least = leastInTurns(runs, recording.factory, StallmonTracer(wrapping: recording.factory), spans)
+            // Every span ended, wrapped or not: the figure is of spans that did their work.
+            check(
+                recording.ended.spans == 2 * runs * spans, "\(recording.ended.spans) of \(2 * runs * spans) spans ended"
+            )
+            return least
         }
         // InMemoryTracer keeps every span: fewer of them, cleared after each run, and runs of each in
         // turn.
@@ -46,6 +54,12 @@ enum TracingCost {
                 memory = min(memory, perSpan(recording, spans / 10))
                 recording.clearAll()
                 wrapped = min(wrapped, perSpan(wrapping, spans / 10))
+                let finished = recording.finishedSpans
+                check(
+                    finished.count == spans / 10
+                        && finished.last?.attributes["url.path"]?.toSpanAttribute() == "/users/42",
+                    "the wrapped InMemoryTracer finished \(finished.count) of \(spans / 10) spans, the last with "
+                        + "attributes \(finished.last.map { "\($0.attributes)" } ?? "none")")
                 recording.clearAll()
             }
             return (memory, wrapped)
@@ -75,6 +89,14 @@ enum TracingCost {
         add("pool_enqueue_idle_ns", .atMost(1), idle)
         add("pool_enqueue_in_request_ns", .atMost(10), inRequest)
         return figures
+    }
+
+    /// Stops the benchmark if a tracer did not do what its spans were asked to: its figures would be
+    /// of spans that skipped their work.
+    private static func check(_ condition: Bool, _ message: @autoclosure () -> String) {
+        guard !condition else { return }
+        FileHandle.standardError.write(Data("stallmon-bench: tracing: \(message())\n".utf8))
+        exit(1)
     }
 
     /// `body`'s result, run in a task of its own (the benchmark's caller runs outside any).
@@ -145,91 +167,5 @@ enum TracingCost {
         }
         let elapsed = DispatchTime.now().uptimeNanoseconds - start
         return Double(elapsed) / Double(count)
-    }
-}
-
-/// A tracer that records as swift-otel's does, for the cost of wrapping one: its span is a class
-/// that keeps its name, attributes, events, links and status under a lock, and the tracer counts the
-/// spans that end (swift-otel hands them to its processor).
-struct RecordingTracer: Tracer {
-    let ended = Ended()
-
-    final class Ended: Sendable {
-        let count = Atomic<Int>(0)
-    }
-
-    func startSpan<Instant: TracerInstant>(
-        _ operationName: String, context: @autoclosure () -> InstrumentationContext, ofKind kind: SpanKind,
-        at instant: @autoclosure () -> Instant, function: String, file fileID: String, line: UInt
-    ) -> RecordingSpan {
-        RecordingSpan(operationName: operationName, context: context(), kind: kind, start: instant(), ended: ended)
-    }
-
-    func forceFlush() {}
-
-    func extract<Carrier, Extract: Extractor>(
-        _ carrier: Carrier, into context: inout InstrumentationContext, using extractor: Extract
-    ) where Extract.Carrier == Carrier {}
-
-    func inject<Carrier, Inject: Injector>(
-        _ context: InstrumentationContext, into carrier: inout Carrier, using injector: Inject
-    ) where Inject.Carrier == Carrier {}
-}
-
-final class RecordingSpan: Tracing.Span, @unchecked Sendable {
-    struct State {
-        var operationName: String
-        var attributes: SpanAttributes = [:]
-        var events: [SpanEvent] = []
-        var links: [SpanLink] = []
-        var status: SpanStatus?
-        var end: UInt64?
-    }
-
-    let context: InstrumentationContext
-    let kind: SpanKind
-    let start: UInt64
-    private let ended: RecordingTracer.Ended
-    private let state: Mutex<State>
-
-    init(
-        operationName: String, context: InstrumentationContext, kind: SpanKind, start: some TracerInstant,
-        ended: RecordingTracer.Ended
-    ) {
-        self.context = context
-        self.kind = kind
-        self.start = start.nanosecondsSinceEpoch
-        self.ended = ended
-        self.state = Mutex(State(operationName: operationName))
-    }
-
-    var operationName: String {
-        get { state.withLock { $0.operationName } }
-        set { state.withLock { $0.operationName = newValue } }
-    }
-
-    var attributes: SpanAttributes {
-        get { state.withLock { $0.attributes } }
-        set { state.withLock { $0.attributes = newValue } }
-    }
-
-    var isRecording: Bool { state.withLock { $0.end == nil } }
-
-    func setStatus(_ status: SpanStatus) { state.withLock { $0.status = status } }
-
-    func addEvent(_ event: SpanEvent) { state.withLock { $0.events.append(event) } }
-
-    func recordError<Instant: TracerInstant>(
-        _ error: any Error, attributes: SpanAttributes, at instant: @autoclosure () -> Instant
-    ) {
-        addEvent(SpanEvent(name: "exception", at: instant(), attributes: attributes))
-    }
-
-    func addLink(_ link: SpanLink) { state.withLock { $0.links.append(link) } }
-
-    func end<Instant: TracerInstant>(at instant: @autoclosure () -> Instant) {
-        let end = instant().nanosecondsSinceEpoch
-        state.withLock { $0.end = end }
-        ended.count.add(1, ordering: .relaxed)
     }
 }
