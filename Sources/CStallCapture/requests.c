@@ -180,6 +180,19 @@ int stallmon_request_register(uint64_t key, uint32_t depth, uint64_t *sequence, 
     return index;
 }
 
+static bool find_owner(uint64_t key, stallmon_request_found *found);
+
+int stallmon_request_register_current(uint64_t *key, stallmon_request_found *around, uint64_t *sequence,
+                                      void **parts) {
+    uint64_t current = stallmon_request_current_key();
+    *key = current;
+    around->slot = -1;
+    around->depth = 0;
+    around->sequence = 0;
+    bool inside = (current & 1) == 0 && atomic_load_explicit(&used, memory_order_acquire) && find_owner(current, around);
+    return stallmon_request_register(current, inside ? around->depth + 1 : 0, sequence, parts);
+}
+
 void stallmon_request_publish(int index, uint64_t sequence) {
     if (index < 0 || index >= STALLMON_REQUEST_SLOTS) return;
     atomic_store_explicit(&slots[index].sequence, sequence, memory_order_release);
@@ -274,19 +287,23 @@ static uint64_t find(uint64_t key) {
     return best != 0 ? best : alias;
 }
 
+// The owner serving `key` (see find), with its whole registration number (a link keeps its low
+// bits) and depth.
+static bool find_owner(uint64_t key, stallmon_request_found *found) {
+    uint64_t link = find(key);
+    if (link == 0) return false;
+    uint64_t sequence = atomic_load_explicit(&slots[link_slot(link)].sequence, memory_order_acquire);
+    if (sequence == 0 || (sequence & SEQUENCE_MASK) != link_sequence(link)) return false;
+    found->slot = (int32_t)link_slot(link);
+    found->sequence = sequence;
+    found->depth = atomic_load_explicit(&slots[found->slot].depth, memory_order_relaxed);
+    return true;
+}
+
 int stallmon_request_find(const uint64_t *keys, int count, stallmon_request_found *found) {
     if (!atomic_load_explicit(&used, memory_order_acquire)) return 0;
     for (int i = 0; i < count; i++) {
-        if (keys[i] == 0) continue;
-        uint64_t link = find(keys[i]);
-        if (link == 0) continue;
-        // The owner's whole registration number (a link keeps its low bits).
-        uint64_t sequence = atomic_load_explicit(&slots[link_slot(link)].sequence, memory_order_acquire);
-        if (sequence == 0 || (sequence & SEQUENCE_MASK) != link_sequence(link)) continue;
-        found->slot = (int32_t)link_slot(link);
-        found->sequence = sequence;
-        found->depth = atomic_load_explicit(&slots[found->slot].depth, memory_order_relaxed);
-        return 1;
+        if (keys[i] != 0 && find_owner(keys[i], found)) return 1;
     }
     return 0;
 }

@@ -80,20 +80,25 @@ enum SpanTable {
         #endif
     }
 
-    /// Registers a span under `key`, inside `around`, and has `write` write what it says into its
-    /// slot's parts: its name and trace alone, or the wrapped tracer's span.
+    /// Registers a span of the calling task or thread (`key`), inside the span its task serves now,
+    /// and has `write` write what it says into its slot's parts: its name and trace alone, or the
+    /// wrapped tracer's span. `write` is given that span, and may set it aside: the span's parent
+    /// (a span of another trace is no child of it). It replaces the slot's last span's wrapped
+    /// tracer's span, which no reader holds any more (see ``SpanParts/wrapped``).
     ///
     /// The parts are written before the registration is published, without their lock: no reader
     /// copies them before.
     @inline(__always)
     static func register(
-        key: UInt64, around: Around?, _ write: (UnsafeMutablePointer<SpanParts>) -> Void
-    ) -> SpanRegistration {
+        _ write: (UnsafeMutablePointer<SpanParts>, inout Around?) -> Void
+    ) -> (key: UInt64, registration: SpanRegistration) {
         #if STALLMON_LINUX
+        var key: UInt64 = 0
+        var found = stallmon_request_found()
         var sequence: UInt64 = 0
         var pointer: UnsafeMutableRawPointer? = nil
-        let slot = stallmon_request_register(key, around.map { $0.depth &+ 1 } ?? 0, &sequence, &pointer)
-        guard slot >= 0 else { return .none }
+        let slot = stallmon_request_register_current(&key, &found, &sequence, &pointer)
+        guard slot >= 0 else { return (key, .none) }
         let parts: UnsafeMutablePointer<SpanParts>
         if let pointer {
             parts = pointer.assumingMemoryBound(to: SpanParts.self)
@@ -103,20 +108,20 @@ enum SpanTable {
             stallmon_request_set_parts(slot, parts)
         }
         parts.pointee.attributeCount = 0
-        parts.pointee.parent = around?.registration ?? .none
-        if parts.pointee.wrapped != nil {
-            // The last span's wrapped tracer's span: no reader holds it any more.
-            parts.pointee.wrapped = nil
-        }
         if parts.pointee.stalled.load(ordering: .relaxed) {
             parts.pointee.notes = []
             parts.pointee.stalled.store(false, ordering: .relaxed)
         }
-        write(parts)
+        var around =
+            found.slot >= 0
+            ? Around(registration: SpanRegistration(slot: found.slot, sequence: found.sequence), depth: found.depth)
+            : nil
+        write(parts, &around)
+        parts.pointee.parent = around?.registration ?? .none
         stallmon_request_publish(slot, sequence)
-        return SpanRegistration(slot: slot, sequence: sequence)
+        return (key, SpanRegistration(slot: slot, sequence: sequence))
         #else
-        return .none
+        return (0, .none)
         #endif
     }
 

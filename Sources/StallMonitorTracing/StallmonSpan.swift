@@ -23,8 +23,9 @@ public struct StallmonSpan: Tracing.Span {
 
     /// Where the span is registered (`SpanRegistration`, packed): what it says is kept there.
     private let packedRegistration: UInt64
-    /// Alone: the context it started in (a `traceparent` extracted into it stays there).
-    private let startContext: InstrumentationContext
+    /// Alone: the context it started in (a `traceparent` extracted into it stays there). `nil`
+    /// wrapping: a trivial word, which copies of the span neither retain nor release.
+    private let startContext: InstrumentationContext?
     /// Wrapping, the object that holds the tracer's span (see ``WrappingTracer``); outside a task,
     /// a ``ThreadSpanKeeper`` (as `packedRegistration` says), which holds that object and
     /// withdraws the registration if the span is dropped unended. `nil` alone in a task: such a
@@ -54,16 +55,16 @@ public struct StallmonSpan: Tracing.Span {
         // trace (a message's, or a request's read from its header): then of that.
         let context = context()
         let given = context.isEmpty ? nil : context.stallmonTrace
-        let key = SpanTable.currentKey()
-        var around = SpanTable.around(key)
-        var aroundTrace = around.flatMap { SpanTable.trace(of: $0.registration) }
-        if let given, let local = aroundTrace, local.traceHigh != given.traceHigh || local.traceLow != given.traceLow {
-            (around, aroundTrace) = (nil, nil)
-        }
-        let trace = TraceParent.child(of: aroundTrace ?? given)
-        let registration = SpanTable.register(key: key, around: around) { parts in
+        let (key, registration) = SpanTable.register { parts, around in
+            var aroundTrace = around.flatMap { SpanTable.trace(of: $0.registration) }
+            if let given, let local = aroundTrace,
+                local.traceHigh != given.traceHigh || local.traceLow != given.traceLow
+            {
+                (around, aroundTrace) = (nil, nil)
+            }
             parts.pointee.operation = operationName
-            parts.pointee.trace = trace
+            parts.pointee.trace = TraceParent.child(of: aroundTrace ?? given)
+            if parts.pointee.wrapped != nil { parts.pointee.wrapped = nil }
         }
         startContext = context
         if registration.isRegistered && !SpanTable.isTask(key) {
@@ -78,13 +79,12 @@ public struct StallmonSpan: Tracing.Span {
     /// A span of `tracer`'s, held by `span` (retained: the span takes it over).
     init(wrapping span: Unmanaged<AnyObject>, of tracer: Unmanaged<WrappingTracer>) {
         let object = span.takeRetainedValue()
-        let key = SpanTable.currentKey()
-        let registration = SpanTable.register(key: key, around: SpanTable.around(key)) { parts in
-            parts.pointee.operation = ""
+        let (key, registration) = SpanTable.register { parts, _ in
+            if !parts.pointee.operation.isEmpty { parts.pointee.operation = "" }
             parts.pointee.trace = nil
             parts.pointee.wrapped = HeldSpan(tracer: tracer, object: object)
         }
-        startContext = .topLevel
+        startContext = nil
         let calls = tracer._withUnsafeGuaranteedRef { $0.callsNumber } << Self.callsShift
         if registration.isRegistered && !SpanTable.isTask(key) {
             packedRegistration = registration.packed | calls | Self.keptBit
@@ -97,7 +97,7 @@ public struct StallmonSpan: Tracing.Span {
 
     public var context: InstrumentationContext {
         if let wrapped { return wrapped.context }
-        return startContext
+        return startContext ?? .topLevel
     }
 
     public var operationName: String {

@@ -63,6 +63,34 @@ struct RequestTableTests {
         }
     }
 
+    /// A span of another trace inside a task's span (a message's consumer, its context read from the
+    /// message) is the task's innermost span while it runs, but no child of the span around it: it
+    /// names the stalls with its own operation and trace, and not the request's route.
+    @Test func aSpanOfAnotherTraceInsideATasksSpanIsItsInnermostButNoChild() {
+        let tracer = StallmonTracer()
+        tracer.withSpan("GET /orders", ofKind: .server) { outer in
+            outer.attributes["http.request.method"] = "GET"
+            outer.attributes["http.route"] = "/orders"
+            let outerRequest = request(for: here)
+            var context = InstrumentationContext.topLevel
+            tracer.extract(
+                ["traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"], into: &context,
+                using: DictionaryExtractor())
+            tracer.withSpan("orders process", context: context, ofKind: .consumer) { _ in
+                let inner = request(for: here)
+                #expect(inner?.operation == "orders process")
+                #expect(inner?.traceID == "4bf92f3577b34da6a3ce929d0e0e4736")
+                #expect(inner?.method == "" && inner?.route == "")
+                tracer.withSpan("db.query") { _ in
+                    // A child of the consumer's span, in its trace.
+                    #expect(request(for: here)?.operation == "db.query")
+                    #expect(request(for: here)?.traceID == "4bf92f3577b34da6a3ce929d0e0e4736")
+                }
+            }
+            #expect(request(for: here)?.spanID == outerRequest?.spanID)
+        }
+    }
+
     /// A task enqueued by work that serves a request serves it too, and keeps it while the request
     /// lasts; it lapses when the request's span ends. A task that now lives at the same address (its
     /// ID differs) inherits nothing, and neither does a job that is not a task (an actor's).

@@ -34,6 +34,13 @@ uint64_t stallmon_request_thread_key(pid_t tid);
 /// the low STALLMON_REQUEST_SEQUENCE_BITS bits of its owner's (never all 0).
 enum { STALLMON_REQUEST_NUMBER_BITS = 43, STALLMON_REQUEST_SEQUENCE_BITS = 18 };
 
+/// A registration found: its slot, registration number and depth.
+typedef struct {
+    int32_t slot;
+    uint32_t depth;
+    uint64_t sequence;
+} stallmon_request_found;
+
 /// Takes a slot for a span under `key`, inside `depth` spans of its task or thread: returns it and
 /// writes its registration number to `*sequence` and the slot's storage to `*parts` (NULL until
 /// the caller sets it), or returns -1 when the table is full near the key. The caller keeps what
@@ -43,17 +50,16 @@ enum { STALLMON_REQUEST_NUMBER_BITS = 43, STALLMON_REQUEST_SEQUENCE_BITS = 18 };
 /// never ended), the registration is no longer found, and its slot is reclaimed by the next span
 /// of that address.
 int stallmon_request_register(uint64_t key, uint32_t depth, uint64_t *sequence, void **parts);
+/// A span's start in the calling task or thread, in one call: writes its key to `*key`, and the
+/// span its task serves now (as stallmon_request_find finds it) to `*around`, slot -1 when there
+/// is none (outside a task: a thread's spans are no parents); then registers the span under the
+/// key, inside that one, as stallmon_request_register does.
+int stallmon_request_register_current(uint64_t *key, stallmon_request_found *around, uint64_t *sequence,
+                                      void **parts);
 void stallmon_request_publish(int slot, uint64_t sequence);
 /// Withdraws registration `sequence` of `slot`: 1, or 0 when it is withdrawn already (a copy of
 /// the span ended it).
 int stallmon_request_withdraw(int slot, uint64_t sequence);
-
-/// A registration found: its slot, registration number and depth.
-typedef struct {
-    int32_t slot;
-    uint32_t depth;
-    uint64_t sequence;
-} stallmon_request_found;
 
 /// The registration serving the first of `keys` that has one: 1 with `*found` filled, else 0. A
 /// registration under a key itself is preferred to one the key inherited, and the deepest to the
