@@ -80,9 +80,9 @@ enum SpanTable {
         #endif
     }
 
-    /// Registers a span of the calling task or thread (`key`), inside the span its task serves now,
-    /// and has `write` write what it says into its slot's parts: its name and trace alone, or the
-    /// wrapped tracer's span. `write` is given that span, and may set it aside: the span's parent
+    /// Registers a span of the calling task or thread (whose key it returns), inside the span its
+    /// task serves now, and has `write` write what it says into its slot's parts: its name and
+    /// trace alone, or the wrapped tracer's span. `write` is given that span, and may set it aside: the span's parent
     /// (a span of another trace is no child of it). It replaces the slot's last span's wrapped
     /// tracer's span, which no reader holds any more (see ``SpanParts/wrapped``).
     ///

@@ -24,7 +24,8 @@ public struct StallmonSpan: Tracing.Span {
     /// Where the span is registered (`SpanRegistration`, packed): what it says is kept there.
     private let packedRegistration: UInt64
     /// Alone: the context it started in (a `traceparent` extracted into it stays there). `nil`
-    /// wrapping: a trivial word, which copies of the span neither retain nor release.
+    /// wrapping: copies of the span then retain and release nothing of it (the runtime returns at
+    /// once for a null), where an empty context is the empty dictionary's storage.
     private let startContext: InstrumentationContext?
     /// Wrapping, the object that holds the tracer's span (see ``WrappingTracer``); outside a task,
     /// a ``ThreadSpanKeeper`` (as `packedRegistration` says), which holds that object and

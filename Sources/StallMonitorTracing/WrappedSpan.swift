@@ -30,8 +30,8 @@ extension TracerInstant {
 /// Closures, not a generic class: a generic class's methods run unspecialized whoever made it.
 @usableFromInline
 final class WrappingTracer: @unchecked Sendable {
-    @usableFromInline
     /// Starts a span: its name, context, kind, start, function, file and line.
+    @usableFromInline
     typealias Start = (String, InstrumentationContext, SpanKind, Timestamp, String, String, UInt) -> Object
     @usableFromInline
     typealias Object = Unmanaged<AnyObject>
@@ -250,7 +250,11 @@ final class SpanCalls: @unchecked Sendable {
         ) {
             let reference = $0.baseAddress.unsafelyUnwrapped
             reference.initializeMemory(as: Span.self, to: start())
-            return reference.load(as: Object.self)
+            let object = reference.load(as: Object.self)
+            // The span is the returned object's now: the memory is left holding its bits, as the
+            // trivial type they were read as, which needs no deinitializing.
+            reference.bindMemory(to: Object.self, capacity: 1)
+            return object
         }
     }
 

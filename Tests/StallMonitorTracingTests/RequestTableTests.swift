@@ -447,6 +447,22 @@ struct RequestTableTests {
         }
     }
 
+    /// The slot keeps a wrapped tracer's span after it ends (a reader may still copy it), and lets
+    /// it go when the slot's next span starts, wrapped or alone: one span held per slot, and none
+    /// leaked. The spans of one task take the same slot, one after another.
+    @Test func aWrappedSpanIsReleasedWhenItsSlotsNextSpanStarts() {
+        let freed = FreedSpan.Count()
+        let tracer = StallmonTracer(wrapping: FreedSpanTracer(freed: freed))
+        let spans = 100
+        for _ in 0..<spans {
+            tracer.withSpan("GET /") { span in span.attributes["url.path"] = "/" }
+        }
+        #expect(freed.spans == spans - 1)
+        StallmonTracer().withSpan("GET /alone") { _ in }
+        #expect(freed.spans == spans)
+        #expect(stallmon_request_live() == 0)
+    }
+
     /// Wrapping a recording tracer: its spans are the ones that end, with a `stall` event for a
     /// stall noted inside them and `stallmon.stalled`; others carry neither.
     @Test func aWrappedSpanGetsAStallEventForAStallNotedInIt() throws {
@@ -582,4 +598,65 @@ private final class FakeJob {
         get { memory.load(fromByteOffset: 32, as: UInt8.self) }
         set { memory.storeBytes(of: newValue, toByteOffset: 32, as: UInt8.self) }
     }
+}
+
+/// A tracer whose spans count their deinits.
+private struct FreedSpanTracer: Tracer {
+    let freed: FreedSpan.Count
+
+    func startSpan<Instant: TracerInstant>(
+        _ operationName: String, context: @autoclosure () -> InstrumentationContext, ofKind kind: SpanKind,
+        at instant: @autoclosure () -> Instant, function: String, file fileID: String, line: UInt
+    ) -> FreedSpan {
+        FreedSpan(operationName: operationName, context: context(), freed: freed)
+    }
+
+    func forceFlush() {}
+
+    func extract<Carrier, Extract: Extractor>(
+        _ carrier: Carrier, into context: inout InstrumentationContext, using extractor: Extract
+    ) where Extract.Carrier == Carrier {}
+
+    func inject<Carrier, Inject: Injector>(
+        _ context: InstrumentationContext, into carrier: inout Carrier, using injector: Inject
+    ) where Inject.Carrier == Carrier {}
+}
+
+private final class FreedSpan: Tracing.Span, @unchecked Sendable {
+    final class Count: Sendable {
+        private let count = Atomic<Int>(0)
+        var spans: Int { count.load(ordering: .relaxed) }
+        func add() { count.add(1, ordering: .relaxed) }
+    }
+
+    let context: InstrumentationContext
+    private let freed: Count
+    private let lock = NSLock()
+    private var name: String
+    private var attributesSet: SpanAttributes = [:]
+
+    init(operationName: String, context: InstrumentationContext, freed: Count) {
+        self.name = operationName
+        self.context = context
+        self.freed = freed
+    }
+
+    deinit { freed.add() }
+
+    var operationName: String {
+        get { lock.withLock { name } }
+        set { lock.withLock { name = newValue } }
+    }
+    var attributes: SpanAttributes {
+        get { lock.withLock { attributesSet } }
+        set { lock.withLock { attributesSet = newValue } }
+    }
+    var isRecording: Bool { true }
+    func setStatus(_ status: SpanStatus) {}
+    func addEvent(_ event: SpanEvent) {}
+    func recordError<Instant: TracerInstant>(
+        _ error: any Error, attributes: SpanAttributes, at instant: @autoclosure () -> Instant
+    ) {}
+    func addLink(_ link: SpanLink) {}
+    func end<Instant: TracerInstant>(at instant: @autoclosure () -> Instant) {}
 }
