@@ -48,10 +48,7 @@ struct RequestTableTests {
     /// the span around it; the trace is the same.
     @Test func theInnermostSpanWinsAndTheRequestComesFromTheSpanAroundIt() {
         let tracer = StallmonTracer()
-        tracer.withSpan("GET /orders", ofKind: .server) { outer in
-            outer.attributes["http.request.method"] = "GET"
-            outer.attributes["http.route"] = "/orders"
-            let outerRequest = request(for: here)
+        insideOrdersRequest(of: tracer) { outerRequest in
             tracer.withSpan("db.query") { _ in
                 let inner = request(for: here)
                 #expect(inner?.operation == "db.query")
@@ -59,6 +56,17 @@ struct RequestTableTests {
                 #expect(inner?.traceID == outerRequest?.traceID)
                 #expect(inner?.spanID != outerRequest?.spanID)
             }
+        }
+    }
+
+    /// Runs `body` inside a `GET /orders` server span of `tracer`, given what the table says of it,
+    /// and checks that the table names that span again once `body`'s spans have ended.
+    func insideOrdersRequest(of tracer: StallmonTracer, _ body: (StallReport.Request?) -> Void) {
+        tracer.withSpan("GET /orders", ofKind: .server) { outer in
+            outer.attributes["http.request.method"] = "GET"
+            outer.attributes["http.route"] = "/orders"
+            let outerRequest = request(for: here)
+            body(outerRequest)
             #expect(request(for: here)?.spanID == outerRequest?.spanID)
         }
     }
@@ -68,10 +76,7 @@ struct RequestTableTests {
     /// names the stalls with its own operation and trace, and not the request's route.
     @Test func aSpanOfAnotherTraceInsideATasksSpanIsItsInnermostButNoChild() {
         let tracer = StallmonTracer()
-        tracer.withSpan("GET /orders", ofKind: .server) { outer in
-            outer.attributes["http.request.method"] = "GET"
-            outer.attributes["http.route"] = "/orders"
-            let outerRequest = request(for: here)
+        insideOrdersRequest(of: tracer) { _ in
             var context = InstrumentationContext.topLevel
             tracer.extract(
                 ["traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"], into: &context,
@@ -87,7 +92,6 @@ struct RequestTableTests {
                     #expect(request(for: here)?.traceID == "4bf92f3577b34da6a3ce929d0e0e4736")
                 }
             }
-            #expect(request(for: here)?.spanID == outerRequest?.spanID)
         }
     }
 
@@ -451,15 +455,15 @@ struct RequestTableTests {
     /// it go when the slot's next span starts, wrapped or alone: one span held per slot, and none
     /// leaked. The spans of one task take the same slot, one after another.
     @Test func aWrappedSpanIsReleasedWhenItsSlotsNextSpanStarts() {
-        let freed = FreedSpan.Count()
-        let tracer = StallmonTracer(wrapping: FreedSpanTracer(freed: freed))
+        let objects = ObjectSpanTracer<Void>(keepsEnded: false)
+        let tracer = StallmonTracer(wrapping: objects)
         let spans = 100
         for _ in 0..<spans {
             tracer.withSpan("GET /") { span in span.attributes["url.path"] = "/" }
         }
-        #expect(freed.spans == spans - 1)
+        #expect(objects.ended.freed == spans - 1)
         StallmonTracer().withSpan("GET /alone") { _ in }
-        #expect(freed.spans == spans)
+        #expect(objects.ended.freed == spans)
         #expect(stallmon_request_live() == 0)
     }
 
@@ -510,7 +514,13 @@ private final class Keys: @unchecked Sendable {
 
 /// A tracer whose spans are objects, as swift-otel's are; a type of span for each `Marker`.
 private struct ObjectSpanTracer<Marker>: Tracer {
-    let ended = ObjectSpan<Marker>.Ended()
+    let ended: ObjectSpan<Marker>.Ended
+
+    /// `keepsEnded`: whether the spans that end are kept, for a test to read (else only counted
+    /// as they are freed).
+    init(keepsEnded: Bool = true) {
+        ended = ObjectSpan<Marker>.Ended(keeps: keepsEnded)
+    }
 
     func startSpan<Instant: TracerInstant>(
         _ operationName: String, context: @autoclosure () -> InstrumentationContext, ofKind kind: SpanKind,
@@ -533,9 +543,15 @@ private struct ObjectSpanTracer<Marker>: Tracer {
 private final class ObjectSpan<Marker>: Tracing.Span, @unchecked Sendable {
     final class Ended: @unchecked Sendable {
         private let lock = NSLock()
+        private let keeps: Bool
         private var spans: [ObjectSpan] = []
-        func add(_ span: ObjectSpan) { lock.withLock { spans.append(span) } }
+        private var freedSpans = 0
+        init(keeps: Bool) { self.keeps = keeps }
+        func add(_ span: ObjectSpan) { if keeps { lock.withLock { spans.append(span) } } }
         func withLock<T>(_ body: ([ObjectSpan]) -> T) -> T { lock.withLock { body(spans) } }
+        /// The spans freed.
+        var freed: Int { lock.withLock { freedSpans } }
+        func free() { lock.withLock { freedSpans += 1 } }
     }
 
     let context: InstrumentationContext
@@ -551,6 +567,8 @@ private final class ObjectSpan<Marker>: Tracing.Span, @unchecked Sendable {
         self.context = context
         self.ended = ended
     }
+
+    deinit { ended.free() }
 
     var operationName: String {
         get { lock.withLock { name } }
@@ -598,65 +616,4 @@ private final class FakeJob {
         get { memory.load(fromByteOffset: 32, as: UInt8.self) }
         set { memory.storeBytes(of: newValue, toByteOffset: 32, as: UInt8.self) }
     }
-}
-
-/// A tracer whose spans count their deinits.
-private struct FreedSpanTracer: Tracer {
-    let freed: FreedSpan.Count
-
-    func startSpan<Instant: TracerInstant>(
-        _ operationName: String, context: @autoclosure () -> InstrumentationContext, ofKind kind: SpanKind,
-        at instant: @autoclosure () -> Instant, function: String, file fileID: String, line: UInt
-    ) -> FreedSpan {
-        FreedSpan(operationName: operationName, context: context(), freed: freed)
-    }
-
-    func forceFlush() {}
-
-    func extract<Carrier, Extract: Extractor>(
-        _ carrier: Carrier, into context: inout InstrumentationContext, using extractor: Extract
-    ) where Extract.Carrier == Carrier {}
-
-    func inject<Carrier, Inject: Injector>(
-        _ context: InstrumentationContext, into carrier: inout Carrier, using injector: Inject
-    ) where Inject.Carrier == Carrier {}
-}
-
-private final class FreedSpan: Tracing.Span, @unchecked Sendable {
-    final class Count: Sendable {
-        private let count = Atomic<Int>(0)
-        var spans: Int { count.load(ordering: .relaxed) }
-        func add() { count.add(1, ordering: .relaxed) }
-    }
-
-    let context: InstrumentationContext
-    private let freed: Count
-    private let lock = NSLock()
-    private var name: String
-    private var attributesSet: SpanAttributes = [:]
-
-    init(operationName: String, context: InstrumentationContext, freed: Count) {
-        self.name = operationName
-        self.context = context
-        self.freed = freed
-    }
-
-    deinit { freed.add() }
-
-    var operationName: String {
-        get { lock.withLock { name } }
-        set { lock.withLock { name = newValue } }
-    }
-    var attributes: SpanAttributes {
-        get { lock.withLock { attributesSet } }
-        set { lock.withLock { attributesSet = newValue } }
-    }
-    var isRecording: Bool { true }
-    func setStatus(_ status: SpanStatus) {}
-    func addEvent(_ event: SpanEvent) {}
-    func recordError<Instant: TracerInstant>(
-        _ error: any Error, attributes: SpanAttributes, at instant: @autoclosure () -> Instant
-    ) {}
-    func addLink(_ link: SpanLink) {}
-    func end<Instant: TracerInstant>(at instant: @autoclosure () -> Instant) {}
 }
