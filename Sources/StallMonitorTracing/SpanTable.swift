@@ -82,9 +82,9 @@ enum SpanTable {
 
     /// Registers a span of the calling task or thread (whose key it returns), inside the span its
     /// task serves now, and has `write` write what it says into its slot's parts: its name and
-    /// trace alone, or the wrapped tracer's span. `write` is given that span, and may set it aside: the span's parent
-    /// (a span of another trace is no child of it). It replaces the slot's last span's wrapped
-    /// tracer's span, which no reader holds any more (see ``SpanParts/wrapped``).
+    /// trace alone, or the wrapped tracer's span. `write` is given that span, and may set it aside:
+    /// the span's parent (a span of another trace is no child of it). It replaces the slot's last
+    /// span's wrapped tracer's span, which no reader holds any more (see ``SpanParts/wrapped``).
     ///
     /// The parts are written before the registration is published, without their lock: no reader
     /// copies them before.
@@ -309,8 +309,9 @@ struct KeptAttributes {
 }
 
 /// The registration of a span outside a task, and the object that holds its wrapped tracer's span
-/// (the span itself, a ``SpanBox`` or an ``IndirectSpan``: see ``WrappingTracer``). A thread's registrations never lapse by themselves (a task's do when the
-/// task ends), so a span dropped unended there would name every later stall of its thread.
+/// (the span itself, a ``SpanBox`` or an ``IndirectSpan``: see ``WrappingTracer``). A thread's
+/// registrations never lapse by themselves (a task's do when the task ends), so a span dropped
+/// unended there would name every later stall of its thread.
 final class ThreadSpanKeeper: @unchecked Sendable {
     private let registration: SpanRegistration
     let wrapped: AnyObject?

@@ -32,9 +32,7 @@ extension TracerInstant {
 final class WrappingTracer: @unchecked Sendable {
     /// Starts a span: its name, context, kind, start, function, file and line.
     @usableFromInline
-    typealias Start = (String, InstrumentationContext, SpanKind, Timestamp, String, String, UInt) -> Object
-    @usableFromInline
-    typealias Object = Unmanaged<AnyObject>
+    typealias Start = (String, InstrumentationContext, SpanKind, Timestamp, String, String, UInt) -> SpanCalls.Object
 
     /// What calls the objects that hold the tracer's spans, and its number (see
     /// ``SpanCalls/number(of:)``).
@@ -66,11 +64,12 @@ final class WrappingTracer: @unchecked Sendable {
     /// The wrapping of `tracer`, retained.
     @inlinable
     static func make<Wrapped: Tracer>(_ tracer: Wrapped) -> Unmanaged<WrappingTracer> {
-        let objects = SpanCalls.objects(Wrapped.Span.self) != nil
+        // Whether spans are objects, decided once: how they are held (`hold`) and called.
+        let objects = Wrapped.Span.self as? any (Tracing.Span & AnyObject).Type
         let wrapping = WrappingTracer(
-            calls: SpanCalls.of(Wrapped.Span.self),
+            calls: objects.map { SpanCalls.of(objects: $0) } ?? SpanCalls.of(boxed: Wrapped.Span.self),
             start: { operationName, context, kind, instant, function, fileID, line in
-                SpanCalls.hold(objects: objects) {
+                SpanCalls.hold(objects: objects != nil) {
                     tracer.startSpan(
                         operationName, context: context, ofKind: kind, at: instant, function: function, file: fileID,
                         line: line)
@@ -107,7 +106,7 @@ func traceParentHeader(injectedBy tracer: some Tracer, for context: Instrumentat
 
 /// How the spans of one type are called, through the objects that hold them (see
 /// ``WrappingTracer``): as their own type, by closures made for it where the tracer is wrapped
-/// (``of(_:)``). Made once per span type and never freed; numbered, so that a span names them in a
+/// (``of(objects:)``, ``of(boxed:)``). Made once per span type and never freed; numbered, so that a span names them in a
 /// few bits.
 @usableFromInline
 final class SpanCalls: @unchecked Sendable {
@@ -157,16 +156,9 @@ final class SpanCalls: @unchecked Sendable {
         self.end = end
     }
 
-    /// The calls of spans of type `Span`.
-    @inlinable
-    static func of<Span: Tracing.Span>(_: Span.Type) -> SpanCalls {
-        if let objects = objects(Span.self) { return of(objects: objects) }
-        return of(boxed: Span.self)
-    }
-
     /// The calls of spans that are objects: the object is the span, reached unretained.
     ///
-    /// Reached from ``of(_:)`` through the cast's existential, so not specialized; but an object
+    /// Reached from ``WrappingTracer/make(_:)`` through the cast's existential, so not specialized; but an object
     /// span can only be reached unretained where it is known to be an object (`Unmanaged<Span>`),
     /// and specialized code that read it as an unconstrained `Span` retained and released it around
     /// every call, which cost more than the specialization saved. (This and ``of(boxed:)`` make the
@@ -229,15 +221,8 @@ final class SpanCalls: @unchecked Sendable {
             end: { instant, object in with(object) { $0.end(at: instant) } })
     }
 
-    /// The spans of type `Span` as objects, if they are objects: each is then held as itself (see
-    /// ``hold(objects:_:)``), and called as the object it is.
-    @inlinable
-    static func objects<Span: Tracing.Span>(_: Span.Type) -> (any (Tracing.Span & AnyObject).Type)? {
-        Span.self as? any (Tracing.Span & AnyObject).Type
-    }
-
     /// The object that holds the span `start` makes, retained: the span itself when spans are
-    /// `objects`, else a ``SpanBox`` it is moved into (a struct span's copy retains each of its
+    /// `objects` (then called by ``of(objects:)``'s calls), else a ``SpanBox`` it is moved into (a struct span's copy retains each of its
     /// parts).
     @inlinable @inline(__always)
     static func hold<Span: Tracing.Span>(objects: Bool, _ start: () -> Span) -> Object {
