@@ -24,6 +24,18 @@ struct RequestTableTests {
 
     var here: UInt64 { stallmon_request_current_key() }
 
+    /// Notes a stall of a pool thread in the span of `registration`, as the watchdog does.
+    func noteStall(
+        _ stallID: String, in registration: SpanRegistration, lasting duration: Duration, ended: Bool, thread: Int,
+        frame: String
+    ) {
+        SpanTableReader().noteStall(
+            StallNote(
+                stallID: stallID, startNanoseconds: 1, duration: duration, ended: ended, threadID: thread, frame: frame,
+                loop: "cooperative-pool"),
+            slot: registration.slot, sequence: registration.sequence)
+    }
+
     @Test func aSpanIsFoundUnderItsTaskWhileItRunsAndNotAfter() {
         let tracer = StallmonTracer()
 
@@ -364,11 +376,9 @@ struct RequestTableTests {
         tracer.withSpan("GET /slow", ofKind: .server) { span in
             span.attributes["url.path"] = "/slow/1"
             stalled = span.registration
-            SpanTableReader().noteStall(
-                StallNote(
-                    stallID: "00112233445566778899aabbccddeeff", startNanoseconds: 1, duration: .milliseconds(250),
-                    ended: false, threadID: 42, frame: "", loop: "cooperative-pool"),
-                slot: stalled.slot, sequence: stalled.sequence)
+            noteStall(
+                "00112233445566778899aabbccddeeff", in: stalled, lasting: .milliseconds(250), ended: false, thread: 42,
+                frame: "")
             span.attributes["http.route"] = "/slow/:id"
         }
         let last = SpanTableReader().request(slot: stalled.slot, sequence: stalled.sequence)
@@ -394,11 +404,9 @@ struct RequestTableTests {
             #expect(
                 found?.operation == "GET /object" && found?.endpoint == "GET /object/:id",
                 "\(String(describing: found))")
-            SpanTableReader().noteStall(
-                StallNote(
-                    stallID: "ffeeddccbbaa99887766554433221100", startNanoseconds: 1, duration: .milliseconds(120),
-                    ended: true, threadID: 7, frame: "Object.work()", loop: "cooperative-pool"),
-                slot: span.registration.slot, sequence: span.registration.sequence)
+            noteStall(
+                "ffeeddccbbaa99887766554433221100", in: span.registration, lasting: .milliseconds(120), ended: true,
+                thread: 7, frame: "Object.work()")
             span.end()
             #expect(request(for: key) == nil)
         }
@@ -428,11 +436,9 @@ struct RequestTableTests {
                 span.operationName = "GET /\(Marker.self)/:id"
                 let found = try #require(request(for: key))
                 #expect(found.operation == "GET /\(Marker.self)/:id" && found.route == "/\(Marker.self)/:id")
-                SpanTableReader().noteStall(
-                    StallNote(
-                        stallID: "00112233445566778899aabbccddeeff", startNanoseconds: 1, duration: .milliseconds(90),
-                        ended: true, threadID: 9, frame: "Marked.work()", loop: "cooperative-pool"),
-                    slot: span.registration.slot, sequence: span.registration.sequence)
+                noteStall(
+                    "00112233445566778899aabbccddeeff", in: span.registration, lasting: .milliseconds(90), ended: true,
+                    thread: 9, frame: "Marked.work()")
                 span.end()
             }.value
             let ended = objects.ended.withLock { $0 }
@@ -475,11 +481,9 @@ struct RequestTableTests {
         tracer.withSpan("GET /slow", ofKind: .server) { span in
             span.attributes["http.route"] = "/slow"
             #expect(request(for: here)?.route == "/slow")
-            SpanTableReader().noteStall(
-                StallNote(
-                    stallID: "0123456789abcdef0123456789abcdef", startNanoseconds: 1, duration: .milliseconds(250),
-                    ended: true, threadID: 42, frame: "Slow.work() (Slow.swift:7)", loop: "cooperative-pool"),
-                slot: span.registration.slot, sequence: span.registration.sequence)
+            noteStall(
+                "0123456789abcdef0123456789abcdef", in: span.registration, lasting: .milliseconds(250), ended: true,
+                thread: 42, frame: "Slow.work() (Slow.swift:7)")
         }
         tracer.withSpan("GET /fast") { _ in }
         let slow = try #require(memory.finishedSpans.first { $0.operationName == "GET /slow" })
