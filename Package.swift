@@ -175,6 +175,7 @@ let package = Package(
             name: "StallmonAsyncFixture",
             dependencies: [
                 "StallMonitor", "StallJournal", "CStallCapture", "StallmonFixtureKit", "StallMonitorNIO",
+                "StallMonitorTracing", .product(name: "Tracing", package: "swift-distributed-tracing"),
                 .product(name: "NIOCore", package: "swift-nio"), .product(name: "NIOPosix", package: "swift-nio"),
             ]
         ),

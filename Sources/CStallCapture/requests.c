@@ -7,7 +7,8 @@
 // A key is looked for in the WINDOW slots from its hash: a registration takes the first free one
 // (or an alias's whose owner is gone, or a span's that a task at this address never ended), else a
 // live alias's, else refuses (counted). A span's start registers and its end withdraws; the pool
-// hook makes aliases; the watchdog reads.
+// hook makes aliases, while a span may be open (one word says so, which the pool's watchdog clears
+// by a sweep of the table: see stallmon_request_sweep); the watchdog reads.
 //
 // What a span says (its name, attributes, trace; a wrapped tracer's span) is kept by the caller
 // (StallMonitorTracing), in storage of its own per slot, made by the slot's first span and reused by
@@ -56,10 +57,18 @@ typedef struct {
 } __attribute__((aligned(64))) request_slot;
 
 static request_slot slots[STALLMON_REQUEST_SLOTS];
-// Set by the first registration, never cleared: until then the pool hook and the lookups return at
-// once. (A count of the spans open would let them return at once between requests too, but every
-// span's start and end would then write one cache line that all CPUs share.)
+// Set by the first registration, never cleared: until then the lookups return at once.
 static _Atomic int used;
+
+// Whether a span may be open now: the pool hook returns at once while none is (see
+// stallmon_request_sweep). A count of the spans open would say it exactly, but every span's start
+// and end would then write one cache line that all CPUs share; this line is written only when it
+// changes: by the first span to start after a sweep cleared it, and by the sweeps.
+enum { NONE_OPEN = 0, MAYBE_OPEN = 1, SWEEPING = 2 };
+static struct {
+    _Atomic int state;
+    _Atomic uint64_t sweeps;  // sweeps that looked at the table
+} __attribute__((aligned(64))) open_spans;
 static _Atomic uint64_t refused;
 static _Atomic uint64_t inherited;
 
@@ -144,7 +153,9 @@ static int claim(uint64_t key, bool evict) {
             uint64_t seen = atomic_load_explicit(&slot->key, memory_order_acquire);
             if (seen != 0 && !free_alias(slot, pass == 1) && !(task && free_stale_owner(slot, key, id))) continue;
             seen = 0;
-            if (atomic_compare_exchange_strong_explicit(&slot->key, &seen, key, memory_order_acq_rel,
+            // Sequentially consistent: see the span's store of MAYBE_OPEN after it, in
+            // stallmon_request_register.
+            if (atomic_compare_exchange_strong_explicit(&slot->key, &seen, key, memory_order_seq_cst,
                                                         memory_order_relaxed)) {
                 return (int)((base + step) & SLOT_MASK);
             }
@@ -161,6 +172,12 @@ int stallmon_request_register(uint64_t key, uint32_t depth, uint64_t *sequence, 
     if (index < 0) {
         atomic_fetch_add_explicit(&refused, 1, memory_order_relaxed);
         return -1;
+    }
+    // The slot is claimed (a sequentially consistent swap): a sweep that starts after this load sees
+    // the claim; one that started before it has set SWEEPING, which this store turns back, and the
+    // sweep's own swap to NONE_OPEN then fails.
+    if (atomic_load_explicit(&open_spans.state, memory_order_seq_cst) != MAYBE_OPEN) {
+        atomic_store_explicit(&open_spans.state, MAYBE_OPEN, memory_order_seq_cst);
     }
     request_slot *slot = &slots[index];
     uint64_t number = (slot->registrations + 1) & ((1ULL << STALLMON_REQUEST_NUMBER_BITS) - 1);
@@ -349,14 +366,16 @@ static void inherit_from(uint64_t current, void *job) {
 }
 
 void stallmon_request_inherit(void *job) {
-    if (__builtin_expect(!atomic_load_explicit(&used, memory_order_relaxed), 1)) return;
+    if (__builtin_expect(atomic_load_explicit(&open_spans.state, memory_order_relaxed) == NONE_OPEN, 1)) return;
     void *task = swift_task_getCurrent != NULL ? swift_task_getCurrent() : NULL;
     if (task == NULL || task == job) return;
     inherit_from((uint64_t)(uintptr_t)task, job);
 }
 
 void stallmon_request_inherit_for(uint64_t current, uint64_t job) {
-    if (!atomic_load_explicit(&used, memory_order_relaxed) || current == 0 || current == job) return;
+    if (atomic_load_explicit(&open_spans.state, memory_order_relaxed) == NONE_OPEN || current == 0 || current == job) {
+        return;
+    }
     inherit_from(current, (void *)(uintptr_t)job);
 }
 
@@ -416,6 +435,43 @@ void stallmon_request_new_ids(uint64_t *high, uint64_t *low, uint64_t *span) {
 }
 
 int stallmon_request_used(void) { return atomic_load_explicit(&used, memory_order_acquire); }
+
+// A span's start claims its slot, then sets MAYBE_OPEN unless it is set (both sequentially
+// consistent); a sweep swaps MAYBE_OPEN for SWEEPING, looks for a claimed slot that is not an
+// alias's, and swaps SWEEPING for what it found. In the single order of those operations, a span
+// whose load came before the sweep's first swap has its claim before the sweep's loads, which see
+// it (or its end); a span whose load came after it stores MAYBE_OPEN, and the sweep's last swap
+// fails or comes first. So the state is NONE_OPEN only while no span is open, but for the moment
+// between a span's claim and its store, before the span's work runs: the hook, which runs after
+// the span's start in the span's task or in one it made, never misses it. A slot of a task that
+// ended without ending its span keeps the state MAYBE_OPEN, as the hook's cost before.
+int stallmon_request_sweep(void) {
+    int state = MAYBE_OPEN;
+    if (!atomic_compare_exchange_strong_explicit(&open_spans.state, &state, SWEEPING, memory_order_seq_cst,
+                                                 memory_order_relaxed)) {
+        return state != NONE_OPEN;  // none open, or another sweep is looking
+    }
+    atomic_fetch_add_explicit(&open_spans.sweeps, 1, memory_order_relaxed);
+    bool open = false;
+    for (int index = 0; index < STALLMON_REQUEST_SLOTS && !open; index++) {
+        request_slot *slot = &slots[index];
+        if (atomic_load_explicit(&slot->key, memory_order_seq_cst) == 0) continue;
+        // An owner published, or claimed and not yet (or an alias's slot whose link is being set,
+        // or freed: taken as open, which errs on the safe side).
+        open = atomic_load_explicit(&slot->sequence, memory_order_seq_cst) != 0 ||
+               atomic_load_explicit(&slot->link, memory_order_seq_cst) == 0;
+    }
+    state = SWEEPING;
+    atomic_compare_exchange_strong_explicit(&open_spans.state, &state, open ? MAYBE_OPEN : NONE_OPEN,
+                                            memory_order_seq_cst, memory_order_relaxed);
+    return open || state != SWEEPING;
+}
+
+int stallmon_request_may_be_open(void) {
+    return atomic_load_explicit(&open_spans.state, memory_order_acquire) != NONE_OPEN;
+}
+
+uint64_t stallmon_request_sweeps(void) { return atomic_load_explicit(&open_spans.sweeps, memory_order_relaxed); }
 
 int64_t stallmon_request_live(void) {
     int64_t count = 0;

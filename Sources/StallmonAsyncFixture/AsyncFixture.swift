@@ -18,6 +18,8 @@
 //   pool-stalls  start(.asyncMain) with cooperative_pool on (its threshold --threshold-ms): jobs of the
 //              cooperative pool blocked in usleep, a blocking read, DispatchSemaphore.wait and on the CPU
 //   pool-idle  the same, and nothing happens for --seconds
+//   pool-spans  the same as pool-idle, with spans of StallmonTracer: the watchdog's sweeps of the
+//              table of open spans (SpanSweeps.swift)
 //   pool-off   start(.asyncMain) with cooperative_pool off, and a pool job blocked in usleep
 //   pool-default  start(.asyncMain) with cooperative_pool left at its default, and the pool-stalls jobs
 //   pool-busy  the same as pool-stalls, with two tasks running pool jobs of 40 ms of CPU time back to
@@ -184,6 +186,9 @@ enum AsyncFixture {
                 return total
             }
             Fixture.print(["type": "pool-busy", "jobs": longest.jobs, "longest_ns": Int(longest.longest)])
+        case "pool-spans":
+            try await Task.sleep(for: .milliseconds(1000))
+            try await SpanSweeps.run()
         case "pool-off":
             PoolWork.printHook("running")
             try await Task.sleep(for: .milliseconds(500))

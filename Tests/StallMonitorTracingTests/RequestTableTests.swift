@@ -169,6 +169,79 @@ struct RequestTableTests {
         #expect(request(for: job) == nil)
     }
 
+    /// The pool hook's sign that a span may be open: set by a span's start, kept by a sweep while a
+    /// span is open, cleared by the first sweep after the last one ends (the alias a request's task
+    /// left keeps nothing open); a sweep with the sign clear looks at nothing.
+    @Test func aSweepClearsThePoolHooksSignOnlyOnceNoSpanIsOpen() {
+        let tracer = StallmonTracer()
+        let fake = FakeJob(id: 5)
+        defer { withExtendedLifetime(fake) {} }
+        #expect(stallmon_request_sweep() == 0)
+        #expect(stallmon_request_may_be_open() == 0)
+        let sweeps = stallmon_request_sweeps()
+        let inherited = stallmon_request_inherited()
+
+        tracer.withSpan("GET /sweep", ofKind: .server) { _ in
+            #expect(stallmon_request_may_be_open() == 1)
+            stallmon_request_inherit_for(here, fake.key)
+            #expect(stallmon_request_sweep() == 1)
+            #expect(stallmon_request_may_be_open() == 1)
+            // The hook goes on working: the task it made serves the request.
+            #expect(request(for: fake.key)?.operation == "GET /sweep")
+        }
+        #expect(stallmon_request_inherited() == inherited + 1)
+        #expect(stallmon_request_sweeps() == sweeps + 1)
+        #expect(stallmon_request_may_be_open() == 1)
+        #expect(stallmon_request_sweep() == 0)
+        #expect(stallmon_request_may_be_open() == 0)
+        #expect(stallmon_request_sweep() == 0)
+        #expect(stallmon_request_sweeps() == sweeps + 2)
+
+        // A thread's span is open as a task's is, from its start.
+        let thread = Thread {
+            let span = tracer.startSpan("on a thread")
+            #expect(stallmon_request_may_be_open() == 1)
+            #expect(stallmon_request_sweep() == 1)
+            span.end()
+        }
+        thread.start()
+        while !thread.isFinished { usleep(1000) }
+        #expect(stallmon_request_sweep() == 0)
+        #expect(stallmon_request_live() == 0)
+    }
+
+    /// A span that starts while a sweep looks is not missed: with sweeps running all along on one
+    /// thread, spans start and end on two others, and every one of them sees the sign set from its
+    /// start to its end.
+    @Test func aSpanStartingWhileASweepLooksKeepsTheSignSet() {
+        final class Race: Sendable {
+            let stop = Atomic<Bool>(false)
+            let misses = Atomic<Int>(0)
+        }
+        let tracer = StallmonTracer()
+        let race = Race()
+        let (sweeper, spans) = (DispatchGroup(), DispatchGroup())
+        let sweeps = stallmon_request_sweeps()
+        DispatchQueue.global().async(group: sweeper) {
+            while !race.stop.load(ordering: .relaxed) { _ = stallmon_request_sweep() }
+        }
+        for _ in 0..<2 {
+            DispatchQueue.global().async(group: spans) {
+                for _ in 0..<100_000 {
+                    let span = tracer.startSpan("GET /race")
+                    if stallmon_request_may_be_open() == 0 { race.misses.add(1, ordering: .relaxed) }
+                    span.end()
+                }
+            }
+        }
+        spans.wait()
+        race.stop.store(true, ordering: .relaxed)
+        sweeper.wait()
+        #expect(race.misses.load(ordering: .relaxed) == 0)
+        #expect(stallmon_request_sweeps() > sweeps + 100)
+        #expect(stallmon_request_sweep() == 0)
+    }
+
     /// Past the table's slots near a key, a span goes unregistered (counted) and the rest work on.
     @Test func aFullTableRefusesSpansAndRecovers() {
         let tracer = StallmonTracer()

@@ -130,6 +130,33 @@ extension Serial {
             #expect(run.lines.first { $0.string("type") == "statistics" }?.number("stalls") == 0)
         }
 
+        /// The watchdog sweeps the table of open spans on its wakeups: inside a span, over a busy
+        /// pool and an idle one, the pool hook stays on and a task the request makes serves it; once
+        /// the span ends, the hook's sign is clear within a second or so; the next span sets it again.
+        @Test func theWatchdogsSweepsTurnThePoolHookOffBetweenSpansOnly() throws {
+            let run = try Self.run("pool-spans", seconds: "6")
+            #expect(run.exitStatus == 0, "\(run.standardError)")
+            let moments = Dictionary(
+                run.lines.filter { $0.string("type") == "spans" }.map { ($0.string("moment"), $0) }
+            ) { $1 }
+            let before = try #require(moments["before"], "\(run.lines)")
+            let inside = try #require(moments["inside"])
+            let after = try #require(moments["after"])
+            let again = try #require(moments["again"])
+            #expect(before["may_be_open"] as? Bool == false)
+            // A sweep as the busy pool's second passed, and one as the watchdog parked.
+            #expect(inside.number("sweeps") - before.number("sweeps") >= 2, "\(inside)")
+            #expect(inside["may_be_open"] as? Bool == true)
+            #expect(inside["child_found"] as? Bool == true)
+            #expect(inside.number("inherited") > before.number("inherited"))
+            #expect(after["may_be_open"] as? Bool == false)
+            #expect(after.number("cleared_ns") > 0 && after.number("cleared_ns") < 2.5e9, "\(after)")
+            #expect(again["may_be_open"] as? Bool == true)
+            #expect(again["child_found"] as? Bool == true)
+            #expect(again.number("inherited") > after.number("inherited"))
+            #expect(run.detected.isEmpty, "\(run.detected.map { $0.string("MESSAGE") })")
+        }
+
         @Test func idlePoolCostsItsWatchdogNoWakeups() throws {
             let run = try Self.run("pool-idle", seconds: "6.4")
             #expect(run.exitStatus == 0, "\(run.standardError)")

@@ -99,8 +99,17 @@ void stallmon_request_inherit_for(uint64_t current, uint64_t job);
 /// the hook sees it), in nanoseconds per job.
 double stallmon_request_measure_inherit_ns(long jobs, uint64_t current);
 
-/// 1 once any span has registered (the lookups and the pool hook do nothing before).
+/// 1 once any span has registered (the lookups do nothing before).
 int stallmon_request_used(void);
+/// Looks whether any span is open now, when one may be: 0 when none is (the pool hook then does
+/// nothing until the next span starts), else 1. A pass over the table (about 20 µs when no span is
+/// open; it stops at the first one that is) when a span has started since the last sweep, else one
+/// load. Called by the cooperative pool's watchdog on wakeups it makes anyway.
+int stallmon_request_sweep(void);
+/// 1 while a span may be open (one has started since a sweep last found none open), else 0.
+int stallmon_request_may_be_open(void);
+/// Sweeps that looked at the table since start.
+uint64_t stallmon_request_sweeps(void);
 /// Spans registered now (a pass over the whole table: for tests and diagnostics); spans refused for
 /// a full table since start; aliases made by the pool hook.
 int64_t stallmon_request_live(void);

@@ -19,6 +19,11 @@ import StallJournal
 ///   system call is unwound from the kernel's view, never signalled) until the job ends; its
 ///   thread records the exact end of that one job.
 /// A pool busy with short jobs costs one or two wakeups per threshold; an idle pool none.
+///
+/// On those wakeups the watchdog also sweeps the table of open spans (`stallmon_request_sweep`)
+/// as it parks, and at most once a second while the pool is busy: once no span is open, the pool
+/// hook's work for every job enqueued is one load until the next span starts. A sweep is one load
+/// when no span started since the last, a pass over the table (about 20 µs) otherwise.
 final class CooperativePoolBackend: WatchdogBackend {
     let engine: StallEngine
     private let reporter: Reporter
@@ -31,6 +36,10 @@ final class CooperativePoolBackend: WatchdogBackend {
     private var resumedAt: UInt64 = 0
     /// The untimed job priority the latest queue probe was sent for.
     private var probedPriority: UInt32 = 0
+    /// When the watchdog last swept the table of open spans.
+    private var sweptAt: UInt64 = 0
+    /// The longest a busy pool goes between sweeps.
+    static let sweepInterval: UInt64 = 1_000_000_000
 
     /// The watchdog thread's name.
     static let threadName = "stallmon-pool"
@@ -51,6 +60,7 @@ final class CooperativePoolBackend: WatchdogBackend {
             if earliest == nil, ranJobs {
                 earliest = MonotonicClock.now() + threshold / 2
             }
+            sweepSpans(parking: earliest == nil)
             if earliest == nil {
                 let parked = stallmon_pool_park()
                 // Read every slot again after announcing the park: a job that started before it
@@ -73,6 +83,14 @@ final class CooperativePoolBackend: WatchdogBackend {
     }
 
     func wakeForStop() { stallmon_pool_wake() }
+
+    /// Sweeps the table of open spans as the watchdog parks, or when the last sweep is a second old.
+    private func sweepSpans(parking: Bool) {
+        let now = MonotonicClock.now()
+        guard parking || now &- sweptAt >= Self.sweepInterval else { return }
+        sweptAt = now
+        _ = stallmon_request_sweep()
+    }
 
     func didStop() { ServiceHealth.shared.vote(self, wedgedSince: nil) }
 
