@@ -26,9 +26,12 @@ import Tracing
 ///   whose span is a large struct: about 2.6 µs a span, which drifts between runs by more than
 ///   wrapping adds.
 /// - `span_cost_ns_all_cpus`: `span_cost_ns` with a task on every CPU starting spans at once.
-/// - `pool_enqueue_idle_ns`: the pool hook's added work per job enqueued outside any request, in a
-///   process that has opened spans (one that never did pays one load).
+/// - `pool_enqueue_idle_ns`: the pool hook's added work per job enqueued outside any request, once
+///   the spans have ended and a sweep has seen it (the pool's watchdog sweeps as it parks, and once
+///   a second while the pool is busy).
 /// - `pool_enqueue_in_request_ns`: per job enqueued by a request's work (the job inherits it).
+/// - `pool_sweep_us`: a sweep of the table that finds no span open (a whole pass), at most once a
+///   second of the watchdog's.
 enum TracingCost {
     static func figures(scale: Double) -> [Figure] {
         let spans = max(20_000, Int(200_000 * scale))
@@ -65,7 +68,17 @@ enum TracingCost {
             return (memory, wrapped)
         }
         let jobs = max(100_000, Int(1_000_000 * scale))
+        // Every span has ended: the sweep the watchdog makes next finds none open.
+        check(stallmon_request_sweep() == 0, "a span is still open after the spans' runs")
         let idle = least(runs) { stallmon_request_measure_inherit_ns(jobs, 0) }
+        let sweep = least(runs) {
+            StallmonTracer().withSpan("GET /sweep") { _ in }
+            let start = DispatchTime.now().uptimeNanoseconds
+            let open = stallmon_request_sweep()
+            let elapsed = Double(DispatchTime.now().uptimeNanoseconds - start) / 1e3
+            check(open == 0, "a sweep found a span open after its end")
+            return elapsed
+        }
         let inRequest = inTask {
             StallmonTracer().withSpan("GET /bench", ofKind: .server) { _ in
                 least(runs) { stallmon_request_measure_inherit_ns(jobs, stallmon_request_current_key()) }
@@ -88,6 +101,7 @@ enum TracingCost {
         add("span_wrapped_in_memory_cost_ns", nil, wrapped - memory)
         add("pool_enqueue_idle_ns", .atMost(1), idle)
         add("pool_enqueue_in_request_ns", .atMost(10), inRequest)
+        add("pool_sweep_us", nil, sweep)
         return figures
     }
 
