@@ -192,8 +192,8 @@ void stallmon_pool_run_job(void *job) {
 }
 
 __attribute__((swiftcall)) static void enqueue_global(void *job, enqueue_original original) {
-    // A task made or woken by a request's task serves that request (requests.c): one load in a
-    // process that never opened a span, a lookup of the enqueuing task (a few ns) in one that did.
+    // A task made or woken by a request's task serves that request (requests.c): one load while no
+    // task's span is open, a lookup of the enqueuing task (a few ns) while one may be.
     stallmon_request_inherit(job);
     unsigned priority = *((const uint8_t *)job + JOB_PRIORITY_OFFSET);
     dispatch_queue_t queue =

@@ -7,8 +7,8 @@
 // A key is looked for in the WINDOW slots from its hash: a registration takes the first free one
 // (or an alias's whose owner is gone, or a span's that a task at this address never ended), else a
 // live alias's, else refuses (counted). A span's start registers and its end withdraws; the pool
-// hook makes aliases, while a span may be open (one word says so, which the pool's watchdog clears
-// by a sweep of the table: see stallmon_request_sweep); the watchdog reads.
+// hook makes aliases, while a task's span may be open (one word says so, which the pool's watchdog
+// clears by a sweep of the table: see stallmon_request_sweep); the watchdog reads.
 //
 // What a span says (its name, attributes, trace; a wrapped tracer's span) is kept by the caller
 // (StallMonitorTracing), in storage of its own per slot, made by the slot's first span and reused by
@@ -60,14 +60,16 @@ static request_slot slots[STALLMON_REQUEST_SLOTS];
 // Set by the first registration, never cleared: until then the lookups return at once.
 static _Atomic int used;
 
-// Whether a span may be open now: the pool hook returns at once while none is (see
-// stallmon_request_sweep). A count of the spans open would say it exactly, but every span's start
-// and end would then write one cache line that all CPUs share; this line is written only when it
-// changes: by the first span to start after a sweep cleared it, and by the sweeps.
-enum { NONE_OPEN = 0, MAYBE_OPEN = 1, SWEEPING = 2 };
+// Whether a task's span may be open now (the pool hook inherits from tasks only, and returns at
+// once while none is: see stallmon_request_sweep). A count of the spans open would say it exactly,
+// but every span's start and end would then write one cache line that all CPUs share; this line is
+// written only when it changes: by the first span to start after a sweep cleared it, and by the
+// sweeps. Past MAYBE_OPEN, the state is a sweep's own (2 + its ticket) while it looks.
+enum { NONE_OPEN = 0, MAYBE_OPEN = 1, FIRST_SWEEP = 2 };
 static struct {
-    _Atomic int state;
-    _Atomic uint64_t sweeps;  // sweeps that looked at the table
+    _Atomic uint64_t state;
+    _Atomic uint64_t tickets;  // sweeps that found MAYBE_OPEN and took a ticket
+    _Atomic uint64_t sweeps;   // sweeps that looked at the table
 } __attribute__((aligned(64))) open_spans;
 static _Atomic uint64_t refused;
 static _Atomic uint64_t inherited;
@@ -173,10 +175,10 @@ int stallmon_request_register(uint64_t key, uint32_t depth, uint64_t *sequence, 
         atomic_fetch_add_explicit(&refused, 1, memory_order_relaxed);
         return -1;
     }
-    // The slot is claimed (a sequentially consistent swap): a sweep that starts after this load sees
-    // the claim; one that started before it has set SWEEPING, which this store turns back, and the
-    // sweep's own swap to NONE_OPEN then fails.
-    if (atomic_load_explicit(&open_spans.state, memory_order_seq_cst) != MAYBE_OPEN) {
+    // A task's span, its slot claimed (a sequentially consistent swap): a sweep that starts after
+    // this load sees the claim; one that started before it has put its own state, which this store
+    // turns back, and the sweep's swap of its state to NONE_OPEN then fails.
+    if ((key & 1) == 0 && atomic_load_explicit(&open_spans.state, memory_order_seq_cst) != MAYBE_OPEN) {
         atomic_store_explicit(&open_spans.state, MAYBE_OPEN, memory_order_seq_cst);
     }
     request_slot *slot = &slots[index];
@@ -373,7 +375,9 @@ void stallmon_request_inherit(void *job) {
 }
 
 void stallmon_request_inherit_for(uint64_t current, uint64_t job) {
-    if (atomic_load_explicit(&open_spans.state, memory_order_relaxed) == NONE_OPEN || current == 0 || current == job) {
+    // As the hook: from a task's work only.
+    if (atomic_load_explicit(&open_spans.state, memory_order_relaxed) == NONE_OPEN || current == 0 ||
+        (current & 1) != 0 || current == job) {
         return;
     }
     inherit_from(current, (void *)(uintptr_t)job);
@@ -436,35 +440,41 @@ void stallmon_request_new_ids(uint64_t *high, uint64_t *low, uint64_t *span) {
 
 int stallmon_request_used(void) { return atomic_load_explicit(&used, memory_order_acquire); }
 
-// A span's start claims its slot, then sets MAYBE_OPEN unless it is set (both sequentially
-// consistent); a sweep swaps MAYBE_OPEN for SWEEPING, looks for a claimed slot that is not an
-// alias's, and swaps SWEEPING for what it found. In the single order of those operations, a span
-// whose load came before the sweep's first swap has its claim before the sweep's loads, which see
-// it (or its end); a span whose load came after it stores MAYBE_OPEN, and the sweep's last swap
-// fails or comes first. So the state is NONE_OPEN only while no span is open, but for the moment
-// between a span's claim and its store, before the span's work runs: the hook, which runs after
-// the span's start in the span's task or in one it made, never misses it. A slot of a task that
-// ended without ending its span keeps the state MAYBE_OPEN, as the hook's cost before.
+// A task's span's start claims its slot, then sets MAYBE_OPEN unless it is set (both sequentially
+// consistent). A sweep swaps MAYBE_OPEN for a state of its own (2 + a ticket: sweeps at once each
+// have theirs), looks for a claimed slot of a task's span (not an alias's), and swaps its state for
+// what it found. In the single order of those operations, a span whose load came before the sweep's
+// first swap has its claim before the sweep's loads, which see it (or its end); a span whose load
+// came after it (and read the sweep's state, or another's, or NONE_OPEN, or the MAYBE_OPEN that
+// someone stored since) either stores MAYBE_OPEN, and the sweep's last swap fails or comes first,
+// or finds MAYBE_OPEN stored after the sweep's first swap, which the sweep's last swap then fails
+// on. So the state is NONE_OPEN only while no task's span is open, but for the moment between a
+// span's claim and its store, before the span's work runs: the hook, which runs after the span's
+// start in the span's task or in one it made, never misses it. A slot of a task that ended without
+// ending its span keeps the state MAYBE_OPEN until a span of a task at its address takes it back.
 int stallmon_request_sweep(void) {
-    int state = MAYBE_OPEN;
-    if (!atomic_compare_exchange_strong_explicit(&open_spans.state, &state, SWEEPING, memory_order_seq_cst,
+    uint64_t state = atomic_load_explicit(&open_spans.state, memory_order_relaxed);
+    if (state != MAYBE_OPEN) return state != NONE_OPEN;  // none open (one load), or a sweep looks
+    uint64_t mine = FIRST_SWEEP + atomic_fetch_add_explicit(&open_spans.tickets, 1, memory_order_relaxed);
+    if (!atomic_compare_exchange_strong_explicit(&open_spans.state, &state, mine, memory_order_seq_cst,
                                                  memory_order_relaxed)) {
-        return state != NONE_OPEN;  // none open, or another sweep is looking
+        return state != NONE_OPEN;
     }
     atomic_fetch_add_explicit(&open_spans.sweeps, 1, memory_order_relaxed);
     bool open = false;
     for (int index = 0; index < STALLMON_REQUEST_SLOTS && !open; index++) {
         request_slot *slot = &slots[index];
-        if (atomic_load_explicit(&slot->key, memory_order_seq_cst) == 0) continue;
+        uint64_t key = atomic_load_explicit(&slot->key, memory_order_seq_cst);
+        if (key == 0 || (key & 1) != 0) continue;
         // An owner published, or claimed and not yet (or an alias's slot whose link is being set,
         // or freed: taken as open, which errs on the safe side).
         open = atomic_load_explicit(&slot->sequence, memory_order_seq_cst) != 0 ||
                atomic_load_explicit(&slot->link, memory_order_seq_cst) == 0;
     }
-    state = SWEEPING;
+    state = mine;
     atomic_compare_exchange_strong_explicit(&open_spans.state, &state, open ? MAYBE_OPEN : NONE_OPEN,
                                             memory_order_seq_cst, memory_order_relaxed);
-    return open || state != SWEEPING;
+    return open || state != mine;
 }
 
 int stallmon_request_may_be_open(void) {

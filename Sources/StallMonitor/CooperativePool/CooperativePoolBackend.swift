@@ -21,9 +21,10 @@ import StallJournal
 /// A pool busy with short jobs costs one or two wakeups per threshold; an idle pool none.
 ///
 /// On those wakeups the watchdog also sweeps the table of open spans (`stallmon_request_sweep`)
-/// as it parks, and at most once a second while the pool is busy: once no span is open, the pool
-/// hook's work for every job enqueued is one load until the next span starts. A sweep is one load
-/// when no span started since the last, a pass over the table (about 20 µs) otherwise.
+/// as it parks, and at most once a second while the pool is busy: once no task's span is open, the
+/// pool hook's work for every job enqueued is one load until the next one starts. A sweep is one
+/// load while the hook's sign is clear; while it is set, a pass over the table that stops at the
+/// first open span (a whole pass, 5–30 µs, when the last has ended).
 final class CooperativePoolBackend: WatchdogBackend {
     let engine: StallEngine
     private let reporter: Reporter
