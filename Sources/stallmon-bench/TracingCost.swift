@@ -72,11 +72,13 @@ enum TracingCost {
         check(stallmon_request_sweep() == 0, "a span is still open after the spans' runs")
         let idle = least(runs) { stallmon_request_measure_inherit_ns(jobs, 0) }
         let sweep = least(runs) {
-            StallmonTracer().withSpan("GET /sweep") { _ in }
-            let start = DispatchTime.now().uptimeNanoseconds
+            // A task's span (a thread's leaves the sign alone: the hook inherits from tasks only).
+            inTask { StallmonTracer().withSpan("GET /sweep") { _ in } }
+            let (sweeps, start) = (stallmon_request_sweeps(), DispatchTime.now().uptimeNanoseconds)
             let open = stallmon_request_sweep()
             let elapsed = Double(DispatchTime.now().uptimeNanoseconds - start) / 1e3
             check(open == 0, "a sweep found a span open after its end")
+            check(stallmon_request_sweeps() == sweeps + 1, "the sweep did not look at the table")
             return elapsed
         }
         let inRequest = inTask {

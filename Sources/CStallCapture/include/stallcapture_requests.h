@@ -105,7 +105,7 @@ int stallmon_request_used(void);
 /// Looks whether a task's span is open now, when one may be: 0 when none is (the pool hook, which
 /// inherits from tasks only, then does nothing until the next task's span starts), else 1. One
 /// load while the word says none may be open, or while another sweep looks; else a pass over the
-/// table, which stops at the first open span (a whole pass when none is: 5 µs in cache, more from
+/// table, which stops at the first open span (a whole pass when none is: 9 µs from the caches, more from
 /// memory). Safe from any thread, and from several at once. Called by the cooperative pool's
 /// watchdog on wakeups it makes anyway.
 int stallmon_request_sweep(void);

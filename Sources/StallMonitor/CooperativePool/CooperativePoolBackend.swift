@@ -24,7 +24,7 @@ import StallJournal
 /// as it parks, and at most once a second while the pool is busy: once no task's span is open, the
 /// pool hook's work for every job enqueued is one load until the next one starts. A sweep is one
 /// load while the hook's sign is clear; while it is set, a pass over the table that stops at the
-/// first open span (a whole pass, 5–30 µs, when the last has ended).
+/// first open span (a whole pass, 9–30 µs, when the last has ended).
 final class CooperativePoolBackend: WatchdogBackend {
     let engine: StallEngine
     private let reporter: Reporter
