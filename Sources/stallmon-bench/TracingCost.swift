@@ -30,8 +30,9 @@ import Tracing
 ///   the spans have ended and a sweep has seen it (the pool's watchdog sweeps as it parks, and once
 ///   a second while the pool is busy).
 /// - `pool_enqueue_in_request_ns`: per job enqueued by a request's work (the job inherits it).
-/// - `pool_sweep_us`: a sweep of the table that finds no span open (a whole pass), at most once a
-///   second of the watchdog's.
+/// - `pool_sweep_us`: a sweep of the table that finds no span open (a whole pass), which the
+///   watchdog makes as it parks and at most once a second while the pool is busy, when a task's
+///   span has started since its last.
 enum TracingCost {
     static func figures(scale: Double) -> [Figure] {
         let spans = max(20_000, Int(200_000 * scale))
@@ -107,8 +108,8 @@ enum TracingCost {
         return figures
     }
 
-    /// Stops the benchmark if a tracer did not do what its spans were asked to: its figures would be
-    /// of spans that skipped their work.
+    /// Stops the benchmark if what it measured did not do its work (a tracer's spans, a sweep): its
+    /// figures would be of work skipped.
     private static func check(_ condition: Bool, _ message: @autoclosure () -> String) {
         guard !condition else { return }
         FileHandle.standardError.write(Data("stallmon-bench: tracing: \(message())\n".utf8))

@@ -169,9 +169,9 @@ struct RequestTableTests {
         #expect(request(for: job) == nil)
     }
 
-    /// The pool hook's sign that a span may be open: set by a span's start, kept by a sweep while a
-    /// span is open, cleared by the first sweep after the last one ends (the alias a request's task
-    /// left keeps nothing open); a sweep with the sign clear looks at nothing.
+    /// The pool hook's sign that a task's span may be open: set by such a span's start, kept by a
+    /// sweep while one is open, cleared by the first sweep after the last one ends (the alias a
+    /// request's task left keeps nothing open); a sweep with the sign clear looks at nothing.
     @Test func aSweepClearsThePoolHooksSignOnlyOnceNoSpanIsOpen() {
         let tracer = StallmonTracer()
         let fake = FakeJob(id: 5)

@@ -105,9 +105,9 @@ int stallmon_request_used(void);
 /// Looks whether a task's span is open now, when one may be: 0 when none is (the pool hook, which
 /// inherits from tasks only, then does nothing until the next task's span starts), else 1. One
 /// load while the word says none may be open, or while another sweep looks; else a pass over the
-/// table, which stops at the first open span (a whole pass when none is: 9 µs from the caches, more from
-/// memory). Safe from any thread, and from several at once. Called by the cooperative pool's
-/// watchdog on wakeups it makes anyway.
+/// table, which stops at the first open span (a whole pass when none is: 9 µs from the caches,
+/// more from memory). Safe from any thread, and from several at once. Called by the cooperative
+/// pool's watchdog on wakeups it makes anyway.
 int stallmon_request_sweep(void);
 /// 1 while a task's span may be open (one has started since a sweep last found none open), else 0.
 int stallmon_request_may_be_open(void);
