@@ -1,95 +1,123 @@
-// Unwinding a thread that is blocked in a system call, without signalling it.
+// Unwinding a thread of this process away from it: from a copy of its registers and of the top of
+// its stack (taken by the sampling signal's handler, sampler.c), or in place while it blocks in a
+// system call (from the sp and pc /proc/self/task/<tid>/syscall shows).
 //
-// While a thread blocks in the kernel, /proc/self/task/<tid>/syscall shows its user stack pointer
-// and program counter. Its stack is memory of this process, so the watchdog can unwind it in
-// place: libunwind's remote interface with accessors that read this process's memory through
-// /proc/self/mem (an unmapped address is an error, never a fault) and find unwind tables in the
-// loaded images' .eh_frame_hdr (DWARF CFI).
+// Everything here runs on the watchdog thread, never on the thread it unwinds and never in a
+// signal handler: it may lock and allocate. libunwind's remote interface does the unwinding, with
+// accessors that
+//   - read memory through /proc/self/mem (an unmapped address is an error, never a fault), or from
+//     the copy where the address lies in the copied window;
+//   - find unwind tables (DWARF CFI, .eh_frame_hdr) in a module table built from /proc/self/maps
+//     and the ELF headers it maps, read through the same file. Nothing here calls
+//     dl_iterate_phdr or takes the dynamic loader's lock: a thread interrupted inside that lock
+//     (dlopen, dlclose, a C++ throw on an older glibc) can never hold the unwind up.
 //
-// Only sp and pc are known. glibc's syscall wrappers keep their CFA sp-relative, so the first
-// frames unwind; the callee-saved registers are unknown and reported as unavailable to libunwind.
-// Swift functions (and other code built with frame pointers) take their CFA from rbp, which a
-// blocked thread keeps in a register the kernel does not show. When a step fails for want of it,
-// the frame pointer of that frame is recovered from its function's prologue (push rbp; mov rbp,
-// rsp; pushes; sub rsp, N gives rbp = sp + 8·pushes + N) or, failing that, by scanning the frame for
-// a saved-rbp/return-address pair; either is accepted only when the return address follows a call
-// instruction inside code that the unwind tables cover. From there CFI restores rbp frame by frame, and the unwind goes on.
-//
-// This runs on the watchdog thread, never in a signal handler: it may lock and allocate.
+// A copy comes with every register, so CFI restores the caller's registers frame by frame. A
+// blocked thread shows only sp and pc: glibc's syscall wrappers keep their CFA sp-relative, so the
+// first frames unwind; the callee-saved registers are unknown and reported as unavailable. Swift
+// functions (and other code built with frame pointers) take their CFA from rbp, which a blocked
+// thread keeps in a register the kernel does not show. When a step fails for want of it, the frame
+// pointer of that frame is recovered from its function's prologue (push rbp; mov rbp, rsp; pushes;
+// sub rsp, N gives rbp = sp + 8·pushes + N) or, failing that, by scanning the frame for a
+// saved-rbp/return-address pair; either is accepted only when the return address follows a call
+// instruction inside code that the unwind tables cover. From there CFI restores rbp frame by
+// frame, and the unwind goes on.
 
 #define _GNU_SOURCE
 #include "stallcapture.h"
+#include "unwind.h"
 
 #if defined(STALLMON_LINUX)
 
+#include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <link.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/stat.h>
 #include <libunwind.h>
 
-#if defined(__x86_64__)
+// MARK: - /proc/self/mem
 
-// Exported by libunwind's generic library (libunwind-ptrace uses it the same way), not declared
-// in its headers: searches a binary-search table of an .eh_frame_hdr through the accessors.
-extern int UNW_OBJ(dwarf_search_unwind_table)(unw_addr_space_t as, unw_word_t ip, unw_dyn_info_t *di,
-                                              unw_proc_info_t *pi, int need_unwind_info, void *arg);
+// One descriptor for the process, opened by the watchdog before any sample and read by the
+// sampling handler too (pread is async-signal-safe; the kernel copies only mapped memory). A
+// child of fork() reopens it: the parent's descriptor reads the parent's memory.
+static _Atomic int memory_descriptor = -1;
+static dev_t memory_device;
+static ino_t memory_inode;
+static pthread_mutex_t memory_lock = PTHREAD_MUTEX_INITIALIZER;
 
-// MARK: - Reading this process's memory safely
+static void note_memory_file(int descriptor) {
+    struct stat status;
+    if (fstat(descriptor, &status) == 0) {
+        memory_device = status.st_dev;
+        memory_inode = status.st_ino;
+    }
+}
 
-enum { BLOCK_SIZE = 64, BLOCK_COUNT = 64 };
+int stallmon_memory_descriptor(void) { return atomic_load_explicit(&memory_descriptor, memory_order_acquire); }
 
-typedef struct {
-    int memory;  // /proc/self/mem
-    uintptr_t sp, pc, bp;
-    int have_bp;
-    uintptr_t tags[BLOCK_COUNT];
-    unsigned char valid[BLOCK_COUNT];
-    unsigned char blocks[BLOCK_COUNT][BLOCK_SIZE];
-} unwind_state;
-
-static int read_block(unwind_state *state, uintptr_t block, const unsigned char **out) {
-    unsigned index = (unsigned)((block / BLOCK_SIZE) % BLOCK_COUNT);
-    if (!(state->valid[index] && state->tags[index] == block)) {
-        ssize_t count;
-        do {
-            count = pread(state->memory, state->blocks[index], BLOCK_SIZE, (off_t)block);
-        } while (count < 0 && errno == EINTR);
-        if (count != BLOCK_SIZE) {
-            state->valid[index] = 0;
-            return -1;
+int stallmon_memory_open(void) {
+    pthread_mutex_lock(&memory_lock);
+    int descriptor = atomic_load_explicit(&memory_descriptor, memory_order_acquire);
+    struct stat status;
+    // A program that closed every descriptor (a daemon's closefrom) may have reused the number.
+    int current = descriptor >= 0 && fstat(descriptor, &status) == 0 && status.st_dev == memory_device &&
+                  status.st_ino == memory_inode;
+    if (!current) {
+        int opened = open("/proc/self/mem", O_RDONLY | O_CLOEXEC);
+        if (opened >= 0) {
+            note_memory_file(opened);
+            if (descriptor >= 0 && dup3(opened, descriptor, O_CLOEXEC) == descriptor) {
+                close(opened);
+            } else {
+                atomic_store_explicit(&memory_descriptor, opened, memory_order_release);
+                descriptor = opened;
+            }
+        } else {
+            descriptor = -1;
         }
-        state->tags[index] = block;
-        state->valid[index] = 1;
     }
-    *out = state->blocks[index];
-    return 0;
+    pthread_mutex_unlock(&memory_lock);
+    return descriptor;
 }
 
-/// Copies `length` bytes at `address` of this process; -1 when any of them is not mapped.
-static int read_memory(unwind_state *state, uintptr_t address, void *buffer, size_t length) {
-    unsigned char *to = buffer;
-    while (length > 0) {
-        uintptr_t block = address & ~(uintptr_t)(BLOCK_SIZE - 1);
-        const unsigned char *data;
-        if (read_block(state, block, &data) != 0) return -1;
-        size_t offset = address - block;
-        size_t part = BLOCK_SIZE - offset < length ? BLOCK_SIZE - offset : length;
-        memcpy(to, data + offset, part);
-        to += part;
-        address += part;
-        length -= part;
+void stallmon_memory_reopen_in_child(void) {
+    // After fork(): one thread, no lock of the parent's threads is held by anyone who will release
+    // it. The child's own /proc/self/mem replaces the parent's under the same number.
+    pthread_mutex_init(&memory_lock, NULL);
+    int descriptor = atomic_load_explicit(&memory_descriptor, memory_order_relaxed);
+    if (descriptor < 0) return;
+    int opened = open("/proc/self/mem", O_RDONLY | O_CLOEXEC);
+    if (opened < 0) {
+        atomic_store_explicit(&memory_descriptor, -1, memory_order_release);
+        close(descriptor);
+        return;
     }
-    return 0;
+    note_memory_file(opened);
+    if (dup3(opened, descriptor, O_CLOEXEC) == descriptor) {
+        close(opened);
+    } else {
+        atomic_store_explicit(&memory_descriptor, opened, memory_order_release);
+    }
 }
 
-static int read_word(unwind_state *state, uintptr_t address, uintptr_t *value) {
-    return read_memory(state, address, value, sizeof *value);
+ssize_t stallmon_memory_read(void *buffer, size_t length, uintptr_t address) {
+    int descriptor = atomic_load_explicit(&memory_descriptor, memory_order_acquire);
+    if (descriptor < 0) return -1;
+    ssize_t count;
+    do {
+        count = pread(descriptor, buffer, length, (off_t)address);
+    } while (count < 0 && errno == EINTR);
+    return count;
 }
 
-// MARK: - Unwind tables of the loaded images
+// MARK: - Unwind tables of the loaded images, from /proc/self/maps
 
 typedef struct {
     uintptr_t start, end;  // executable segments
@@ -103,6 +131,10 @@ static module_t modules[MODULE_CAPACITY];
 static int module_count;
 static pthread_mutex_t modules_lock = PTHREAD_MUTEX_INITIALIZER;
 
+static int read_exact(uintptr_t address, void *buffer, size_t length) {
+    return stallmon_memory_read(buffer, length, address) == (ssize_t)length ? 0 : -1;
+}
+
 static int read_encoded_u32(const unsigned char *pointer, unsigned char encoding, uintptr_t *value) {
     // The header's own fields: 4-byte encodings only (what every linker writes).
     if ((encoding & 0x0f) != 0x03 && (encoding & 0x0f) != 0x0b) return -1;
@@ -112,15 +144,33 @@ static int read_encoded_u32(const unsigned char *pointer, unsigned char encoding
     return 0;
 }
 
-static int add_module(struct dl_phdr_info *info, size_t size, void *data) {
-    (void)size;
-    (void)data;
-    if (module_count == MODULE_CAPACITY) return 1;
-    module_t module = {0};
-    module.start = UINTPTR_MAX;
-    for (int i = 0; i < info->dlpi_phnum; i++) {
-        const ElfW(Phdr) *header = &info->dlpi_phdr[i];
-        uintptr_t address = info->dlpi_addr + header->p_vaddr;
+/// Adds the image whose ELF header is mapped at `base` and one of whose executable segments is
+/// mapped at `mapped` from file offset `offset` (the load bias follows from that segment).
+static void add_image(uintptr_t base, uintptr_t mapped, uintptr_t offset) {
+    if (module_count == MODULE_CAPACITY) return;
+    ElfW(Ehdr) elf;
+    if (read_exact(base, &elf, sizeof elf) != 0) return;
+    if (memcmp(elf.e_ident, ELFMAG, SELFMAG) != 0 || elf.e_ident[EI_CLASS] != ELFCLASS64 ||
+        elf.e_phentsize != sizeof(ElfW(Phdr)) || elf.e_phnum == 0 || elf.e_phnum > 64)
+        return;
+    ElfW(Phdr) headers[64];
+    if (read_exact(base + elf.e_phoff, headers, sizeof(ElfW(Phdr)) * elf.e_phnum) != 0) return;
+    // The segment mapped at `mapped`: its page-aligned file offset is the mapping's offset.
+    uintptr_t bias = 0;
+    int found = 0;
+    for (int i = 0; i < elf.e_phnum && !found; i++) {
+        const ElfW(Phdr) *header = &headers[i];
+        if (header->p_type != PT_LOAD || !(header->p_flags & PF_X)) continue;
+        uintptr_t page_mask = (uintptr_t)sysconf(_SC_PAGESIZE) - 1;
+        if ((header->p_offset & ~page_mask) != offset) continue;
+        bias = mapped - (header->p_vaddr & ~page_mask);
+        found = 1;
+    }
+    if (!found) return;
+    module_t module = {.start = UINTPTR_MAX};
+    for (int i = 0; i < elf.e_phnum; i++) {
+        const ElfW(Phdr) *header = &headers[i];
+        uintptr_t address = bias + header->p_vaddr;
         if (header->p_type == PT_LOAD && (header->p_flags & PF_X)) {
             if (address < module.start) module.start = address;
             if (address + header->p_memsz > module.end) module.end = address + header->p_memsz;
@@ -128,18 +178,99 @@ static int add_module(struct dl_phdr_info *info, size_t size, void *data) {
             module.header = address;
         }
     }
-    if (module.header == 0 || module.start >= module.end) return 0;
+    if (module.header == 0 || module.start >= module.end) return;
+    for (int i = 0; i < module_count; i++) {
+        if (modules[i].start == module.start) return;  // another executable segment of an image listed
+    }
     // version, eh_frame_ptr encoding, fde_count encoding, table encoding; then eh_frame_ptr and
     // fde_count; then the table of (initial location, FDE) pairs, datarel sdata4.
-    const unsigned char *header = (const unsigned char *)module.header;
-    if (header[0] != 1 || header[3] != 0x3b) return 0;
+    unsigned char header[12];
+    if (read_exact(module.header, header, sizeof header) != 0) return;
+    if (header[0] != 1 || header[3] != 0x3b) return;
     uintptr_t ignored, count;
-    if (read_encoded_u32(header + 4, header[1], &ignored) != 0) return 0;
-    if (read_encoded_u32(header + 8, header[2], &count) != 0) return 0;
+    if (read_encoded_u32(header + 4, header[1], &ignored) != 0) return;
+    if (read_encoded_u32(header + 8, header[2], &count) != 0) return;
     module.table = module.header + 12;
     module.count = count;
     modules[module_count++] = module;
+}
+
+/// One line of /proc/self/maps: "start-end perms offset major:minor inode [path]".
+typedef struct {
+    uintptr_t start, end, offset;
+    unsigned long inode;
+    char device[16];
+    int executable;
+    int vdso;
+} map_line;
+
+static int parse_map_line(const char *line, map_line *out) {
+    char perms[8] = {0};
+    int consumed = 0;
+    unsigned long start, end, offset, inode;
+    if (sscanf(line, "%lx-%lx %7s %lx %15s %lu %n", &start, &end, perms, &offset, out->device, &inode, &consumed) <
+        6)
+        return -1;
+    out->start = start;
+    out->end = end;
+    out->offset = offset;
+    out->inode = inode;
+    out->executable = perms[2] == 'x';
+    out->vdso = strncmp(line + consumed, "[vdso]", 6) == 0;
     return 0;
+}
+
+/// Lists the images again from /proc/self/maps. The file's lines come in address order and an
+/// image's segments one after another, the one at file offset 0 (holding the ELF header) first.
+static void list_images(void) {
+    module_count = 0;
+    int descriptor = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    if (descriptor < 0) return;
+    size_t capacity = 1 << 16, used = 0;
+    char *text = malloc(capacity);
+    if (text == NULL) {
+        close(descriptor);
+        return;
+    }
+    uintptr_t base = 0;
+    unsigned long base_inode = 0;
+    char base_device[16] = {0};
+    for (;;) {
+        ssize_t count = read(descriptor, text + used, capacity - used - 1);
+        if (count < 0 && errno == EINTR) continue;
+        if (count <= 0) break;
+        used += (size_t)count;
+        text[used] = 0;
+        char *line = text;
+        char *newline;
+        while ((newline = memchr(line, '\n', used - (size_t)(line - text))) != NULL) {
+            *newline = 0;
+            map_line map;
+            if (parse_map_line(line, &map) == 0) {
+                if (map.vdso) {
+                    if (map.executable) add_image(map.start, map.start, map.offset);
+                } else if (map.inode != 0) {
+                    if (map.offset == 0) {
+                        base = map.start;
+                        base_inode = map.inode;
+                        memcpy(base_device, map.device, sizeof base_device);
+                    }
+                    if (map.executable && base != 0 && map.inode == base_inode &&
+                        strcmp(map.device, base_device) == 0) {
+                        add_image(base, map.start, map.offset);
+                    }
+                }
+            }
+            line = newline + 1;
+        }
+        // Keep the partial last line for the next read.
+        size_t rest = used - (size_t)(line - text);
+        memmove(text, line, rest);
+        used = rest;
+        if (used + 1 >= capacity) break;  // a line longer than the buffer: give up on the rest
+    }
+    free(text);
+    close(descriptor);
 }
 
 static int find_module(uintptr_t ip, module_t *out) {
@@ -152,14 +283,83 @@ static int find_module(uintptr_t ip, module_t *out) {
                 return 0;
             }
         }
-        if (pass == 0) {
-            // Not known yet (or loaded since): list the images again.
-            module_count = 0;
-            dl_iterate_phdr(add_module, NULL);
-        }
+        // Not known yet (or loaded since): list the images again.
+        if (pass == 0) list_images();
     }
     pthread_mutex_unlock(&modules_lock);
     return -1;
+}
+
+int stallmon_module_count(void) {
+    pthread_mutex_lock(&modules_lock);
+    list_images();
+    int count = module_count;
+    pthread_mutex_unlock(&modules_lock);
+    return count;
+}
+
+#if defined(__x86_64__)
+
+// Exported by libunwind's generic library (libunwind-ptrace uses it the same way), not declared
+// in its headers: searches a binary-search table of an .eh_frame_hdr through the accessors.
+extern int UNW_OBJ(dwarf_search_unwind_table)(unw_addr_space_t as, unw_word_t ip, unw_dyn_info_t *di,
+                                              unw_proc_info_t *pi, int need_unwind_info, void *arg);
+
+// MARK: - Reading the unwound thread's memory
+
+enum { BLOCK_SIZE = 64, BLOCK_COUNT = 64 };
+
+typedef struct {
+    // Registers by libunwind's x86-64 numbers (RAX … R15, RIP); `known` has a bit for each known.
+    uintptr_t registers[UNW_X86_64_RIP + 1];
+    uint32_t known;
+    // The copied window of the stack, [copy_start, copy_start + copy_length), and the addresses
+    // [copy_start, copy_limit) that belonged to the thread's stack when it was copied: an address
+    // there beyond the copy is not read from the live stack, which has moved on.
+    const unsigned char *copy;
+    uintptr_t copy_start;
+    size_t copy_length;
+    uintptr_t copy_limit;
+    uintptr_t tags[BLOCK_COUNT];
+    unsigned char valid[BLOCK_COUNT];
+    unsigned char blocks[BLOCK_COUNT][BLOCK_SIZE];
+} unwind_state;
+
+static int read_block(unwind_state *state, uintptr_t block, const unsigned char **out) {
+    unsigned index = (unsigned)((block / BLOCK_SIZE) % BLOCK_COUNT);
+    if (!(state->valid[index] && state->tags[index] == block)) {
+        if (stallmon_memory_read(state->blocks[index], BLOCK_SIZE, block) != BLOCK_SIZE) {
+            state->valid[index] = 0;
+            return -1;
+        }
+        state->tags[index] = block;
+        state->valid[index] = 1;
+    }
+    *out = state->blocks[index];
+    return 0;
+}
+
+/// Copies `length` bytes at `address` of this process; -1 when any of them is not mapped (or lies
+/// in the stack beyond the copied window).
+static int read_memory(unwind_state *state, uintptr_t address, void *buffer, size_t length) {
+    if (state->copy != NULL && address < state->copy_limit && address + length > state->copy_start) {
+        if (address < state->copy_start || address + length > state->copy_start + state->copy_length) return -1;
+        memcpy(buffer, state->copy + (address - state->copy_start), length);
+        return 0;
+    }
+    unsigned char *to = buffer;
+    while (length > 0) {
+        uintptr_t block = address & ~(uintptr_t)(BLOCK_SIZE - 1);
+        const unsigned char *data;
+        if (read_block(state, block, &data) != 0) return -1;
+        size_t offset = address - block;
+        size_t part = BLOCK_SIZE - offset < length ? BLOCK_SIZE - offset : length;
+        memcpy(to, data + offset, part);
+        to += part;
+        address += part;
+        length -= part;
+    }
+    return 0;
 }
 
 // MARK: - Accessors
@@ -196,7 +396,7 @@ static int access_mem(unw_addr_space_t space, unw_word_t address, unw_word_t *va
     (void)space;
     if (write) return -UNW_EINVAL;
     uintptr_t word;
-    if (read_word(arg, (uintptr_t)address, &word) != 0) return -UNW_EINVAL;
+    if (read_memory(arg, (uintptr_t)address, &word, sizeof word) != 0) return -UNW_EINVAL;
     *value = word;
     return 0;
 }
@@ -205,17 +405,10 @@ static int access_reg(unw_addr_space_t space, unw_regnum_t reg, unw_word_t *valu
     (void)space;
     unwind_state *state = arg;
     if (write) return -UNW_EREADONLYREG;
-    switch (reg) {
-    case UNW_X86_64_RSP: *value = state->sp; return 0;
-    case UNW_X86_64_RIP: *value = state->pc; return 0;
-    case UNW_X86_64_RBP:
-        if (!state->have_bp) return -UNW_EBADREG;
-        *value = state->bp;
-        return 0;
-    default: return -UNW_EBADREG;  // the kernel does not show it
-    }
+    if (reg < 0 || reg > UNW_X86_64_RIP || !(state->known & (1u << reg))) return -UNW_EBADREG;
+    *value = state->registers[reg];
+    return 0;
 }
-
 static int access_fpreg(unw_addr_space_t space, unw_regnum_t reg, unw_fpreg_t *value, int write, void *arg) {
     (void)space;
     (void)reg;
@@ -243,12 +436,33 @@ static unw_accessors_t accessors = {
     .get_proc_name = NULL,
 };
 
+// The watchdogs' address space, with a cache of the unwind information found. A child of fork()
+// makes a new one when it first unwinds: the parent's cache may have been locked by a thread that
+// does not exist there. (Only watchdogs unwind, and a watchdog's unwinds are serialized by the
+// table's lock below.)
 static unw_addr_space_t address_space;
-static pthread_once_t address_space_once = PTHREAD_ONCE_INIT;
+static _Atomic int address_space_stale = 1;
+static pthread_mutex_t unwind_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static void create_address_space(void) {
-    address_space = unw_create_addr_space(&accessors, 0);
-    if (address_space) unw_set_caching_policy(address_space, UNW_CACHE_GLOBAL);
+static int begin_unwinding(void) {
+    pthread_mutex_lock(&unwind_lock);
+    if (atomic_exchange(&address_space_stale, 0)) {
+        address_space = unw_create_addr_space(&accessors, 0);
+        if (address_space) unw_set_caching_policy(address_space, UNW_CACHE_GLOBAL);
+    }
+    if (address_space == NULL) {
+        atomic_store(&address_space_stale, 1);
+        pthread_mutex_unlock(&unwind_lock);
+        return -1;
+    }
+    return 0;
+}
+
+static void end_unwinding(void) { pthread_mutex_unlock(&unwind_lock); }
+
+static void unwinding_child(void) {
+    pthread_mutex_init(&unwind_lock, NULL);
+    atomic_store(&address_space_stale, 1);
 }
 
 // MARK: - Frame pointer recovery
@@ -363,9 +577,10 @@ static uintptr_t recover_frame_pointer(unwind_state *state, uintptr_t sp, uintpt
 
 // MARK: - Unwinding
 
-/// One unwind from sp and pc; the first frame pointer recovered is the `skip`-th plausible one.
-/// `*clean` tells whether it reached the outermost frame (or `max_frames`) rather than an error.
-static int unwind_once(uintptr_t sp, uintptr_t pc, int skip, int max_frames, uintptr_t *frames, int *frame_count,
+/// One unwind from the registers in `start`; the first frame pointer recovered is the `skip`-th
+/// plausible one. `*clean` tells whether it reached the outermost frame (or `max_frames`) rather
+/// than an error.
+static int unwind_once(const unwind_state *start, int skip, int max_frames, uintptr_t *frames, int *frame_count,
                        int *truncated, int *recovered, int *clean) {
     *frame_count = 0;
     *truncated = 0;
@@ -375,12 +590,13 @@ static int unwind_once(uintptr_t sp, uintptr_t pc, int skip, int max_frames, uin
     // 4 KiB of memory cache, on the caller's stack (the watchdog's has 512 KiB).
     unwind_state storage;
     unwind_state *state = &storage;
+    memcpy(state->registers, start->registers, sizeof state->registers);
+    state->known = start->known;
+    state->copy = start->copy;
+    state->copy_start = start->copy_start;
+    state->copy_length = start->copy_length;
+    state->copy_limit = start->copy_limit;
     memset(state->valid, 0, sizeof state->valid);
-    state->memory = open("/proc/self/mem", O_RDONLY | O_CLOEXEC);
-    if (state->memory < 0) return -UNW_EINVAL;
-    state->sp = sp;
-    state->pc = pc;
-    state->have_bp = 0;
 
     int count = 0;
     int result = 0;
@@ -427,40 +643,41 @@ static int unwind_once(uintptr_t sp, uintptr_t pc, int skip, int max_frames, uin
         }
         uintptr_t bp = recover_frame_pointer(state, (uintptr_t)frame_sp, (uintptr_t)info.start_ip,
                                              (uintptr_t)info.end_ip, *recovered == 0 ? skip : 0);
-        if (bp == 0 || (state->have_bp && bp == state->bp && state->sp == frame_sp)) {
+        int had_bp = (state->known & (1u << UNW_X86_64_RBP)) != 0;
+        if (bp == 0 || (had_bp && bp == state->registers[UNW_X86_64_RBP] &&
+                        state->registers[UNW_X86_64_RSP] == frame_sp)) {
             result = rc;
             break;
         }
-        state->sp = (uintptr_t)frame_sp;
-        state->pc = (uintptr_t)frame_ip;
-        state->bp = bp;
-        state->have_bp = 1;
+        // From here on only sp, pc and the recovered rbp are known.
+        state->known = (1u << UNW_X86_64_RSP) | (1u << UNW_X86_64_RIP) | (1u << UNW_X86_64_RBP);
+        state->registers[UNW_X86_64_RSP] = (uintptr_t)frame_sp;
+        state->registers[UNW_X86_64_RIP] = (uintptr_t)frame_ip;
+        state->registers[UNW_X86_64_RBP] = bp;
         skip_first = 1;
         *recovered += 1;
     }
-    close(state->memory);
-    state->memory = -1;
     *frame_count = count;
     return count > 0 ? 0 : (result < 0 ? result : -UNW_ENOINFO);
 }
 
-enum { MAX_ATTEMPTS = 4, MAX_BLOCKED_FRAMES = 256 };
+enum { MAX_ATTEMPTS = 4, MAX_UNWOUND_FRAMES = 256 };
 
 // A recovered frame pointer can be a stale saved-rbp/return-address pair that passes every check
 // and leads the unwind into an error a frame or two later, which leaves a short stack that names
 // no callout. Such an unwind is tried again from the next plausible frame pointer; the first that
-// reaches the outermost frame wins, and when none does, the first attempt stands, as before.
-int stallmon_unwind_blocked(uintptr_t sp, uintptr_t pc, int max_frames, uintptr_t *frames, int *frame_count,
-                            int *truncated, int *recovered) {
-    pthread_once(&address_space_once, create_address_space);
-    if (address_space == NULL) return -UNW_ENOMEM;
-    if (max_frames > MAX_BLOCKED_FRAMES) max_frames = MAX_BLOCKED_FRAMES;
+// reaches the outermost frame wins, and when none does, the first attempt stands.
+static int unwind(const unwind_state *start, int max_frames, uintptr_t *frames, int *frame_count, int *truncated,
+                  int *recovered) {
+    if (stallmon_memory_open() < 0) return -UNW_EINVAL;
+    if (begin_unwinding() != 0) return -UNW_ENOMEM;
+    if (max_frames > MAX_UNWOUND_FRAMES) max_frames = MAX_UNWOUND_FRAMES;
     int clean = 0;
-    int result = unwind_once(sp, pc, 0, max_frames, frames, frame_count, truncated, recovered, &clean);
+    int result = unwind_once(start, 0, max_frames, frames, frame_count, truncated, recovered, &clean);
     for (int attempt = 1; attempt < MAX_ATTEMPTS && result == 0 && !clean && *recovered > 0; attempt++) {
-        uintptr_t retry[MAX_BLOCKED_FRAMES];
+        uintptr_t retry[MAX_UNWOUND_FRAMES];
         int count = 0, retry_truncated = 0, retry_recovered = 0;
-        int rc = unwind_once(sp, pc, attempt, max_frames, retry, &count, &retry_truncated, &retry_recovered, &clean);
+        int rc = unwind_once(start, attempt, max_frames, retry, &count, &retry_truncated, &retry_recovered, &clean);
         if (rc != 0 || retry_recovered == 0) break;  // no further candidate
         if (clean) {
             memcpy(frames, retry, (size_t)count * sizeof *retry);
@@ -469,7 +686,37 @@ int stallmon_unwind_blocked(uintptr_t sp, uintptr_t pc, int max_frames, uintptr_
             *recovered = retry_recovered;
         }
     }
+    end_unwinding();
     return result;
+}
+
+int stallmon_unwind_blocked(uintptr_t sp, uintptr_t pc, int max_frames, uintptr_t *frames, int *frame_count,
+                            int *truncated, int *recovered) {
+    unwind_state start = {.known = (1u << UNW_X86_64_RSP) | (1u << UNW_X86_64_RIP)};
+    start.registers[UNW_X86_64_RSP] = sp;
+    start.registers[UNW_X86_64_RIP] = pc;
+    return unwind(&start, max_frames, frames, frame_count, truncated, recovered);
+}
+
+int stallmon_unwind_copied(const stallmon_captured_registers *registers, const void *stack, size_t length,
+                           uintptr_t stack_limit, int max_frames, uintptr_t *frames, int *frame_count,
+                           int *truncated) {
+    unwind_state start = {.known = 0};
+    static const int order[] = {UNW_X86_64_RAX, UNW_X86_64_RDX, UNW_X86_64_RCX, UNW_X86_64_RBX,
+                                UNW_X86_64_RSI, UNW_X86_64_RDI, UNW_X86_64_RBP, UNW_X86_64_RSP,
+                                UNW_X86_64_R8,  UNW_X86_64_R9,  UNW_X86_64_R10, UNW_X86_64_R11,
+                                UNW_X86_64_R12, UNW_X86_64_R13, UNW_X86_64_R14, UNW_X86_64_R15,
+                                UNW_X86_64_RIP};
+    for (int i = 0; i < STALLMON_CAPTURED_REGISTER_COUNT; i++) {
+        start.registers[order[i]] = registers->values[i];
+        start.known |= 1u << order[i];
+    }
+    start.copy = stack;
+    start.copy_start = registers->values[STALLMON_CAPTURED_SP];
+    start.copy_length = length;
+    start.copy_limit = stack_limit > start.copy_start + length ? stack_limit : start.copy_start + length;
+    int recovered = 0;
+    return unwind(&start, max_frames, frames, frame_count, truncated, &recovered);
 }
 
 #else
@@ -486,6 +733,36 @@ int stallmon_unwind_blocked(uintptr_t sp, uintptr_t pc, int max_frames, uintptr_
     return -UNW_EUNSPEC;  // only x86_64's registers are mapped so far
 }
 
+int stallmon_unwind_copied(const stallmon_captured_registers *registers, const void *stack, size_t length,
+                           uintptr_t stack_limit, int max_frames, uintptr_t *frames, int *frame_count,
+                           int *truncated) {
+    (void)registers;
+    (void)stack;
+    (void)length;
+    (void)stack_limit;
+    (void)max_frames;
+    (void)frames;
+    *frame_count = 0;
+    *truncated = 0;
+    return -UNW_EUNSPEC;
+}
+
+static void unwinding_child(void) {}
+
 #endif
+
+// fork() while the watchdog holds the table's lock would leave it held in the child for good.
+static void modules_prepare(void) { pthread_mutex_lock(&modules_lock); }
+static void modules_parent(void) { pthread_mutex_unlock(&modules_lock); }
+static void modules_child(void) {
+    pthread_mutex_init(&modules_lock, NULL);
+    module_count = 0;  // the child maps what the parent did, but lists them itself when it needs to
+    stallmon_memory_reopen_in_child();
+    unwinding_child();
+}
+
+static pthread_once_t fork_handlers_once = PTHREAD_ONCE_INIT;
+static void register_fork_handlers(void) { pthread_atfork(modules_prepare, modules_parent, modules_child); }
+void stallmon_unwind_register_fork_handlers(void) { pthread_once(&fork_handlers_once, register_fork_handlers); }
 
 #endif  // STALLMON_LINUX

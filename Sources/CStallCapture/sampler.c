@@ -1,27 +1,41 @@
-// Sampling a thread's own stack from a signal handler.
+// Sampling a thread's stack: the thread copies, the watchdog unwinds.
 //
-// The watchdog queues a signal to the stalled thread with rt_tgsigqueueinfo, carrying a slot index
-// and a generation. The handler (async-signal-safe: no allocation, no locks, errno preserved)
-// claims the slot with a compare-and-swap, unwinds from its ucontext with libunwind's local
-// unwinder into the slot's preallocated frames, and posts a semaphore. The watchdog waits for that
-// post with a timeout; when it gives up it abandons the slot with the same compare-and-swap, so a
-// handler that runs late finds nothing to write into.
+// The watchdog queues a signal to the stalled thread with rt_tgsigqueueinfo, carrying a slot index,
+// the thread's entry in the slot and a generation. The handler runs no unwinder and takes no lock:
+// it claims the slot with one compare-and-swap over generation and state, copies the interrupted
+// registers and a bounded window of the stack into the slot (one pread of /proc/self/mem, which the
+// kernel copies from mapped memory only: an address past the stack's mapping ends the copy, never
+// faults), and posts a semaphore. The watchdog then unwinds the copy with libunwind's remote
+// interface (remote_unwind.c), over a module table read from /proc/self/maps: nothing on either
+// side calls dl_iterate_phdr or takes the dynamic loader's lock, so a thread interrupted inside
+// dlopen, dlclose or a C++ throw cannot wedge itself or the watchdog.
+//
+// The window starts at the interrupted sp and ends at the thread's stack top where that is known
+// before any signal (glibc places a thread's descriptor, pthread_self(), above its stack; the main
+// thread's stack ends at __libc_stack_end), and at most STACK_WINDOW bytes above sp.
+//
+// The watchdog waits for the post with a timeout; when it gives up it abandons the request with a
+// compare-and-swap on the same word, so a handler that runs late finds nothing to write into, and
+// a later request (another generation, perhaps for another thread) is never answered by it. Signals
+// sent and taken are counted per thread: a thread that has not taken its last signal (it blocks the
+// signal, or is stopped) gets no new one, so real-time signals never pile up in its queue.
 //
 // A signal handler ends some system calls with EINTR whatever SA_RESTART says (nanosleep, poll,
 // epoll_wait, select, timed waits: signal(7)). So a thread that /proc/self/task/<tid>/syscall shows
 // inside a system call is not signalled: remote_unwind.c unwinds it in place from the stack
 // pointer and program counter the kernel shows. And the signal is sent only while its disposition
-// is still stallmon's handler: a program that reset it to SIG_DFL would be killed by it, one that
-// ignores it or handles it itself would lose it or run its own code.
+// is still stallmon's handler, checked just before each send: a program that reset it to SIG_DFL
+// would be killed by it, one that ignores it or handles it itself would lose it or run its own code.
 
 #define _GNU_SOURCE
-#define UNW_LOCAL_ONLY
 #include "stallcapture.h"
 
 #if defined(STALLMON_LINUX)
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <sched.h>
 #include <semaphore.h>
 #include <signal.h>
@@ -33,20 +47,28 @@
 #include <unistd.h>
 #include <sys/syscall.h>
 #include <ucontext.h>
-#include <libunwind.h>
 
 #include "requests.h"
+#include "unwind.h"
 
 enum { SLOT_COUNT = 32 };
 
+/// The most of a stack a handler copies above the interrupted sp. Deeper stacks are reported
+/// truncated; a Swift or C frame is rarely over 200 bytes, async functions keep theirs on the heap.
+enum { STACK_WINDOW = 32 * 1024 };
+
+// The low byte of a slot's word; the generation of the request is the rest.
 enum {
     SLOT_FREE = 0,      // not claimed by any monitor
     SLOT_IDLE = 1,      // claimed, no request outstanding
     SLOT_REQUESTED = 2, // signal sent, handler not yet run
-    SLOT_WRITING = 3,   // handler is unwinding into it
+    SLOT_WRITING = 3,   // handler is copying into it
     SLOT_DONE = 4,      // handler finished
     SLOT_ABANDONED = 5, // watchdog stopped waiting
 };
+
+static inline uint64_t slot_word(uint64_t generation, int state) { return (generation << 8) | (uint64_t)state; }
+static inline int word_state(uint64_t word) { return (int)(word & 0xff); }
 
 /// What the watchdog last saw of one thread out of blocking calls (see may_signal): its run count
 /// and voluntary context switches, read just before a look that saw it running. `tid` 0: no entry.
@@ -56,29 +78,35 @@ typedef struct {
     uint64_t switches;
 } quiet_t;
 
-/// Threads of one slot with a quiet entry of their own: the loops of a large event loop group.
-enum { QUIET_COUNT = 64 };
+/// Threads of one slot with an entry of their own: the loops of a large event loop group.
+enum { QUIET_COUNT = 64, SIGNALLED_COUNT = 64 };
+
+/// The signals one thread was sent and took, by the generation of the request each carried: the
+/// thread still has one pending while `sent` is greater than `taken`.
+typedef struct {
+    _Atomic pid_t tid;
+    _Atomic uint64_t sent;
+    _Atomic uint64_t taken;
+} signalled_t;
 
 typedef struct {
-    _Atomic int state;
-    _Atomic uint64_t generation;
+    // Generation and state (slot_word): a handler claims the request it was sent for, or nothing.
+    _Atomic uint64_t word;
+    uint64_t generation;  // the latest request's, owned by the slot's watchdog; never reset
     _Atomic pid_t target;
-    // Signals queued to the target and handler runs for this slot: while they differ, a signal is
-    // still pending (the thread is blocked in the kernel, stopped, or not scheduled), and queueing
-    // another would only pile real-time signals up against RLIMIT_SIGPENDING.
-    _Atomic uint64_t sent;
-    _Atomic uint64_t delivered;
-    // Set when a handler that claimed the slot never finished (see stallmon_sample_thread).
+    // Set when a handler that claimed the slot never finished (see stallmon_sample_stack).
     _Atomic int broken;
-    int max_frames;
-    int frame_count;
-    int truncated;
-    int unwind_error;
-    int interrupted;  // the handler found that it had ended a system call with EINTR
-    uintptr_t task;   // the Swift task the thread ran (swift_task_getCurrent), 0 outside a task
+    signalled_t signalled[SIGNALLED_COUNT];
+    unsigned signalled_next;  // the entry a thread not yet in the table may replace
+    // Written by the handler that claimed the request.
+    pid_t writer;
+    uintptr_t task;  // the Swift task the thread ran (swift_task_getCurrent), 0 outside a task
     uint64_t enter_ns;
     uint64_t exit_ns;
-    uintptr_t frames[STALLMON_MAX_FRAMES];
+    stallmon_captured_registers registers;
+    uintptr_t stack_limit;
+    ssize_t stack_length;
+    unsigned char stack[STACK_WINDOW];
     sem_t done;
     // The latest stack unwound from the kernel's view, owned by the watchdog: while the thread
     // has not run since, its stack has not changed.
@@ -98,6 +126,7 @@ typedef struct {
 static slot_t slots[SLOT_COUNT];
 static _Atomic int slots_initialized;
 static _Atomic int installed_signals[65];
+static _Atomic uint64_t test_handler_delay_ns;
 
 static inline uint64_t monotonic_ns(void) {
     struct timespec ts;
@@ -105,23 +134,42 @@ static inline uint64_t monotonic_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
 }
 
-/// Whether the signal ended a system call with EINTR: the kernel returns to the instruction after
-/// the system call with -EINTR in the result register (a call it restarts goes back to the
-/// instruction itself instead).
-static int interrupted_system_call(void *context) {
-    const ucontext_t *uc = context;
+// The top of the main thread's stack as the program started (exported by the dynamic loader).
+extern void *__libc_stack_end;
+
+/// The address below which the interrupted thread's stack ends, from `sp`: known without reading
+/// any memory but the thread's own descriptor.
+static uintptr_t stack_limit(uintptr_t sp) {
+    uintptr_t main_top = (uintptr_t)__libc_stack_end;
+    // Above __libc_stack_end lie only _start's arguments and the environment.
+    if (main_top != 0 && sp < main_top && main_top - sp <= (64u << 20)) return main_top + 256;
+    // glibc puts a thread's descriptor at the top of the stack block it allocated (or was given).
+    uintptr_t self = (uintptr_t)pthread_self();
+    if (sp < self && self - sp <= (1u << 30)) return self;
+    return sp + STACK_WINDOW;
+}
+
+static void copy_registers(const ucontext_t *uc, stallmon_captured_registers *out) {
 #if defined(__x86_64__)
-    if ((long long)uc->uc_mcontext.gregs[REG_RAX] != -EINTR) return 0;
-    const unsigned char *ip = (const unsigned char *)(uintptr_t)uc->uc_mcontext.gregs[REG_RIP];
-    return ip[-2] == 0x0f && ip[-1] == 0x05;  // syscall
-#elif defined(__aarch64__)
-    if ((long long)uc->uc_mcontext.regs[0] != -EINTR) return 0;
-    const uint32_t *pc = (const uint32_t *)(uintptr_t)uc->uc_mcontext.pc;
-    return pc[-1] == 0xd4000001;  // svc #0
+    static const int order[STALLMON_CAPTURED_REGISTER_COUNT] = {
+        REG_RAX, REG_RDX, REG_RCX, REG_RBX, REG_RSI, REG_RDI, REG_RBP, REG_RSP, REG_R8,
+        REG_R9,  REG_R10, REG_R11, REG_R12, REG_R13, REG_R14, REG_R15, REG_RIP,
+    };
+    for (int i = 0; i < STALLMON_CAPTURED_REGISTER_COUNT; i++) out->values[i] = (uintptr_t)uc->uc_mcontext.gregs[order[i]];
 #else
+    // Only x86-64's registers are mapped so far: the unwind reports no stack elsewhere.
     (void)uc;
-    return 0;
+    memset(out, 0, sizeof *out);
 #endif
+}
+
+/// Notes that the thread of `entry` took the signal of request `generation`.
+static void note_taken(signalled_t *entry, uint64_t generation) {
+    uint64_t taken = atomic_load_explicit(&entry->taken, memory_order_relaxed);
+    while (taken < generation &&
+           !atomic_compare_exchange_weak_explicit(&entry->taken, &taken, generation, memory_order_release,
+                                                  memory_order_relaxed)) {
+    }
 }
 
 static void sample_handler(int signo, siginfo_t *info, void *context) {
@@ -131,44 +179,47 @@ static void sample_handler(int signo, siginfo_t *info, void *context) {
 
     uint64_t token = (uint64_t)(uintptr_t)info->si_value.sival_ptr;
     unsigned index = (unsigned)(token & 0xff);
-    if (index >= SLOT_COUNT) goto out;
+    unsigned entry = (unsigned)((token >> 8) & 0xff);
+    uint64_t generation = token >> 16;
+    if (index >= SLOT_COUNT || entry >= SIGNALLED_COUNT) goto out;
     slot_t *slot = &slots[index];
-    atomic_fetch_add_explicit(&slot->delivered, 1, memory_order_relaxed);
-    if (atomic_load_explicit(&slot->generation, memory_order_acquire) != (token >> 8)) goto out;
-    if (atomic_load_explicit(&slot->target, memory_order_relaxed) != (pid_t)syscall(SYS_gettid)) goto out;
-    int expected = SLOT_REQUESTED;
-    if (!atomic_compare_exchange_strong(&slot->state, &expected, SLOT_WRITING)) goto out;
+    note_taken(&slot->signalled[entry], generation);
+    uint64_t requested = slot_word(generation, SLOT_REQUESTED);
+    if (atomic_load_explicit(&slot->word, memory_order_acquire) != requested) goto out;
+    pid_t self = (pid_t)syscall(SYS_gettid);
+    if (atomic_load_explicit(&slot->target, memory_order_relaxed) != self) goto out;
+    uint64_t delay = atomic_load_explicit(&test_handler_delay_ns, memory_order_relaxed);
+    if (__builtin_expect(delay != 0, 0)) {
+        // Tests only: a handler that runs late, between its checks and its claim.
+        uint64_t until = monotonic_ns() + delay;
+        while (monotonic_ns() < until) {}
+    }
+    // The one claim: this request's generation, still requested. A late handler of an earlier
+    // request, for this thread or another, finds another word and writes nothing.
+    uint64_t expected = requested;
+    if (!atomic_compare_exchange_strong_explicit(&slot->word, &expected, slot_word(generation, SLOT_WRITING),
+                                                 memory_order_acquire, memory_order_relaxed))
+        goto out;
 
     slot->enter_ns = monotonic_ns();
-    slot->frame_count = 0;
-    slot->truncated = 0;
-    slot->unwind_error = 0;
-    unw_cursor_t cursor;
-    int rc = unw_init_local2(&cursor, (unw_context_t *)context, UNW_INIT_SIGNAL_FRAME);
-    if (rc != 0) {
-        slot->unwind_error = rc;
-    } else {
-        int count = 0;
-        for (;;) {
-            unw_word_t ip = 0;
-            if (unw_get_reg(&cursor, UNW_REG_IP, &ip) < 0 || ip == 0) break;
-            if (count == slot->max_frames) {
-                slot->truncated = 1;
-                break;
-            }
-            slot->frames[count++] = (uintptr_t)ip;
-            if (unw_step(&cursor) <= 0) break;
-        }
-        slot->frame_count = count;
-    }
-    slot->interrupted = interrupted_system_call(context);
+    slot->writer = self;
+    copy_registers(context, &slot->registers);
+    uintptr_t sp = slot->registers.values[STALLMON_CAPTURED_SP];
+    uintptr_t limit = stack_limit(sp);
+    size_t length = limit - sp < STACK_WINDOW ? (size_t)(limit - sp) : STACK_WINDOW;
+    slot->stack_limit = limit;
+    slot->stack_length = stallmon_memory_read(slot->stack, length, sp);
     // A thread-local load in the Swift runtime: which request the interrupted work serves.
     slot->task = swift_task_getCurrent != NULL ? (uintptr_t)swift_task_getCurrent() : 0;
     slot->exit_ns = monotonic_ns();
-    atomic_store_explicit(&slot->state, SLOT_DONE, memory_order_release);
+    atomic_store_explicit(&slot->word, slot_word(generation, SLOT_DONE), memory_order_release);
     sem_post(&slot->done);
 out:
     errno = saved_errno;
+}
+
+void stallmon_sampler_set_test_delay(uint64_t nanoseconds) {
+    atomic_store_explicit(&test_handler_delay_ns, nanoseconds, memory_order_relaxed);
 }
 
 static void initialize_slots(void) {
@@ -176,16 +227,12 @@ static void initialize_slots(void) {
     if (atomic_load(&slots_initialized) == 2) return;
     if (atomic_compare_exchange_strong(&slots_initialized, &expected, 1)) {
         for (int i = 0; i < SLOT_COUNT; i++) {
-            atomic_init(&slots[i].state, SLOT_FREE);
-            atomic_init(&slots[i].generation, 0);
+            atomic_init(&slots[i].word, slot_word(0, SLOT_FREE));
             atomic_init(&slots[i].target, 0);
-            atomic_init(&slots[i].sent, 0);
-            atomic_init(&slots[i].delivered, 0);
             atomic_init(&slots[i].broken, 0);
             sem_init(&slots[i].done, 0, 0);
         }
-        // A per-thread cache keeps libunwind's lookups lock-free inside the handler.
-        unw_set_caching_policy(unw_local_addr_space, UNW_CACHE_PER_THREAD);
+        stallmon_unwind_register_fork_handlers();
         atomic_store(&slots_initialized, 2);
     } else {
         while (atomic_load(&slots_initialized) != 2) sched_yield();
@@ -210,22 +257,53 @@ int stallmon_signal_in_use(int signo) {
     return current.sa_handler != SIG_DFL;
 }
 
+/// Keeps the code of the handler mapped for the life of the process: a library that holds it,
+/// loaded with dlopen, would otherwise leave a handler pointing at unmapped code once closed.
+static void pin_image(void) {
+    Dl_info info;
+    if (dladdr((void *)sample_handler, &info) == 0 || info.dli_fname == NULL || info.dli_fname[0] == 0) return;
+    // RTLD_NOLOAD: the image already loaded, nothing new; RTLD_NODELETE: never unmapped, whatever
+    // dlclose is called later. (The main executable needs no pin; one more reference is harmless.)
+    (void)dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
+}
+
+static pthread_once_t pin_once = PTHREAD_ONCE_INIT;
+
+/// The handler's action: the sampling signals block each other while it runs (it never nests in
+/// itself), and it runs on the thread's alternate stack where the thread has one.
+static void sampling_action(struct sigaction *action) {
+    memset(action, 0, sizeof *action);
+    action->sa_sigaction = sample_handler;
+    action->sa_flags = SA_SIGINFO | SA_RESTART | SA_ONSTACK;
+    sigemptyset(&action->sa_mask);
+    sigaddset(&action->sa_mask, SIGPROF);
+    for (int signo = 1; signo <= 64; signo++) {
+        if (atomic_load(&installed_signals[signo])) sigaddset(&action->sa_mask, signo);
+    }
+}
+
 int stallmon_sampler_install(int signo) {
     if (signo <= 0 || signo > 64) return -EINVAL;
     initialize_slots();
     if (atomic_load(&installed_signals[signo])) return 0;
-    if (stallmon_signal_in_use(signo)) {
-        struct sigaction current;
-        sigaction(signo, NULL, &current);
-        if (!((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == sample_handler)) return -EBUSY;
-    }
-    struct sigaction action;
-    memset(&action, 0, sizeof action);
-    action.sa_sigaction = sample_handler;
-    action.sa_flags = SA_SIGINFO | SA_RESTART;
-    sigemptyset(&action.sa_mask);
-    if (sigaction(signo, &action, NULL) != 0) return -errno;
+    if (stallmon_signal_in_use(signo)) return -EBUSY;
+    // The handler copies the stack through /proc/self/mem: open before any signal is sent.
+    if (stallmon_memory_open() < 0) return -EACCES;
+    pthread_once(&pin_once, pin_image);
     atomic_store(&installed_signals[signo], 1);
+    struct sigaction action;
+    sampling_action(&action);
+    if (sigaction(signo, &action, NULL) != 0) {
+        int error = errno;
+        atomic_store(&installed_signals[signo], 0);
+        return -error;
+    }
+    // The signals installed before it now block this one too, while they are still ours.
+    for (int other = 1; other <= 64; other++) {
+        if (other == signo || !atomic_load(&installed_signals[other])) continue;
+        if (stallmon_signal_disposition(other) != STALLMON_DISPOSITION_OURS) continue;
+        sigaction(other, &action, NULL);
+    }
     return 0;
 }
 
@@ -233,30 +311,43 @@ int stallmon_sampler_slot_claim(void) {
     initialize_slots();
     for (int i = 0; i < SLOT_COUNT; i++) {
         if (atomic_load(&slots[i].broken)) continue;
-        int expected = SLOT_FREE;
-        if (atomic_compare_exchange_strong(&slots[i].state, &expected, SLOT_IDLE)) {
-            // Signals of a previous owner that never arrived must not block this one.
-            atomic_store(&slots[i].delivered, atomic_load(&slots[i].sent));
+        uint64_t expected = atomic_load(&slots[i].word);
+        if (word_state(expected) != SLOT_FREE) continue;
+        if (atomic_compare_exchange_strong(&slots[i].word, &expected,
+                                           slot_word(expected >> 8, SLOT_IDLE))) {
+            slots[i].generation = expected >> 8;
             return i;
         }
     }
     return -1;
 }
 
+/// Waits up to `timeout_ns` for the slot to leave SLOT_WRITING; returns 0 when it did.
+static int wait_for_writer(slot_t *slot, uint64_t timeout_ns) {
+    uint64_t deadline = monotonic_ns() + timeout_ns;
+    while (word_state(atomic_load(&slot->word)) == SLOT_WRITING) {
+        if (monotonic_ns() >= deadline) return -1;
+        sched_yield();
+    }
+    return 0;
+}
+
 void stallmon_sampler_slot_release(int index) {
     if (index < 0 || index >= SLOT_COUNT) return;
     slot_t *slot = &slots[index];
     // A request still outstanding is abandoned first, so a late handler writes nothing.
-    int expected = SLOT_REQUESTED;
-    atomic_compare_exchange_strong(&slot->state, &expected, SLOT_ABANDONED);
-    atomic_fetch_add(&slot->generation, 1);
+    uint64_t expected = slot_word(slot->generation, SLOT_REQUESTED);
+    atomic_compare_exchange_strong(&slot->word, &expected, slot_word(slot->generation, SLOT_ABANDONED));
     if (atomic_load(&slot->broken)) return;  // a handler is stuck in it: never reuse it
-    while (atomic_load(&slot->state) == SLOT_WRITING) sched_yield();
+    if (wait_for_writer(slot, 1000000000ULL) != 0) {
+        atomic_store(&slot->broken, 1);
+        return;
+    }
     while (sem_trywait(&slot->done) == 0) {}
     slot->kernel.valid = 0;
     memset(slot->quiet, 0, sizeof slot->quiet);
     slot->quiet_next = 0;
-    atomic_store(&slot->state, SLOT_FREE);
+    atomic_store(&slot->word, slot_word(slot->generation, SLOT_FREE));
 }
 
 static int wait_until(sem_t *semaphore, uint64_t deadline_ns) {
@@ -269,6 +360,64 @@ static int wait_until(sem_t *semaphore, uint64_t deadline_ns) {
         if (errno == EINTR) continue;
         return -1;
     }
+}
+
+/// Whether thread `tid` of this process still exists.
+static int thread_exists(pid_t tid) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/task/%d", (int)tid);
+    return access(path, F_OK) == 0;
+}
+
+/// The thread's entry in the slot's table of signals, or -1 when it has not taken its last signal
+/// (or no entry can be had: every one is held by a live thread with a signal pending).
+static int signal_entry(slot_t *slot, pid_t tid, int *pending) {
+    *pending = 0;
+    for (int i = 0; i < SIGNALLED_COUNT; i++) {
+        signalled_t *entry = &slot->signalled[i];
+        if (atomic_load(&entry->tid) != tid) continue;
+        if (atomic_load(&entry->sent) > atomic_load_explicit(&entry->taken, memory_order_acquire)) {
+            if (thread_exists(tid)) {
+                *pending = 1;
+                return -1;
+            }
+            // A thread that exited with the signal pending took it with it; the id is new.
+            atomic_store(&entry->taken, atomic_load(&entry->sent));
+        }
+        return i;
+    }
+    // A thread not in the table takes the next entry with no signal pending, or the entry of a
+    // thread that has exited.
+    for (int pass = 0; pass < 2; pass++) {
+        for (int n = 0; n < SIGNALLED_COUNT; n++) {
+            unsigned i = (slot->signalled_next + (unsigned)n) % SIGNALLED_COUNT;
+            signalled_t *entry = &slot->signalled[i];
+            pid_t holder = atomic_load(&entry->tid);
+            int outstanding = atomic_load(&entry->sent) > atomic_load_explicit(&entry->taken, memory_order_acquire);
+            if (outstanding && (pass == 0 || holder == 0 || thread_exists(holder))) continue;
+            atomic_store(&entry->taken, atomic_load(&entry->sent));
+            atomic_store(&entry->tid, tid);
+            slot->signalled_next = i + 1;
+            return (int)i;
+        }
+    }
+    return -1;
+}
+
+/// Whether the register copy shows a system call that the signal ended with EINTR: the kernel
+/// returns to the instruction after it with -EINTR in the result register (a call it restarts
+/// goes back to the instruction itself instead). The code is read through /proc/self/mem.
+static int interrupted_system_call(const stallmon_captured_registers *registers) {
+#if defined(__x86_64__)
+    if ((long long)registers->values[0] != -EINTR) return 0;  // rax
+    unsigned char code[2];
+    uintptr_t pc = registers->values[STALLMON_CAPTURED_PC];
+    if (pc < 2 || stallmon_memory_read(code, sizeof code, pc - 2) != (ssize_t)sizeof code) return 0;
+    return code[0] == 0x0f && code[1] == 0x05;  // syscall
+#else
+    (void)registers;
+    return 0;
+#endif
 }
 
 // MARK: - The kernel's view of a blocked thread
@@ -490,6 +639,29 @@ void stallmon_sample_thread(int index, pid_t tid, int signo, int max_frames, uin
     stallmon_sample_stack(index, tid, signo, max_frames, timeout_ns, 0, out);
 }
 
+/// Unwinds what the handler copied into the slot (the slot is the watchdog's until it goes idle).
+static void unwind_copy(slot_t *slot, int max_frames, stallmon_sample *out) {
+    out->source = STALLMON_STACK_SIGNAL;
+    out->handler_enter_ns = slot->enter_ns;
+    out->handler_exit_ns = slot->exit_ns;
+    out->sampled_tid = slot->writer;
+    out->current_task = slot->task;
+    out->stack_bytes = slot->stack_length > 0 ? (int)slot->stack_length : 0;
+    out->interrupted_syscall = interrupted_system_call(&slot->registers);
+    int count = 0, truncated = 0;
+    int rc = stallmon_unwind_copied(&slot->registers, slot->stack, (size_t)out->stack_bytes, slot->stack_limit,
+                                    max_frames, out->frames, &count, &truncated);
+    if (rc != 0) {
+        out->status = STALLMON_SAMPLE_UNWIND_FAILED;
+        out->error = rc;
+        out->frame_count = 0;
+        return;
+    }
+    out->status = STALLMON_SAMPLE_OK;
+    out->frame_count = count;
+    out->truncated = truncated;
+}
+
 void stallmon_sample_stack(int index, pid_t tid, int signo, int max_frames, uint64_t timeout_ns, int flags,
                            stallmon_sample *out) {
     memset(out, 0, offsetof(stallmon_sample, frames));
@@ -525,26 +697,29 @@ void stallmon_sample_stack(int index, pid_t tid, int signo, int max_frames, uint
         out->error = EDEADLK;
         return;
     }
-    if (atomic_load_explicit(&slot->target, memory_order_relaxed) != tid) {
-        // A signal still pending belongs to the previous thread; it does not hold this one up.
-        atomic_store(&slot->delivered, atomic_load(&slot->sent));
+    // The handler copies through /proc/self/mem: a program that closed the descriptor gets a new one.
+    if (stallmon_memory_open() < 0) {
+        out->status = STALLMON_SAMPLE_SEND_FAILED;
+        out->error = EACCES;
+        return;
     }
-    if (atomic_load(&slot->sent) > atomic_load(&slot->delivered)) {
-        // The previous signal is still pending: the thread has not run since. Asking again
-        // would not be answered any sooner.
+    int pending = 0;
+    int entry = signal_entry(slot, tid, &pending);
+    if (entry < 0) {
+        // The thread has not taken its last signal: it blocks the signal, is stopped, or has not
+        // run since. Another would only wait in its queue beside the first.
         if (spare && read_syscall_view(tid, view) == 1) {
             sample_blocked(slot, tid, view, max_frames, out);
             return;
         }
         out->status = STALLMON_SAMPLE_TIMEOUT;
-        out->error = EAGAIN;
+        out->error = pending ? EAGAIN : ENOSPC;
         return;
     }
 
-    uint64_t generation = atomic_fetch_add(&slot->generation, 1) + 1;
+    uint64_t generation = ++slot->generation;
     atomic_store_explicit(&slot->target, tid, memory_order_relaxed);
-    slot->max_frames = max_frames;
-    atomic_store_explicit(&slot->state, SLOT_REQUESTED, memory_order_release);
+    atomic_store_explicit(&slot->word, slot_word(generation, SLOT_REQUESTED), memory_order_release);
 
     siginfo_t info;
     memset(&info, 0, sizeof info);
@@ -552,17 +727,17 @@ void stallmon_sample_stack(int index, pid_t tid, int signo, int max_frames, uint
     info.si_code = SI_QUEUE;
     info.si_pid = getpid();
     info.si_uid = getuid();
-    info.si_value.sival_ptr = (void *)(uintptr_t)((generation << 8) | (uint64_t)index);
+    info.si_value.sival_ptr = (void *)(uintptr_t)((generation << 16) | ((uint64_t)entry << 8) | (uint64_t)index);
 
     // A thread that keeps blocking in system calls is not signalled, and the last look comes as
     // close to the signal as it can: a thread in a system call is unwound in place instead. What
     // remains is a thread that ran without blocking since the previous look (or through a 200 µs
-    // watch) and enters a system call within the next few microseconds; the handler then reports
-    // that it ended it (`interrupted_syscall`).
+    // watch) and enters a system call within the next few microseconds; the handler's registers
+    // then show that it ended it (`interrupted_syscall`).
     if (spare) {
         int verdict = may_signal(slot, tid, view);
         if (verdict != 1) {
-            atomic_store(&slot->state, SLOT_IDLE);
+            atomic_store(&slot->word, slot_word(generation, SLOT_IDLE));
             if (verdict == 2) {
                 sample_blocked(slot, tid, view, max_frames, out);
             } else {
@@ -571,27 +746,36 @@ void stallmon_sample_stack(int index, pid_t tid, int signo, int max_frames, uint
             return;
         }
     }
+    // The disposition again, just before the send: the program may have taken the signal over
+    // while the thread was looked at.
+    out->disposition = stallmon_signal_disposition(signo);
+    if (out->disposition != STALLMON_DISPOSITION_OURS) {
+        atomic_store(&slot->word, slot_word(generation, SLOT_IDLE));
+        out->status = STALLMON_SAMPLE_SIGNAL_TAKEN;
+        return;
+    }
+    signalled_t *signalled = &slot->signalled[entry];
+    uint64_t previous = atomic_load(&signalled->sent);
+    atomic_store(&signalled->sent, generation);
     out->requested_ns = monotonic_ns();
-    atomic_fetch_add(&slot->sent, 1);
     if (syscall(SYS_rt_tgsigqueueinfo, getpid(), tid, signo, &info) != 0) {
         out->status = STALLMON_SAMPLE_SEND_FAILED;
         out->error = errno;
-        atomic_fetch_sub(&slot->sent, 1);
-        atomic_store(&slot->state, SLOT_IDLE);
+        atomic_store(&signalled->sent, previous);
+        atomic_store(&slot->word, slot_word(generation, SLOT_IDLE));
         return;
     }
 
     if (wait_until(&slot->done, out->requested_ns + timeout_ns) != 0) {
-        int expected = SLOT_REQUESTED;
-        if (atomic_compare_exchange_strong(&slot->state, &expected, SLOT_ABANDONED)) {
+        uint64_t expected = slot_word(generation, SLOT_REQUESTED);
+        if (atomic_compare_exchange_strong(&slot->word, &expected, slot_word(generation, SLOT_ABANDONED))) {
             out->status = STALLMON_SAMPLE_TIMEOUT;
-            atomic_store(&slot->state, SLOT_IDLE);
+            atomic_store(&slot->word, slot_word(generation, SLOT_IDLE));
             return;
         }
-        // The handler claimed the slot just in time: it is unwinding and will post shortly. The
-        // unwinder walks the loaded images (dl_iterate_phdr); a thread interrupted inside dlopen
-        // could keep it from finishing, so even this wait is bounded, and a slot whose handler
-        // never finishes is never used again.
+        // The handler claimed the request just in time: it is copying and will post shortly. It
+        // takes no lock, but a thread stopped inside it (SIGSTOP) would not finish: even this wait
+        // is bounded, and a slot whose handler never finishes is never used again.
         if (wait_until(&slot->done, monotonic_ns() + 1000000000ULL) != 0) {
             atomic_store(&slot->broken, 1);
             out->status = STALLMON_SAMPLE_TIMEOUT;
@@ -599,56 +783,11 @@ void stallmon_sample_stack(int index, pid_t tid, int signo, int max_frames, uint
             return;
         }
     }
-
-    out->source = STALLMON_STACK_SIGNAL;
-    out->handler_enter_ns = slot->enter_ns;
-    out->handler_exit_ns = slot->exit_ns;
-    out->truncated = slot->truncated;
-    out->interrupted_syscall = slot->interrupted;
-    out->current_task = slot->task;
-    if (slot->unwind_error != 0) {
-        out->status = STALLMON_SAMPLE_UNWIND_FAILED;
-        out->error = slot->unwind_error;
-    } else {
-        out->status = STALLMON_SAMPLE_OK;
-        out->frame_count = slot->frame_count;
-        memcpy(out->frames, slot->frames, sizeof(uintptr_t) * (size_t)slot->frame_count);
-    }
-    atomic_store(&slot->state, SLOT_IDLE);
+    // One acquire load says what the post already ordered (sem_clockwait is a synchronization
+    // point that ThreadSanitizer does not see): the handler's writes happened before.
+    (void)atomic_load_explicit(&slot->word, memory_order_acquire);
+    unwind_copy(slot, max_frames, out);
+    atomic_store(&slot->word, slot_word(generation, SLOT_IDLE));
 }
-
-// MARK: - SIGCONT counting
-
-static _Atomic uint64_t continue_count;
-static _Atomic uint64_t continue_time_ns;
-static _Atomic int continue_installed;
-
-static void continue_handler(int signo) {
-    (void)signo;
-    int saved_errno = errno;
-    atomic_store_explicit(&continue_time_ns, monotonic_ns(), memory_order_relaxed);
-    atomic_fetch_add_explicit(&continue_count, 1, memory_order_release);
-    errno = saved_errno;
-}
-
-int stallmon_continue_watch_install(void) {
-    if (atomic_load(&continue_installed)) return 1;
-    struct sigaction current;
-    if (sigaction(SIGCONT, NULL, &current) != 0) return 0;
-    int ours = !(current.sa_flags & SA_SIGINFO) && current.sa_handler == continue_handler;
-    if (ours) return 1;
-    if ((current.sa_flags & SA_SIGINFO) || current.sa_handler != SIG_DFL) return 0;
-    struct sigaction action;
-    memset(&action, 0, sizeof action);
-    action.sa_handler = continue_handler;
-    action.sa_flags = SA_RESTART;
-    sigemptyset(&action.sa_mask);
-    if (sigaction(SIGCONT, &action, NULL) != 0) return 0;
-    atomic_store(&continue_installed, 1);
-    return 1;
-}
-
-uint64_t stallmon_continue_count(void) { return atomic_load_explicit(&continue_count, memory_order_acquire); }
-uint64_t stallmon_continue_time_ns(void) { return atomic_load_explicit(&continue_time_ns, memory_order_relaxed); }
 
 #endif  // STALLMON_LINUX

@@ -1,12 +1,17 @@
 // What the watchdogs, the sampler and the reporting thread read of threads and clocks: the
-// monotonic and boot clocks, a thread's id, name, timer slack and CPU clock, and the real-time
-// signal range. None of it runs on a watched loop's hot path.
+// monotonic and boot clocks, a thread's id, name, timer slack and CPU clock, the real-time signal
+// range, and the signal mask the monitor's own threads are made with. None of it runs on a watched
+// loop's hot path.
 
 #include "stallcapture.h"
 
 #if defined(STALLMON_LINUX)
 
+#include <errno.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 #include <sys/prctl.h>
@@ -32,6 +37,57 @@ int64_t stallmon_thread_cpu_ns(pid_t tid) {
     struct timespec ts;
     if (clock_gettime(clock, &ts) != 0) return -1;
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/// Every asynchronous signal: all but SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS and SIGABRT,
+/// which stay deliverable (a fault in the monitor's own code is still the program's crash).
+static void async_signals(sigset_t *set) {
+    sigfillset(set);
+    static const int synchronous[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT};
+    for (size_t i = 0; i < sizeof synchronous / sizeof synchronous[0]; i++) sigdelset(set, synchronous[i]);
+}
+
+// glibc 2.32 and later: the new thread's mask, set by pthread_create itself.
+extern int pthread_attr_setsigmask_np(pthread_attr_t *attr, const sigset_t *sigmask) __attribute__((weak));
+
+typedef struct {
+    void (*body)(void *);
+    void *context;
+    char name[16];
+    int block_first;  // the mask could not be set by pthread_create
+} thread_start;
+
+static void *run_thread(void *argument) {
+    thread_start start = *(thread_start *)argument;
+    free(argument);
+    if (start.block_first) {
+        sigset_t set;
+        async_signals(&set);
+        pthread_sigmask(SIG_BLOCK, &set, NULL);
+    }
+    prctl(PR_SET_NAME, (unsigned long)start.name, 0, 0, 0);
+    start.body(start.context);
+    return NULL;
+}
+
+int stallmon_thread_spawn(const char *name, size_t stack_size, void (*body)(void *), void *context) {
+    thread_start *start = calloc(1, sizeof *start);
+    if (start == NULL) return ENOMEM;
+    start->body = body;
+    start->context = context;
+    strncpy(start->name, name, sizeof start->name - 1);
+    pthread_attr_t attributes;
+    pthread_attr_init(&attributes);
+    pthread_attr_setdetachstate(&attributes, PTHREAD_CREATE_DETACHED);
+    if (stack_size > 0) pthread_attr_setstacksize(&attributes, stack_size);
+    sigset_t set;
+    async_signals(&set);
+    start->block_first = pthread_attr_setsigmask_np == NULL || pthread_attr_setsigmask_np(&attributes, &set) != 0;
+    pthread_t thread;
+    int rc = pthread_create(&thread, &attributes, run_thread, start);
+    pthread_attr_destroy(&attributes);
+    if (rc != 0) free(start);
+    return rc;
 }
 
 int stallmon_sigrtmin(void) { return SIGRTMIN; }

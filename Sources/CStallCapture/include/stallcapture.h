@@ -148,6 +148,13 @@ void stallmon_set_timer_slack(unsigned long nanoseconds);
 /// Names the calling thread as top -H, ps -L and /proc show it (at most 15 bytes are kept).
 void stallmon_set_thread_name(const char *name);
 
+/// Starts a detached thread named `name` (at most 15 bytes are kept) that runs `body(context)` with
+/// every asynchronous signal blocked from its first instruction (all but SIGSEGV, SIGBUS, SIGFPE,
+/// SIGILL, SIGTRAP, SIGSYS and SIGABRT): the monitor's own threads are made so, and a signal sent to
+/// the process is never handled on one of them. `stack_size` 0 takes the default. Returns 0 or an
+/// errno.
+int stallmon_thread_spawn(const char *name, size_t stack_size, void (*body)(void *), void *context);
+
 // MARK: - Sampling another thread of this process
 
 enum { STALLMON_MAX_FRAMES = 128 };
@@ -158,7 +165,7 @@ typedef enum {
     STALLMON_SAMPLE_TIMEOUT = 1,        ///< The thread did not run the handler in time.
     STALLMON_SAMPLE_SEND_FAILED = 2,    ///< The signal could not be queued (`error` holds errno).
     STALLMON_SAMPLE_NO_SLOT = 3,        ///< No free sampler slot.
-    STALLMON_SAMPLE_UNWIND_FAILED = 4,  ///< The handler ran but libunwind could not start.
+    STALLMON_SAMPLE_UNWIND_FAILED = 4,  ///< The handler copied the stack but the copy could not be unwound.
     /// The program owns the signal now (`disposition` says how); no signal was sent.
     STALLMON_SAMPLE_SIGNAL_TAKEN = 5,
     /// The thread blocks in a system call and its stack could not be unwound from the kernel's
@@ -172,7 +179,9 @@ typedef enum {
 /// Where a sample's stack came from.
 typedef enum {
     STALLMON_STACK_NONE = 0,
-    STALLMON_STACK_SIGNAL = 1,  ///< The thread unwound itself in the sampling signal's handler.
+    /// The sampling signal's handler copied the thread's registers and the top of its stack; the
+    /// watchdog unwound the copy.
+    STALLMON_STACK_SIGNAL = 1,
     STALLMON_STACK_KERNEL = 2,  ///< Unwound in place from the sp and pc /proc shows while it blocks.
 } stallmon_stack_source;
 
@@ -209,12 +218,24 @@ typedef struct {
     int recovered_frame_pointers;  ///< frame pointers a kernel-view unwind had to recover
     int reused;                 ///< 1 when a kernel-view stack was reused: the thread had not run since
     uintptr_t current_task;     ///< STACK_SIGNAL: the Swift task the thread was running, 0 when none
+    pid_t sampled_tid;          ///< STACK_SIGNAL: the thread whose handler answered (the one asked, always)
+    int stack_bytes;            ///< STACK_SIGNAL: bytes of stack the handler copied above its sp
     uintptr_t frames[STALLMON_MAX_FRAMES];  ///< frames[0] is the interrupted pc, the rest return addresses
 } stallmon_sample;
 
-/// Installs the sampling handler for `signo` (SA_SIGINFO | SA_RESTART) unless it is installed already.
-/// Returns 0, or -errno. Fails with -EBUSY when another handler owns the signal.
+/// Installs the sampling handler for `signo` (SA_SIGINFO | SA_RESTART | SA_ONSTACK, the other
+/// sampling signals blocked while it runs) unless it is installed already. Returns 0, or -errno.
+/// Fails with -EBUSY when another handler owns the signal (or it is ignored), with -EACCES when
+/// /proc/self/mem, through which the handler copies the stack, cannot be opened.
 int stallmon_sampler_install(int signo);
+
+/// Tests only: makes every sampling handler spin this long between its checks and its claim (0:
+/// none), as a handler that runs late would.
+void stallmon_sampler_set_test_delay(uint64_t nanoseconds);
+
+/// Lists the loaded images from /proc/self/maps (as the unwinder does on a miss) and returns how
+/// many have unwind tables. Watchdog side only.
+int stallmon_module_count(void);
 /// 1 when `signo` has a handler that is not stallmon's (or is ignored), 0 when free or ours.
 int stallmon_signal_in_use(int signo);
 
@@ -222,9 +243,10 @@ int stallmon_signal_in_use(int signo);
 int stallmon_sampler_slot_claim(void);
 void stallmon_sampler_slot_release(int slot);
 
-/// Asks thread `tid` of this process for its own backtrace: queues `signo` to it carrying the
-/// slot, and waits up to `timeout_ns` for the handler to unwind into the slot. Never hangs: a
-/// thread that has the signal blocked or never runs gives STALLMON_SAMPLE_TIMEOUT. Sends nothing
+/// Samples thread `tid` of this process: queues `signo` to it carrying the slot, waits up to
+/// `timeout_ns` for the handler to copy its registers and stack into the slot, and unwinds the
+/// copy. Never hangs: a thread that has the signal blocked or never runs gives
+/// STALLMON_SAMPLE_TIMEOUT, and is sent no other signal until it has taken that one. Sends nothing
 /// when the signal is no longer stallmon's (STALLMON_SAMPLE_SIGNAL_TAKEN). The same as
 /// stallmon_sample_stack without flags: a thread in a system call is signalled too.
 void stallmon_sample_thread(int slot, pid_t tid, int signo, int max_frames, uint64_t timeout_ns,
@@ -255,16 +277,6 @@ int stallmon_signal_disposition(int signo);
 /// negative libunwind code. `recovered` counts frame pointers it had to recover.
 int stallmon_unwind_blocked(uintptr_t sp, uintptr_t pc, int max_frames, uintptr_t *frames, int *frame_count,
                             int *truncated, int *recovered);
-
-// MARK: - Telling a stall from a stopped process
-
-/// Installs a SIGCONT handler that counts continuations, unless the program has its own.
-/// Returns 1 when counting, 0 when the program handles SIGCONT itself.
-int stallmon_continue_watch_install(void);
-/// Times the process was continued after a stop (SIGSTOP, SIGTSTP, …) since the handler was installed.
-uint64_t stallmon_continue_count(void);
-/// CLOCK_MONOTONIC of the latest continuation.
-uint64_t stallmon_continue_time_ns(void);
 
 // MARK: - Callout sites, for stacks without CoreFoundation's symbols (callouts.c)
 

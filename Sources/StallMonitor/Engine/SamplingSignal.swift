@@ -12,9 +12,9 @@ package enum SamplingSignal {
     /// The threads a watchdog samples, which decide the choice.
     package enum Threads {
         /// One loop's thread (a run loop, an async main): a signal it does not block is preferred,
-        /// and, started on that thread, the monitor unblocks its signal there (a parent process may
-        /// have spawned the service with real-time signals blocked; the signal is the monitor's
-        /// own, so nothing else changes).
+        /// and, started on that thread, the monitor unblocks its signal there (the thread may have
+        /// been made by one that blocks real-time signals, as libdispatch's workers do; a signal
+        /// the main thread blocks is never chosen, so the program reads none of them).
         case loop(pid_t)
         /// An event-loop group's threads: each unblocks the signal itself, from a task it runs
         /// (``unblockOnCurrentThread(_:)``).
@@ -34,11 +34,14 @@ package enum SamplingSignal {
     ) throws(StallMonitorError) -> Int32? {
         switch threads {
         case .cooperativePool:
-            guard stallmon_sampler_install(SIGPROF) == 0 else {
+            let rc = stallmon_sampler_install(SIGPROF)
+            guard rc == 0 else {
+                let why =
+                    rc == -EBUSY ? "SIGPROF has a handler of the program's (a profiler?)" : "SIGPROF: \(reason(rc))"
                 logger.warning(
                     """
-                    SIGPROF has a handler of the program's (a profiler?): cooperative-pool stalls on the CPU carry \
-                    no stack (threads blocked in a system call still do)
+                    \(why): cooperative-pool stalls on the CPU carry no stack (threads blocked in a system call \
+                    still do)
                     """)
                 return nil
             }
@@ -64,28 +67,61 @@ package enum SamplingSignal {
     }
 
     /// Installs the configured signal, or the highest free real-time signal, preferring those that
-    /// `thread` does not block.
+    /// `thread` does not block. A signal the main thread blocks is the program's even with no
+    /// handler (it reads it with `signalfd` or `sigwaitinfo`): it is never taken.
     private static func install(
         _ configuration: StallMonitor.Configuration, preferringUnblockedBy thread: ThreadInspector?, logger: Logger
     ) throws(StallMonitorError) -> Int32? {
+        let mainThread = ThreadInspector(threadID: getpid())
         if let signal = configuration.signal {
+            if mainThread.blocks(signal) {
+                throw StallMonitorError.signalUnavailable(
+                    signal, reason: "the program blocks it on its main thread (it reads it with signalfd or sigwait)")
+            }
             let rc = stallmon_sampler_install(signal)
             guard rc == 0 else {
-                throw StallMonitorError.signalUnavailable(
-                    signal, reason: rc == -EBUSY ? "another handler owns it" : "sigaction failed (errno \(-rc))")
+                throw StallMonitorError.signalUnavailable(signal, reason: reason(rc))
             }
             return signal
         }
         let candidates = Array(stride(from: stallmon_sigrtmax() - 4, through: stallmon_sigrtmin() + 4, by: -1))
+            .filter { !mainThread.blocks($0) }
         let preferred = thread.map { thread in candidates.filter { !thread.blocks($0) } + candidates } ?? candidates
-        guard let signal = preferred.first(where: { stallmon_sampler_install($0) == 0 }) else {
-            logger.warning("no free real-time signal for sampling; stall reports will carry no stack")
+        var refusal: Int32 = 0
+        guard
+            let signal = preferred.first(where: {
+                let rc = stallmon_sampler_install($0)
+                if rc == -EACCES { refusal = rc }
+                return rc == 0
+            })
+        else {
+            if refusal != 0 {
+                logger.warning("no sampling of running threads: \(reason(refusal)); stall reports will carry no stack")
+            } else if candidates.isEmpty {
+                logger.warning(
+                    """
+                    no sampling of running threads: the main thread blocks every real-time signal (a process \
+                    spawned from a libdispatch worker inherits that mask); start the service with an empty \
+                    signal mask, as systemd does, or set STALLMON_SIGNAL to one the program does not read
+                    """)
+            } else {
+                logger.warning("no free real-time signal for sampling; stall reports will carry no stack")
+            }
             return nil
         }
         return signal
     }
 
-    /// Unblocks `signal` on the calling thread (a loop thread, from a task it runs).
+    private static func reason(_ rc: Int32) -> String {
+        switch rc {
+        case -EBUSY: "another handler owns it"
+        case -EACCES: "/proc/self/mem cannot be opened, and the handler copies the stack through it"
+        default: "sigaction failed (errno \(-rc))"
+        }
+    }
+
+    /// Unblocks `signal` on the calling thread (a loop thread, from a task it runs). Only a signal
+    /// ``choose(_:for:logger:)`` chose: one the main thread does not block.
     package static func unblockOnCurrentThread(_ signal: Int32) {
         var set = sigset_t()
         sigemptyset(&set)

@@ -51,18 +51,34 @@ final class Watchdog: @unchecked Sendable {
         named name: String, started: @escaping @Sendable () -> Void, body: @escaping @Sendable () -> Void
     ) {
         let running = DispatchSemaphore(value: 0)
-        let thread = Thread {
+        spawnMonitorThread(named: name, stackSize: 512 * 1024) {
             started()
-            // Thread.name set before the start does not reach the kernel on Linux.
-            stallmon_set_thread_name(name)
             running.signal()
             stallmon_set_timer_slack(1)
             body()
         }
-        thread.name = name
-        thread.stackSize = 512 * 1024
-        thread.start()
         running.wait()
     }
+}
+#endif  // STALLMON_LINUX
+
+#if STALLMON_LINUX
+/// Starts one of the monitor's own threads, named `name`, with every asynchronous signal blocked
+/// from its first instruction (`stallmon_thread_spawn`): a signal sent to the process (SIGTERM that
+/// the program waits for with `sigwait`, SIGINT, SIGHUP) then always goes to one of the program's
+/// threads, as it would without the monitor. Nothing of the caller's mask changes.
+func spawnMonitorThread(named name: String, stackSize: Int, _ body: @escaping @Sendable () -> Void) {
+    final class Body {
+        let run: @Sendable () -> Void
+        init(_ run: @escaping @Sendable () -> Void) { self.run = run }
+    }
+    let context = Unmanaged.passRetained(Body(body)).toOpaque()
+    let rc = stallmon_thread_spawn(
+        name, stackSize,
+        { context in
+            let body = Unmanaged<Body>.fromOpaque(context!).takeRetainedValue()
+            body.run()
+        }, context)
+    precondition(rc == 0, "stallmon: cannot start thread \(name) (errno \(rc))")
 }
 #endif  // STALLMON_LINUX

@@ -15,13 +15,12 @@ final class WatchdogSession: @unchecked Sendable {
     private let logger: Logger
     private let latency: [LoopLatencyExporter]
 
-    /// Claims a sampler slot for a watchdog thread, and has SIGCONT noted for the stop detection.
+    /// Claims a sampler slot for a watchdog thread.
     /// Release it with ``releaseSlot(_:)`` if the session is never made.
     /// - Throws: ``StallMonitorError`` when every slot is taken.
     static func claimSlot() throws(StallMonitorError) -> Int32 {
         let slot = stallmon_sampler_slot_claim()
         guard slot >= 0 else { throw StallMonitorError.tooManyMonitors() }
-        _ = stallmon_continue_watch_install()
         return slot
     }
 

@@ -34,13 +34,7 @@ final class ReportingThread: Sendable {
     private let wake = DispatchSemaphore(value: 0)
 
     private init() {
-        let thread = Thread { [self] in
-            stallmon_set_thread_name(Self.threadName)
-            run()
-        }
-        thread.name = Self.threadName
-        thread.stackSize = 1024 * 1024
-        thread.start()
+        spawnMonitorThread(named: Self.threadName, stackSize: 1024 * 1024) { [self] in run() }
     }
 
     /// Runs `job` on the thread after the jobs queued before it.

@@ -241,8 +241,8 @@ final class RunLoopBackend: WatchdogBackend {
             waitNoticingStops(until: cappedByPing(deadline))
             return
         }
-        if stops.wasContinued() {
-            // The process was stopped and continued since the last look: the time it spent
+        if stops.wasStoppedSinceWake() {
+            // The process was stopped and continued since the watchdog woke: the time it spent
             // stopped is no stall, so the window counts from now.
             resumedAt = now
             return

@@ -4,8 +4,10 @@ import Glibc
 import StallJournal
 
 /// Tells for a watchdog thread whether the process was stopped (SIGSTOP and SIGCONT, a debugger)
-/// while it waited or sampled, as against the watchdog merely waiting for a CPU: a stopped thread is
-/// not on a run queue, so the watchdog's own run-queue time is lateness that is no stop.
+/// while it waited, sampled or worked, as against the watchdog merely waiting for a CPU: a stopped
+/// thread is not on a run queue, so the watchdog's own run-queue time is lateness that is no stop.
+/// No handler of SIGCONT is installed: one would end a system call of whichever thread ran it with
+/// EINTR as the process continued.
 ///
 /// Used on the watchdog thread only; open ``runQueue`` there.
 final class StopDetector {
@@ -14,7 +16,8 @@ final class StopDetector {
     /// Lateness beyond which a wakeup or a sample shows a stop: half the threshold, within 5…25 ms.
     let pauseTolerance: UInt64
     private let sampleTimeout: UInt64
-    private var continueCount = stallmon_continue_count()
+    /// When the latest wait ended, with the watchdog's run-queue and CPU time then.
+    private var wake: (time: UInt64, queued: UInt64?, cpu: UInt64) = (0, nil, 0)
     /// Time the watchdog thread waited for a CPU during its latest wait: lateness that is no stop of
     /// the process.
     private(set) var lastWaitQueued: UInt64 = 0
@@ -44,11 +47,21 @@ final class StopDetector {
     /// Lateness of the latest wait that is no stop: its run-queue time and a step back of the wall clock.
     private var lastWaitExplained: UInt64 { lastWaitQueued &+ lastWaitClockStep }
 
-    /// Whether a SIGCONT arrived since the last call.
-    func wasContinued() -> Bool {
-        let count = stallmon_continue_count()
-        defer { continueCount = count }
-        return count != continueCount
+    /// Whether the process was stopped since the latest wait ended: more time went by than the
+    /// watchdog spent on a CPU and waiting for one, by more than the pause tolerance. (The work
+    /// between two waits makes no system call that blocks for long.)
+    func wasStoppedSinceWake() -> Bool {
+        guard wake.time != 0 else { return false }
+        let elapsed = MonotonicClock.now() &- wake.time
+        let accounted = (Self.threadCPUTime() &- wake.cpu) &+ queued(since: wake.queued)
+        return elapsed > accounted && elapsed - accounted > pauseTolerance
+    }
+
+    /// CPU time of the calling thread, in nanoseconds.
+    private static func threadCPUTime() -> UInt64 {
+        var time = timespec()
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &time)
+        return UInt64(time.tv_sec) &* 1_000_000_000 &+ UInt64(time.tv_nsec)
     }
 
     /// Runs a wait of the watchdog thread, noting how long of it the thread waited for a CPU and how
@@ -60,12 +73,12 @@ final class StopDetector {
         lastWaitQueued = queued(since: queuedBefore)
         let offsetAfter = wallClockOffset()
         lastWaitClockStep = offsetBefore > offsetAfter ? UInt64(offsetBefore &- offsetAfter) : 0
+        wake = (MonotonicClock.now(), runQueue.waited(), Self.threadCPUTime())
     }
 
-    /// Whether the process was stopped while the watchdog slept: a SIGCONT arrived, or the wakeup
-    /// came far later than asked for (a stop the handler could not see, such as a debugger's).
+    /// Whether the process was stopped while the watchdog slept: the wakeup came far later than
+    /// asked for, and not because the watchdog waited for a CPU or the wall clock stepped back.
     func wasStopped(wokeAt woke: UInt64, deadline: UInt64) -> Bool {
-        if wasContinued() { return true }
         return woke > deadline && woke - deadline > pauseTolerance &+ lastWaitExplained
     }
 
@@ -94,14 +107,13 @@ final class StopDetector {
 
     func sampleStarts() -> SampleStart { SampleStart(runQueue) }
 
-    /// Whether the process was stopped during a sample: a SIGCONT arrived, or the sample took
-    /// longer than its timeout by more than the pause tolerance and the watchdog's wait for a CPU
-    /// (a SIGCONT handler cannot run where every thread blocks SIGCONT).
+    /// Whether the process was stopped during a sample: the sample took longer than its timeout by
+    /// more than the pause tolerance and the watchdog's wait for a CPU.
     func sampleWasStopped(_ start: inout SampleStart) -> Bool {
         let elapsed = MonotonicClock.now() - start.time
         let expected = sampleTimeout &+ queued(since: start.queued)
         start.lateness = elapsed > expected ? elapsed - expected : 0
-        return wasContinued() || start.lateness > pauseTolerance
+        return start.lateness > pauseTolerance
     }
 
     /// Run-queue time of the watchdog thread since `start` (0 when either reading is missing).
