@@ -278,6 +278,90 @@ enum Scenarios {
             }
             finish(after: 2.8)
 
+        case "loader-locks":
+            // Two loops stall for --seconds each inside the dynamic loader's lock, sampled every
+            // --sample-interval-ms: the main run loop's callout walks the loaded images
+            // (dl_iterate_phdr), a thread's own run loop, watched by a monitor of its own, loads and
+            // unloads a library. Neither thread may wedge, and both monitors stop.
+            try monitor.start()
+            let milliseconds = Int(options.seconds * 1000)
+            let threadMonitor = try StallMonitor(
+                configuration: monitor.configuration, sinks: [JSONLinesSink(identifier: options.identifier)])
+            let threadDone = DispatchSemaphore(value: 0)
+            Thread.detachNewThread {
+                do { try threadMonitor.start(.currentThread) } catch { fatalError("\(error)") }
+                let timer = Timer(fire: Date(timeIntervalSinceNow: 0.2), interval: 0, repeats: false) { _ in
+                    let loads = Stalls.loadAndUnloadLibrary(milliseconds: milliseconds)
+                    Fixture.print(["type": "loads", "count": loads])
+                }
+                RunLoop.current.add(timer, forMode: .default)
+                RunLoop.current.run(until: Date(timeIntervalSinceNow: 0.5))
+                let start = Fixture.now()
+                threadMonitor.stop()
+                Fixture.print(["type": "stop", "loop": "thread", "duration_ns": Fixture.now() - start])
+                threadDone.signal()
+            }
+            Fixture.after(0.2) {
+                let walks = Stalls.walkLoadedImages(milliseconds: milliseconds)
+                Fixture.print(["type": "walks", "count": walks])
+            }
+            Fixture.after(0.5) {
+                threadDone.wait()
+                let start = Fixture.now()
+                monitor.stop()
+                Fixture.print(["type": "stop", "loop": "main", "duration_ns": Fixture.now() - start])
+                exit(0)
+            }
+
+        case "sigwait-term":
+            // After start(), the program blocks SIGTERM and waits for it on a thread of its own, as
+            // a service that shuts down cleanly on SIGTERM does; then SIGTERM comes to the process.
+            try monitor.start()
+            var terminate = sigset_t()
+            sigemptyset(&terminate)
+            sigaddset(&terminate, SIGTERM)
+            pthread_sigmask(SIG_BLOCK, &terminate, nil)
+            let waiting = DispatchSemaphore(value: 0)
+            Thread.detachNewThread {
+                var set = sigset_t()
+                sigemptyset(&set)
+                sigaddset(&set, SIGTERM)
+                var received: Int32 = 0
+                waiting.signal()
+                sigwait(&set, &received)
+                Fixture.print(["type": "sigwait", "signal": Int(received)])
+                monitor.stop()
+                Fixture.print(["type": "stop"])
+                exit(0)
+            }
+            waiting.wait()
+            Fixture.after(0.3) { Fixture.truth(name) { Stalls.burnCPU(milliseconds: stallMilliseconds) } }
+            Fixture.after(1.2) { kill(getpid(), SIGTERM) }
+
+        case "sigwaitinfo-rt":
+            // Before start(), the program blocks SIGRTMAX-4 (the monitor's first choice) to read it
+            // with sigtimedwait (as with a signalfd), leaving its disposition SIG_DFL. The monitor
+            // must take another signal; after a stall on the CPU, the program sends the signal to
+            // itself and reads it.
+            let signal = __libc_current_sigrtmax() - 4
+            var set = sigset_t()
+            sigemptyset(&set)
+            sigaddset(&set, signal)
+            pthread_sigmask(SIG_BLOCK, &set, nil)
+            try monitor.start()
+            Fixture.after(0.3) { Fixture.truth(name) { Stalls.burnCPU(milliseconds: stallMilliseconds) } }
+            Fixture.after(1.2) {
+                kill(getpid(), signal)
+                var set = sigset_t()
+                sigemptyset(&set)
+                sigaddset(&set, signal)
+                var info = siginfo_t()
+                var timeout = timespec(tv_sec: 0, tv_nsec: 200_000_000)
+                let received = sigtimedwait(&set, &info, &timeout)
+                Fixture.print(["type": "sigwaitinfo", "signal": Int(max(received, 0))])
+            }
+            finish(after: 1.5)
+
         case "signal-default", "signal-ignore", "signal-handler":
             // After start(), the program takes the sampling signal for itself (resets it, ignores
             // it, or handles it); then its loop stalls on the CPU, and later blocked in poll.

@@ -77,6 +77,38 @@ enum Stalls {
         return UInt64(max(0, wall - runnable) * 1_000_000)
     }
 
+    /// Walks the loaded images over and over for `milliseconds`: glibc's dl_iterate_phdr takes and
+    /// releases the dynamic loader's lock each time, so a sample often lands inside that lock's own
+    /// lock or unlock. Returns how many walks it made.
+    @inline(never)
+    static func walkLoadedImages(milliseconds: Int) -> Int {
+        // dl_iterate_phdr(3), which the Glibc module does not declare.
+        typealias Visit = @convention(c) (UnsafeMutableRawPointer?, Int, UnsafeMutableRawPointer?) -> Int32
+        typealias Iterate = @convention(c) (Visit, UnsafeMutableRawPointer?) -> Int32
+        let iterate = unsafeBitCast(dlsym(UnsafeMutableRawPointer(bitPattern: 0), "dl_iterate_phdr"), to: Iterate.self)
+        let end = monotonicMilliseconds() + Double(milliseconds)
+        var walks = 0
+        while monotonicMilliseconds() < end {
+            for _ in 0..<64 { _ = iterate({ _, _, _ in 0 }, nil) }
+            walks += 64
+        }
+        return walks
+    }
+
+    /// Loads and unloads a library over and over for `milliseconds` (dlopen and dlclose map and
+    /// unmap it under the dynamic loader's lock). Returns how many times it loaded it.
+    @inline(never)
+    static func loadAndUnloadLibrary(milliseconds: Int) -> Int {
+        let end = monotonicMilliseconds() + Double(milliseconds)
+        var loads = 0
+        while monotonicMilliseconds() < end {
+            guard let library = dlopen("libutil.so.1", RTLD_NOW | RTLD_LOCAL) else { break }
+            dlclose(library)
+            loads += 1
+        }
+        return loads
+    }
+
     /// On a CPU plus waiting for one, from /proc/thread-self/schedstat.
     static func runnableMilliseconds() -> Double {
         let text = (try? String(contentsOfFile: "/proc/thread-self/schedstat", encoding: .utf8)) ?? ""

@@ -59,7 +59,7 @@ package struct Executable {
         let errors = Pipe()
         process.standardOutput = output
         process.standardError = errors
-        try process.run()
+        try process.runWithEmptySignalMask()
         return Running(process: process, output: output, errors: errors)
     }
 

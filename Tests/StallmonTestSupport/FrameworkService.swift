@@ -46,7 +46,7 @@ package final class FrameworkService: Sendable {
         let errors = Pipe()
         process.standardOutput = output
         process.standardError = errors
-        try process.run()
+        try process.runWithEmptySignalMask()
         running = Executable.Running(process: process, output: output, errors: errors)
         guard running.waitForOutput(timeout: 30, { output, _ in Self.listeningPort(output) != nil }),
             let port = Self.listeningPort(running.outputSoFar)
