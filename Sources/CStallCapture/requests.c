@@ -17,6 +17,18 @@
 // to add attributes. A span's start writes its parts unlocked, before it publishes its registration,
 // once the lock is free (readers of the slot's last registration are done): the one wait, the time
 // of a reader's copy.
+//
+// Task memory is read only once the runtime's layout was checked against the runtime
+// (stallmon_runtime_layout_verified), and only while the task surely lives: a task's ID when it
+// registers a span of its own, or as it is enqueued (the pool hook) or started (the trampoline keeps
+// it for the watchdog). A lookup of a task that is not the caller's takes its ID from the pool
+// thread that runs it, never from its memory; where no live record has it (a task the main thread
+// runs), the lookup goes by the address alone.
+//
+// A child of fork() has one thread: a slot lock held at the fork by another thread would be held
+// for good, and a slot claimed but not yet published would stay so. The child's handler
+// (after_fork_in_child) frees them and withdraws those slots' registrations, whose parts may be
+// half written.
 
 #define _GNU_SOURCE
 #include "requests.h"
@@ -24,6 +36,7 @@
 
 #if defined(STALLMON_LINUX)
 
+#include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -37,9 +50,8 @@ enum {
     LINK_SLOT_BITS = 14,
     LINK_SEQUENCE_BITS = STALLMON_REQUEST_SEQUENCE_BITS,
     // The runtime's Job (see pool.c): its kind in the low byte of Flags at 32 (0: a task), and its
-    // ID at 36 (a task's, unique while it lives).
+    // ID at 36 (stallmon_live_task_id: a task's, unique while it lives). Read only once verified.
     JOB_KIND_OFFSET = 32,
-    JOB_ID_OFFSET = 36,
 };
 _Static_assert((STALLMON_REQUEST_SLOTS & (STALLMON_REQUEST_SLOTS - 1)) == 0, "a power of two");
 _Static_assert(STALLMON_REQUEST_SLOTS <= (1 << LINK_SLOT_BITS), "a slot index fits a link");
@@ -100,8 +112,14 @@ static inline bool link_valid(uint64_t link) {
     return link != 0 && published(&slots[link_slot(link)], link_sequence(link));
 }
 
-static inline bool is_task(const void *job) { return *((const uint8_t *)job + JOB_KIND_OFFSET) == 0; }
-static inline uint32_t task_id(const void *job) { return *(const uint32_t *)((const char *)job + JOB_ID_OFFSET); }
+// Whether `job`, which lives (it is being enqueued), is a task. Never, while the layout is unverified.
+static inline bool is_task(const void *job) {
+    return stallmon_runtime_layout_verified() && *((const uint8_t *)job + JOB_KIND_OFFSET) == 0;
+}
+
+// Whether a registration or alias made for a task of ID `recorded` may be the task of ID `id` now:
+// either unknown (0) matches.
+static inline bool same_task(uint32_t recorded, uint32_t id) { return recorded == 0 || id == 0 || recorded == id; }
 
 // Frees an alias: one whose owner is gone, or (`evict`) any. Its link is cleared first, by
 // compare-and-swap: the one who clears it frees the key, and a waker that would point the alias
@@ -129,12 +147,13 @@ uint64_t stallmon_request_current_key(void) {
 }
 
 // Frees the slot of a span that a task at `key` registered and never ended, once another task
-// (`id`) lives at that address. Only the new task does, for its own address: the old one's memory
-// is the new one's, so reading its ID is safe.
+// (`id`, read by the new task itself) lives at that address. Only the new task does, for its own
+// address.
 static bool free_stale_owner(request_slot *slot, uint64_t key, uint32_t id) {
-    if (atomic_load_explicit(&slot->key, memory_order_acquire) != key) return false;
+    if (id == 0 || atomic_load_explicit(&slot->key, memory_order_acquire) != key) return false;
     uint64_t sequence = atomic_load_explicit(&slot->sequence, memory_order_acquire);
-    if (sequence == 0 || atomic_load_explicit(&slot->task_id, memory_order_relaxed) == id) return false;
+    uint32_t recorded = atomic_load_explicit(&slot->task_id, memory_order_relaxed);
+    if (sequence == 0 || recorded == 0 || recorded == id) return false;
     if (!atomic_compare_exchange_strong_explicit(&slot->sequence, &sequence, 0, memory_order_seq_cst,
                                                  memory_order_relaxed)) {
         return false;
@@ -148,7 +167,7 @@ static bool free_stale_owner(request_slot *slot, uint64_t key, uint32_t id) {
 static int claim(uint64_t key, bool evict) {
     unsigned base = home(key);
     bool task = evict && (key & 1) == 0;
-    uint32_t id = task ? task_id((const void *)(uintptr_t)key) : 0;
+    uint32_t id = task ? stallmon_live_task_id((const void *)(uintptr_t)key) : 0;
     for (int pass = 0; pass < (evict ? 2 : 1); pass++) {
         for (int step = 0; step < WINDOW; step++) {
             request_slot *slot = at(base, step);
@@ -167,9 +186,14 @@ static int claim(uint64_t key, bool evict) {
 }
 
 static inline void back_off(int spins);
+static void watch_forks(void);
+static pthread_once_t forks_watched = PTHREAD_ONCE_INIT;
 
 int stallmon_request_register(uint64_t key, uint32_t depth, uint64_t *sequence, void **parts) {
     if (key == 0) return -1;
+    if (__builtin_expect(!atomic_load_explicit(&used, memory_order_relaxed), 0)) {
+        pthread_once(&forks_watched, watch_forks);
+    }
     int index = claim(key, true);
     if (index < 0) {
         atomic_fetch_add_explicit(&refused, 1, memory_order_relaxed);
@@ -186,7 +210,7 @@ int stallmon_request_register(uint64_t key, uint32_t depth, uint64_t *sequence, 
     if ((number & SEQUENCE_MASK) == 0) number++;
     slot->registrations = number;
     atomic_store_explicit(&slot->depth, depth, memory_order_relaxed);
-    atomic_store_explicit(&slot->task_id, (key & 1) == 0 ? task_id((const void *)(uintptr_t)key) : 0,
+    atomic_store_explicit(&slot->task_id, (key & 1) == 0 ? stallmon_live_task_id((const void *)(uintptr_t)key) : 0,
                           memory_order_relaxed);
     *sequence = number;
     *parts = atomic_load_explicit(&slot->parts, memory_order_acquire);
@@ -199,7 +223,7 @@ int stallmon_request_register(uint64_t key, uint32_t depth, uint64_t *sequence, 
     return index;
 }
 
-static bool find_owner(uint64_t key, stallmon_request_found *found);
+static bool find_owner(uint64_t key, uint32_t id, stallmon_request_found *found);
 
 int stallmon_request_register_current(uint64_t *key, stallmon_request_found *around, uint64_t *sequence,
                                       void **parts) {
@@ -208,7 +232,8 @@ int stallmon_request_register_current(uint64_t *key, stallmon_request_found *aro
     around->slot = -1;
     around->depth = 0;
     around->sequence = 0;
-    bool inside = (current & 1) == 0 && atomic_load_explicit(&used, memory_order_acquire) && find_owner(current, around);
+    bool inside = (current & 1) == 0 && atomic_load_explicit(&used, memory_order_acquire) &&
+                  find_owner(current, stallmon_live_task_id((const void *)(uintptr_t)current), around);
     return stallmon_request_register(current, inside ? around->depth + 1 : 0, sequence, parts);
 }
 
@@ -277,9 +302,9 @@ void *stallmon_request_lock_held(int index, uint64_t sequence) {
 void stallmon_request_unlock(int index) { atomic_store_explicit(&slots[index & SLOT_MASK].lock, 0, memory_order_release); }
 
 // The link of the owner serving `key`: its own innermost registration, else the owner its task
-// inherited (a task's address: its ID checked against the alias's, which was made for the task that
-// lived there then).
-static uint64_t find(uint64_t key) {
+// inherited. For a task's address, `id` is the ID of the task that lives there now, as a live
+// record has it (0: unknown), checked against the ID each registration or alias was made with.
+static uint64_t find(uint64_t key, uint32_t id) {
     unsigned base = home(key);
     uint64_t best = 0, alias = 0;
     int64_t best_depth = -1;
@@ -289,10 +314,7 @@ static uint64_t find(uint64_t key) {
         uint64_t sequence = atomic_load_explicit(&slot->sequence, memory_order_acquire);
         if (sequence != 0) {
             // A span that a task never ended, at an address another task has now.
-            if ((key & 1) == 0 &&
-                atomic_load_explicit(&slot->task_id, memory_order_relaxed) != task_id((const void *)(uintptr_t)key)) {
-                continue;
-            }
+            if ((key & 1) == 0 && !same_task(atomic_load_explicit(&slot->task_id, memory_order_relaxed), id)) continue;
             int64_t depth = atomic_load_explicit(&slot->depth, memory_order_relaxed);
             if (depth > best_depth) {
                 best_depth = depth;
@@ -300,7 +322,7 @@ static uint64_t find(uint64_t key) {
             }
         } else if (alias == 0 && (key & 1) == 0) {
             uint64_t link = atomic_load_explicit(&slot->link, memory_order_acquire);
-            if (link_valid(link) && link_task_id(link) == task_id((const void *)(uintptr_t)key)) alias = link;
+            if (link_valid(link) && same_task(link_task_id(link), id)) alias = link;
         }
     }
     return best != 0 ? best : alias;
@@ -308,8 +330,8 @@ static uint64_t find(uint64_t key) {
 
 // The owner serving `key` (see find), with its whole registration number (a link keeps its low
 // bits) and depth.
-static bool find_owner(uint64_t key, stallmon_request_found *found) {
-    uint64_t link = find(key);
+static bool find_owner(uint64_t key, uint32_t id, stallmon_request_found *found) {
+    uint64_t link = find(key, id);
     if (link == 0) return false;
     uint64_t sequence = atomic_load_explicit(&slots[link_slot(link)].sequence, memory_order_acquire);
     if (sequence == 0 || (sequence & SEQUENCE_MASK) != link_sequence(link)) return false;
@@ -319,12 +341,28 @@ static bool find_owner(uint64_t key, stallmon_request_found *found) {
     return true;
 }
 
+// The ID of the task at `key`, from a record made while it surely lived: the caller's own task, or
+// a pool thread's running job (stamped as it started). 0 when none has it.
+static uint32_t recorded_task_id(uint64_t key) {
+    void *current = swift_task_getCurrent != NULL ? swift_task_getCurrent() : NULL;
+    if ((uint64_t)(uintptr_t)current == key) return stallmon_live_task_id(current);
+    uint32_t id = 0;
+    return stallmon_pool_running_task_id((uintptr_t)key, &id) ? id : 0;
+}
+
 int stallmon_request_find(const uint64_t *keys, int count, stallmon_request_found *found) {
     if (!atomic_load_explicit(&used, memory_order_acquire)) return 0;
     for (int i = 0; i < count; i++) {
-        if (keys[i] != 0 && find_owner(keys[i], found)) return 1;
+        if (keys[i] == 0) continue;
+        uint32_t id = (keys[i] & 1) == 0 ? recorded_task_id(keys[i]) : 0;
+        if (find_owner(keys[i], id, found)) return 1;
     }
     return 0;
+}
+
+int stallmon_request_find_task(uint64_t key, uint32_t task_id, stallmon_request_found *found) {
+    if (!atomic_load_explicit(&used, memory_order_acquire) || key == 0) return 0;
+    return find_owner(key, (key & 1) == 0 ? task_id : 0, found) ? 1 : 0;
 }
 
 // `job`, enqueued by the work of `current`, serves the request `current` serves. Only a task's job:
@@ -333,9 +371,9 @@ int stallmon_request_find(const uint64_t *keys, int count, stallmon_request_foun
 // passed on to the next one at its address (they differ by ID).
 static void inherit_from(uint64_t current, void *job) {
     if (!is_task(job)) return;
-    uint64_t owner = find(current);
+    uint64_t owner = find(current, stallmon_live_task_id((const void *)(uintptr_t)current));
     if (owner == 0) return;
-    uint32_t id = task_id(job);
+    uint32_t id = stallmon_live_task_id(job);
     uint64_t link = link_of(link_slot(owner), link_sequence(owner), id);
     uint64_t key = (uint64_t)(uintptr_t)job;
     unsigned base = home(key);
@@ -492,6 +530,40 @@ int64_t stallmon_request_live(void) {
 }
 uint64_t stallmon_request_refused(void) { return atomic_load_explicit(&refused, memory_order_relaxed); }
 uint64_t stallmon_request_inherited(void) { return atomic_load_explicit(&inherited, memory_order_relaxed); }
+
+// MARK: - fork()
+
+// In the child of fork(), on its one thread: every other thread is gone, and with it whatever it
+// held. A slot whose lock was held (a reader's copy, a span's attributes, a stalled span's end) is
+// unlocked, and its registration withdrawn: its parts may be half written, so they are let go too
+// (never read, never reused: the slot's next span makes new ones). A slot claimed and not yet
+// published (a span's start, an alias being made or freed) is freed. A sweep that was looking
+// leaves the hook's sign set, for the next sweep to clear. The calling thread's thread ID and ID
+// generator are its parent's: they start over.
+static void after_fork_in_child(void) {
+    for (int index = 0; index < STALLMON_REQUEST_SLOTS; index++) {
+        request_slot *slot = &slots[index];
+        if (atomic_load_explicit(&slot->lock, memory_order_relaxed) != 0) {
+            atomic_store_explicit(&slot->sequence, 0, memory_order_relaxed);
+            atomic_store_explicit(&slot->link, 0, memory_order_relaxed);
+            atomic_store_explicit(&slot->key, 0, memory_order_relaxed);
+            atomic_store_explicit(&slot->parts, NULL, memory_order_relaxed);
+            atomic_store_explicit(&slot->lock, 0, memory_order_relaxed);
+        } else if (atomic_load_explicit(&slot->key, memory_order_relaxed) != 0 &&
+                   atomic_load_explicit(&slot->sequence, memory_order_relaxed) == 0 &&
+                   atomic_load_explicit(&slot->link, memory_order_relaxed) == 0) {
+            atomic_store_explicit(&slot->key, 0, memory_order_relaxed);
+        }
+    }
+    if (atomic_load_explicit(&open_spans.state, memory_order_relaxed) >= FIRST_SWEEP) {
+        atomic_store_explicit(&open_spans.state, MAYBE_OPEN, memory_order_relaxed);
+    }
+    cached_tid = 0;
+    random_state = 0;
+}
+
+// Registered once, by the first registration (no lock is ever taken before one).
+static void watch_forks(void) { (void)pthread_atfork(NULL, NULL, after_fork_in_child); }
 
 void *stallmon_span_calls[STALLMON_SPAN_CALLS];
 

@@ -20,6 +20,11 @@
 //   pool-idle  the same, and nothing happens for --seconds
 //   pool-spans  the same as pool-idle, with spans of StallmonTracer: the watchdog's sweeps of the
 //              table of open spans (SpanSweeps.swift)
+//   pool-layout  start(.asyncMain) with cooperative_pool on: whether the hook is set, and a pool job
+//              blocked in usleep; --mismatch CHECK first makes the runtime layout's check CHECK find
+//              another value (stallmon_pool_simulate_layout_mismatch)
+//   pool-forks  the same, and fork() in a loop for --seconds while spans start and end and the main
+//              actor stalls (ForkSpans.swift)
 //   pool-off   start(.asyncMain) with cooperative_pool off, and a pool job blocked in usleep
 //   pool-default  start(.asyncMain) with cooperative_pool left at its default, and the pool-stalls jobs
 //   pool-busy  the same as pool-stalls, with two tasks running pool jobs of 40 ms of CPU time back to
@@ -53,6 +58,10 @@ import Glibc
 enum AsyncFixture {
     static func main() async throws {
         let options = Options(Array(CommandLine.arguments.dropFirst()))
+        if let check = options.mismatch, stallmon_pool_simulate_layout_mismatch(check) != 0 {
+            FileHandle.standardError.write(Data("unknown layout check \(check)\n".utf8))
+            exit(64)
+        }
         var configuration = StallMonitor.Configuration()
         configuration.threshold = .milliseconds(options.threshold)
         configuration.sampleInterval = .milliseconds(10)
@@ -189,6 +198,13 @@ enum AsyncFixture {
         case "pool-spans":
             try await Task.sleep(for: .milliseconds(1000))
             try await SpanSweeps.run()
+        case "pool-layout":
+            try await Task.sleep(for: .milliseconds(300))
+            PoolWork.printHook("running")
+            await PoolWork.stall("pool-usleep") { PoolWork.napInPool(milliseconds: 300) }
+        case "pool-forks":
+            try await Task.sleep(for: .milliseconds(300))
+            await ForkSpans.run(seconds: options.seconds - 0.5)
         case "pool-off":
             PoolWork.printHook("running")
             try await Task.sleep(for: .milliseconds(500))
@@ -233,6 +249,7 @@ struct Options {
     var identifier = "stallmon-async-fixture"
     var drain = "monitored"
     var wedgeSeconds = 6.0
+    var mismatch: String?
 
     init(_ arguments: [String]) {
         var iterator = arguments.makeIterator()
@@ -246,6 +263,7 @@ struct Options {
             case "--identifier": identifier = iterator.next() ?? identifier
             case "--drain": drain = iterator.next() ?? drain
             case "--wedge-seconds": wedgeSeconds = Double(iterator.next() ?? "") ?? wedgeSeconds
+            case "--mismatch": mismatch = iterator.next()
             default: scenario = argument
             }
         }
@@ -415,7 +433,8 @@ enum PoolWork {
         let value = hook?.load(as: UnsafeRawPointer?.self)
         Fixture.print([
             "type": "pool-hook", "moment": moment, "hook_set": value != nil,
-            "monitor_hook": stallmon_pool_installed() == 1,
+            "monitor_hook": stallmon_pool_installed() == 1, "layout_verified": stallmon_pool_layout_verified() == 1,
+            "layout_problem": stallmon_pool_layout_problem().map { String(cString: $0) } ?? "",
         ])
     }
 

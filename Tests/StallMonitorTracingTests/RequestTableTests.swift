@@ -14,13 +14,31 @@ import Tracing
 /// watchdog finds for a key, nesting, inheritance, capacity, and W3C trace context.
 @Suite(.serialized)
 struct RequestTableTests {
-    /// What the watchdog finds for `key` now, as the report would say it.
-    func request(for key: UInt64) -> StallReport.Request? {
+    /// What the watchdog finds for `key` now, as the report would say it; for a task whose ID it
+    /// read while the task lived, `taskID` (as the trampoline reads a pool job's as it starts).
+    func request(for key: UInt64, taskID: UInt32? = nil) -> StallReport.Request? {
         var key = key
         var found = stallmon_request_found()
-        guard stallmon_request_find(&key, 1, &found) != 0 else { return nil }
+        if let taskID {
+            guard stallmon_request_find_task(key, taskID, &found) != 0 else { return nil }
+        } else {
+            guard stallmon_request_find(&key, 1, &found) != 0 else { return nil }
+        }
         return SpanTableReader().request(slot: found.slot, sequence: found.sequence)
     }
+
+    /// The runtime's layout, checked as the pool monitor's probes check it (on a task of the
+    /// runtime's global executor): until then the table reads no task's memory, and the pool hook's
+    /// work (`stallmon_request_inherit_for`) does nothing.
+    static let layoutVerified: Bool = {
+        let done = DispatchSemaphore(value: 0)
+        Task.detached(priority: .medium) {
+            _ = stallmon_pool_learn_queue(UInt32(TaskPriority.medium.rawValue))
+            done.signal()
+        }
+        done.wait()
+        return stallmon_pool_layout_verified() == 1
+    }()
 
     var here: UInt64 { stallmon_request_current_key() }
 
@@ -111,6 +129,7 @@ struct RequestTableTests {
     /// lasts; it lapses when the request's span ends. A task that now lives at the same address (its
     /// ID differs) inherits nothing, and neither does a job that is not a task (an actor's).
     @Test func aTaskEnqueuedByARequestsWorkInheritsItUntilTheSpanEnds() throws {
+        try #require(Self.layoutVerified)
         let tracer = StallmonTracer()
         let fake = FakeJob(id: 41)
         defer { withExtendedLifetime(fake) {} }
@@ -119,27 +138,26 @@ struct RequestTableTests {
         tracer.withSpan("GET /report", ofKind: .server) { span in
             span.attributes["http.route"] = "/report"
             stallmon_request_inherit_for(here, job)
-            #expect(request(for: job)?.endpoint == "/report")
-            #expect(request(for: job)?.spanID == request(for: here)?.spanID)
+            #expect(request(for: job, taskID: 41)?.endpoint == "/report")
+            #expect(request(for: job, taskID: 41)?.spanID == request(for: here)?.spanID)
             // Another task at the same address: not the request's.
-            fake.id = 42
-            #expect(request(for: job) == nil)
-            fake.id = 41
+            #expect(request(for: job, taskID: 42) == nil)
         }
         #expect(stallmon_request_inherited() == inherited + 1)
-        #expect(request(for: job) == nil)
+        #expect(request(for: job, taskID: 41) == nil)
         #expect(stallmon_request_live() == 0)
         // An actor's job (kind 1) inherits nothing.
         fake.kind = 1
         tracer.withSpan("GET /actor") { _ in
             stallmon_request_inherit_for(here, job)
-            #expect(request(for: job) == nil)
+            #expect(request(for: job, taskID: 41) == nil)
         }
     }
 
     /// A task keeps the request that first made or woke it while that request lasts: another
     /// request's task waking it does not take it over.
     @Test func aTaskKeepsItsRequestWhenAnotherRequestWakesIt() async throws {
+        try #require(Self.layoutVerified)
         let tracer = StallmonTracer()
         let fake = FakeJob(id: 7)
         defer { withExtendedLifetime(fake) {} }
@@ -151,28 +169,29 @@ struct RequestTableTests {
         // The first request is over: the next waker's request is the task's now.
         tracer.withSpan("GET /second") { _ in
             stallmon_request_inherit_for(here, job)
-            #expect(request(for: job)?.operation == "GET /second")
-            #expect(request(for: job)?.spanID != firstSpanID)
+            #expect(request(for: job, taskID: 7)?.operation == "GET /second")
+            #expect(request(for: job, taskID: 7)?.spanID != firstSpanID)
         }
         let third = tracer.startSpan("GET /third")
         stallmon_request_inherit_for(here, job)
-        #expect(request(for: job)?.operation == "GET /third")
+        #expect(request(for: job, taskID: 7)?.operation == "GET /third")
         // A fourth request, in a task of its own, wakes it while the third lasts: it stays the third's.
         let (fourthKey, fourth) = await Task.detached {
             (stallmon_request_current_key(), tracer.startSpan("GET /fourth"))
         }.value
         #expect(request(for: fourthKey)?.operation == "GET /fourth")
         stallmon_request_inherit_for(fourthKey, job)
-        #expect(request(for: job)?.operation == "GET /third")
+        #expect(request(for: job, taskID: 7)?.operation == "GET /third")
         fourth.end()
         third.end()
-        #expect(request(for: job) == nil)
+        #expect(request(for: job, taskID: 7) == nil)
     }
 
     /// The pool hook's sign that a task's span may be open: set by such a span's start, kept by a
     /// sweep while one is open, cleared by the first sweep after the last one ends (the alias a
     /// request's task left keeps nothing open); a sweep with the sign clear looks at nothing.
-    @Test func aSweepClearsThePoolHooksSignOnlyOnceNoSpanIsOpen() {
+    @Test func aSweepClearsThePoolHooksSignOnlyOnceNoSpanIsOpen() throws {
+        try #require(Self.layoutVerified)
         let tracer = StallmonTracer()
         let fake = FakeJob(id: 5)
         defer { withExtendedLifetime(fake) {} }
@@ -186,7 +205,7 @@ struct RequestTableTests {
             #expect(stallmon_request_sweep() == 1)
             #expect(stallmon_request_may_be_open() == 1)
             // The hook goes on working: the task it made serves the request.
-            #expect(request(for: fake.key)?.operation == "GET /sweep")
+            #expect(request(for: fake.key, taskID: 5)?.operation == "GET /sweep")
         }
         #expect(stallmon_request_sweeps() == sweeps + 1)
         #expect(stallmon_request_may_be_open() == 1)
@@ -288,10 +307,11 @@ struct RequestTableTests {
     /// In a task, a span registered and never withdrawn names the task's stalls while the task
     /// lives; once another task lives at its address (its ID differs), it is found no more, and the
     /// new task's first span takes its slot back.
-    @Test func aSpanATaskNeverEndedLapsesWithTheTask() {
+    @Test func aSpanATaskNeverEndedLapsesWithTheTask() throws {
+        try #require(Self.layoutVerified)
         let fake = FakeJob(id: 41)
         defer { withExtendedLifetime(fake) {} }
-        var task = fake.key
+        let task = fake.key
         var found = stallmon_request_found()
         let refused = stallmon_request_refused()
 
@@ -300,16 +320,16 @@ struct RequestTableTests {
         let slot = stallmon_request_register(task, 0, &leaked, &parts)
         #expect(slot >= 0)
         stallmon_request_publish(slot, leaked)
-        #expect(stallmon_request_find(&task, 1, &found) == 1 && found.slot == slot)
+        #expect(stallmon_request_find_task(task, 41, &found) == 1 && found.slot == slot)
 
         // The task has ended, and another lives at its address.
         fake.id = 42
-        #expect(stallmon_request_find(&task, 1, &found) == 0)
+        #expect(stallmon_request_find_task(task, 42, &found) == 0)
         // A request's work wakes the new task: it inherits the request, the old span
         // notwithstanding.
         StallmonTracer().withSpan("GET /waker") { _ in
             stallmon_request_inherit_for(here, task)
-            #expect(request(for: task)?.operation == "GET /waker")
+            #expect(request(for: task, taskID: 42)?.operation == "GET /waker")
         }
         var sequence: UInt64 = 0
         let again = stallmon_request_register(task, 0, &sequence, &parts)
@@ -319,9 +339,32 @@ struct RequestTableTests {
         #expect(stallmon_request_live() == 1)
         // The old span's end, late, takes nothing from the new one.
         #expect(stallmon_request_withdraw(slot, leaked) == 0)
-        #expect(stallmon_request_find(&task, 1, &found) == 1 && found.sequence == sequence)
+        #expect(stallmon_request_find_task(task, 42, &found) == 1 && found.sequence == sequence)
         #expect(stallmon_request_withdraw(again, sequence) == 1)
         #expect(stallmon_request_live() == 0)
+    }
+
+    /// The watchdog's lookup of a task reads nothing of the task: a span registered by a task whose
+    /// memory is gone since (unmapped here, so that a read would fault) is still found by its
+    /// address, and its ID is taken from no dead memory.
+    @Test func aLookupOfATaskThatHasEndedReadsNothingOfIt() throws {
+        try #require(Self.layoutVerified)
+        let page = Int(sysconf(Int32(_SC_PAGESIZE)))
+        let memory = try #require(
+            mmap(nil, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0).flatMap {
+                $0 == MAP_FAILED ? nil : $0
+            })
+        memory.storeBytes(of: 41, toByteOffset: 36, as: UInt32.self)
+        var task = UInt64(UInt(bitPattern: memory))
+        var sequence: UInt64 = 0
+        var parts: UnsafeMutableRawPointer? = nil
+        let slot = stallmon_request_register(task, 0, &sequence, &parts)
+        try #require(slot >= 0)
+        stallmon_request_publish(slot, sequence)
+        munmap(memory, page)
+        var found = stallmon_request_found()
+        #expect(stallmon_request_find(&task, 1, &found) == 1 && found.sequence == sequence)
+        #expect(stallmon_request_withdraw(slot, sequence) == 1)
     }
 
     /// A span is three words: the frameworks start spans as `any Span`, and a larger one would be

@@ -95,6 +95,40 @@ extension Serial {
             #expect(hooks.last?["hook_set"] as? Bool == false)
         }
 
+        /// The runtime's Job layout is checked against the runtime's own answers before the hook is
+        /// set. A check made to find another value (`--mismatch`, through the test seam) leaves the
+        /// hook unset and the pool unwatched, says so in one warning that names the check, and the
+        /// service runs on; with no mismatch, the hook is set as before.
+        @Test(arguments: ["task-id", "job-kind", "priority", "queue-kind", "invoke", nil])
+        func aRuntimeLayoutThatDiffersInstallsNoHookAndSaysWhyOnce(check: String?) throws {
+            let mismatch = check.map { ["--mismatch", $0] } ?? []
+            let run = try FixtureRun.run(
+                "pool-layout", arguments: ["--seconds", "1.5", "--threshold-ms", "100"] + mismatch,
+                executable: .asyncFixture)
+            #expect(run.exitStatus == 0, "\(run.standardError)")
+            // The service ran its pool job all the same.
+            #expect(try #require(run.truth("pool-usleep")) >= 300)
+            let hooks = run.lines.filter { $0.string("type") == "pool-hook" }
+            let warnings = run.standardError.split(separator: "\n").filter {
+                $0.contains("does not watch the cooperative pool")
+            }
+            guard let check else {
+                #expect(hooks.map { $0["monitor_hook"] as? Bool } == [true, false], "\(hooks)")
+                #expect(hooks.first?["layout_verified"] as? Bool == true)
+                #expect(warnings.isEmpty, "\(warnings)")
+                #expect(Self.poolReports(run.detected).count == 1)
+                return
+            }
+            #expect(hooks.count == 2 && hooks.allSatisfy { $0["hook_set"] as? Bool == false }, "\(hooks)")
+            #expect(hooks.first?["layout_verified"] as? Bool == false)
+            #expect(hooks.first?.string("layout_problem").hasPrefix("\(check): ") == true, "\(hooks)")
+            #expect(warnings.count == 1, "\(run.standardError)")
+            #expect(warnings.first?.contains("(\(check): ") == true, "\(warnings)")
+            #expect(warnings.first?.contains("expected") == true, "\(warnings)")
+            #expect(Self.poolReports(run.lines).isEmpty)
+            #expect(!run.lines.contains { $0.string("type") == "pool-switches" })
+        }
+
         @Test func poolMonitoringOffInstallsNoHookAndReportsNoPoolStall() throws {
             let run = try Self.run("pool-off", seconds: "2")
             #expect(run.exitStatus == 0, "\(run.standardError)")

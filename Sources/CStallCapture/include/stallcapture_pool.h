@@ -22,18 +22,36 @@ extern "C" {
 /// Pool threads that can be timed at once; a thread beyond them runs its jobs untimed (counted).
 enum { STALLMON_POOL_MAX_THREADS = 256 };
 
-/// Called on a pool thread from inside a job of the runtime's global concurrent queue of that job's
-/// priority: remembers that queue, so that jobs of that priority can be enqueued on it through the
-/// trampoline. Returns 1 when learned, 0 when the job does not run on a queue of the runtime's
-/// (another global executor is installed).
-int stallmon_pool_learn_queue(void);
+/// Called on a pool thread from inside a task made with `priority` (a probe) on the runtime's global
+/// concurrent queue of that priority: checks the runtime's Job layout on that task against the
+/// runtime's own answers (see ``stallmon_pool_layout_problem``), then remembers that queue, so that
+/// jobs of that priority can be enqueued on it through the trampoline. Returns 1 when learned, 0
+/// when the job does not run on a queue of the runtime's (another global executor is installed),
+/// STALLMON_POOL_LAYOUT_MISMATCH when the layout differs (the hook is then never set, or comes off).
+int stallmon_pool_learn_queue(unsigned priority);
+enum { STALLMON_POOL_LAYOUT_MISMATCH = -1 };
+
+/// 1 once a probe found the runtime's layout as the hook and the request table read it, and none
+/// found it otherwise; 0 before, and for good after a mismatch.
+int stallmon_pool_layout_verified(void);
+/// Why the layout was refused, naming the check, what was expected and what was found; NULL while
+/// no check failed. Checks: `task-id` (swift_task_getJobTaskId against the words at 36 and 0x90),
+/// `job-kind` (0 at 32 for a task), `priority` (the probe's at 33), `queue-kind` (1 at 24, written
+/// by the runtime's enqueue on its global executor), `invoke` (metadata+24 in
+/// libswift_Concurrency.so's code).
+const char *stallmon_pool_layout_problem(void);
+/// For tests only: makes the check named `check` (as above) find a value other than the runtime's,
+/// so that the next probes refuse the layout. Call before the monitor starts. Returns 0, or -EINVAL
+/// for an unknown name.
+int stallmon_pool_simulate_layout_mismatch(const char *check);
 
 /// 1 when the queue of `priority` is known.
 int stallmon_pool_knows_priority(unsigned priority);
 
 /// Sets `swift_task_enqueueGlobal_hook`: each job of a known priority is then enqueued on the
 /// runtime's own queue for it through a trampoline that times the job on its thread. Returns 0,
-/// -ENOENT when the runtime has no such hook, -EBUSY when someone else's hook is set.
+/// -ENOENT when the runtime has no such hook, -EPROTO while the runtime's layout is not verified
+/// (``stallmon_pool_layout_verified``), -EBUSY when someone else's hook is set.
 int stallmon_pool_install(void);
 /// Clears the hook again (when it is ours). Jobs already enqueued still run through the trampoline.
 void stallmon_pool_uninstall(void);

@@ -64,8 +64,14 @@ int stallmon_request_withdraw(int slot, uint64_t sequence);
 /// The registration serving the first of `keys` that has one: 1 with `*found` filled, else 0. A
 /// registration under a key itself is preferred to one the key inherited, and the deepest to the
 /// others (the innermost span). What it says is read under the slot's lock, where the caller checks
-/// that the slot still holds that registration.
+/// that the slot still holds that registration. No task's memory is read: a task key's ID comes
+/// from the caller's own task or from the pool thread that runs it (stamped as its job started),
+/// and where neither has it, registrations under the address are taken whatever task made them.
 int stallmon_request_find(const uint64_t *keys, int count, stallmon_request_found *found);
+/// As stallmon_request_find, for one key whose task's ID the caller read while the task surely
+/// lived (0: unknown, as for a thread's key): a registration or alias made for another task at that
+/// address is not found.
+int stallmon_request_find_task(uint64_t key, uint32_t task_id, stallmon_request_found *found);
 
 /// The storage the caller keeps for `slot` (set once, by the first span in the slot; never freed),
 /// or NULL.

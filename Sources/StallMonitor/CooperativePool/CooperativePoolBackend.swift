@@ -218,7 +218,7 @@ final class CooperativePoolBackend: WatchdogBackend {
         probedPriority = latest
         let priority = UInt8(truncatingIfNeeded: latest)
         guard stallmon_pool_knows_priority(UInt32(priority)) == 0 else { return }
-        Task.detached(priority: TaskPriority(rawValue: priority)) { _ = stallmon_pool_learn_queue() }
+        Task.detached(priority: TaskPriority(rawValue: priority)) { _ = stallmon_pool_learn_queue(UInt32(priority)) }
     }
 
     /// The cooperative pool's width: the runtime's global queues are as wide as the machine has CPUs.

@@ -37,8 +37,10 @@ final class CooperativePoolSession: @unchecked Sendable {
     /// What the warning says covers the pool's jobs when another global executor runs them.
     private let coverage: String
 
-    /// Learns the runtime's queues, sets the hook (now, or when an async main first suspends) and
-    /// starts the watchdog.
+    /// Learns the runtime's queues and checks its layout, sets the hook (now, or when an async main
+    /// first suspends) and starts the watchdog. `nil` when the runtime's layout is not the one the
+    /// hook reads (`stallmon_pool_learn_queue` checks it against the runtime's own answers): then
+    /// nothing is installed, and the pool goes unwatched with one warning that names the check.
     /// - Parameters:
     ///   - atFirstSuspension: Sets the hook when the async main first suspends, after its
     ///     synchronous setup, rather than now: a service that makes another executor global in that
@@ -48,7 +50,7 @@ final class CooperativePoolSession: @unchecked Sendable {
     ///     warning), e.g. that the event loops they run on are watched.
     /// - Throws: ``StallMonitorError`` when the hook cannot be set now (someone else's is set, or
     ///   the runtime has none) or no sampler slot is free.
-    init(
+    init?(
         configuration monitorConfiguration: StallMonitor.Configuration, sinks: [any ReportSink], logger: Logger,
         metricsFactory: any MetricsFactory, atFirstSuspension firstSuspension: Bool = false, coverage: String
     ) throws(StallMonitorError) {
@@ -64,6 +66,13 @@ final class CooperativePoolSession: @unchecked Sendable {
             throw StallMonitorError.cooperativePoolHookUnavailable(reason: Self.watchedElsewhere)
         }
         let missing = Self.learnQueues(timeout: .seconds(1))
+        guard stallmon_pool_layout_verified() == 1 else {
+            Self.watching.store(false, ordering: .releasing)
+            logger.warning(
+                "stallmon does not watch the cooperative pool: \(Self.layoutReason)",
+                metadata: ["stallmon.loop": "\(CooperativePoolBackend.loopName)"])
+            return nil
+        }
         if !atFirstSuspension {
             let rc = stallmon_pool_install()
             guard rc == 0 else {
@@ -112,7 +121,19 @@ final class CooperativePoolSession: @unchecked Sendable {
     }
 
     private static func reason(_ rc: Int32) -> String {
-        rc == -EBUSY ? hookTakenElsewhere : "this Swift runtime has no swift_task_enqueueGlobal_hook"
+        switch rc {
+        case -EBUSY: hookTakenElsewhere
+        case -EPROTO: layoutReason
+        default: "this Swift runtime has no swift_task_enqueueGlobal_hook"
+        }
+    }
+
+    /// Why the runtime's layout was not taken: the check that failed, or that none could run.
+    private static var layoutReason: String {
+        guard let problem = stallmon_pool_layout_problem() else {
+            return "the Swift runtime's job layout could not be checked (no probe task ran within 1 s)"
+        }
+        return "the Swift runtime's job layout is not the one its hook reads (\(String(cString: problem)))"
     }
 
     static let hookTakenElsewhere =
@@ -157,15 +178,15 @@ final class CooperativePoolSession: @unchecked Sendable {
     var watchdogThreadID: Int32 { session.watchdog.threadID }
     var watchdogWakeups: Int { session.watchdog.wakeups }
 
-    /// Runs one probe task per priority on the pool, each of which learns its queue from inside
-    /// (``stallmon_pool_learn_queue``), and waits for them at most `timeout` (the caller may be a pool
-    /// thread itself). Returns the priorities not learned.
+    /// Runs one probe task per priority on the pool, each of which checks the runtime's layout on
+    /// itself and learns its queue from inside (``stallmon_pool_learn_queue``), and waits for them at
+    /// most `timeout` (the caller may be a pool thread itself). Returns the priorities not learned.
     private static func learnQueues(timeout: Duration) -> [UInt8] {
         let wanted = probedPriorities.filter { stallmon_pool_knows_priority(UInt32($0)) == 0 }
         let done = DispatchSemaphore(value: 0)
         for priority in wanted {
             Task.detached(priority: TaskPriority(rawValue: priority)) {
-                _ = stallmon_pool_learn_queue()
+                _ = stallmon_pool_learn_queue(UInt32(priority))
                 done.signal()
             }
         }
