@@ -101,6 +101,7 @@ typedef struct {
     // Written by the handler that claimed the request.
     pid_t writer;
     uintptr_t task;  // the Swift task the thread ran (swift_task_getCurrent), 0 outside a task
+    uint32_t task_id;  // its ID, read while it surely lived: it ran on this thread
     uint64_t enter_ns;
     uint64_t exit_ns;
     stallmon_captured_registers registers;
@@ -210,7 +211,9 @@ static void sample_handler(int signo, siginfo_t *info, void *context) {
     slot->stack_limit = limit;
     slot->stack_length = stallmon_memory_read(slot->stack, length, sp);
     // A thread-local load in the Swift runtime: which request the interrupted work serves.
-    slot->task = swift_task_getCurrent != NULL ? (uintptr_t)swift_task_getCurrent() : 0;
+    void *task = swift_task_getCurrent != NULL ? swift_task_getCurrent() : NULL;
+    slot->task = (uintptr_t)task;
+    slot->task_id = task != NULL ? stallmon_live_task_id(task) : 0;
     slot->exit_ns = monotonic_ns();
     atomic_store_explicit(&slot->word, slot_word(generation, SLOT_DONE), memory_order_release);
     sem_post(&slot->done);
@@ -646,6 +649,7 @@ static void unwind_copy(slot_t *slot, int max_frames, stallmon_sample *out) {
     out->handler_exit_ns = slot->exit_ns;
     out->sampled_tid = slot->writer;
     out->current_task = slot->task;
+    out->current_task_id = slot->task_id;
     out->stack_bytes = slot->stack_length > 0 ? (int)slot->stack_length : 0;
     out->interrupted_syscall = interrupted_system_call(&slot->registers);
     int count = 0, truncated = 0;

@@ -218,6 +218,7 @@ typedef struct {
     int recovered_frame_pointers;  ///< frame pointers a kernel-view unwind had to recover
     int reused;                 ///< 1 when a kernel-view stack was reused: the thread had not run since
     uintptr_t current_task;     ///< STACK_SIGNAL: the Swift task the thread was running, 0 when none
+    uint32_t current_task_id;   ///< STACK_SIGNAL: its ID (low 32 bits), read while it ran; 0 when unknown
     pid_t sampled_tid;          ///< STACK_SIGNAL: the thread whose handler answered (the one asked, always)
     int stack_bytes;            ///< STACK_SIGNAL: bytes of stack the handler copied above its sp
     uintptr_t frames[STALLMON_MAX_FRAMES];  ///< frames[0] is the interrupted pc, the rest return addresses

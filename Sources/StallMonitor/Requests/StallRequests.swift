@@ -80,15 +80,26 @@ final class StallRequestHandle: Sendable {
         self.last = Mutex(request)
     }
 
-    /// The span serving thread `threadID`: its current task as a sample saw it, the pool job it
-    /// runs, or the thread itself (a span started outside any task); `nil` when none is registered.
-    static func find(threadID: pid_t, currentTask: UInt) -> StallRequestHandle? {
+    /// The span serving thread `threadID`: its current task as a sample saw it (with the ID the
+    /// sample read while the task ran, so that a span of an earlier task at the same address is
+    /// not taken), the pool job it runs, or the thread itself (a span started outside any task);
+    /// `nil` when none is registered.
+    static func find(threadID: pid_t, currentTask: UInt, currentTaskID: UInt32 = 0) -> StallRequestHandle? {
         guard stallmon_request_used() != 0, let reader = StallRequests.reader else { return nil }
-        let keys: [UInt64] = [
-            UInt64(currentTask), UInt64(stallmon_pool_job_of_thread(threadID)), stallmon_request_thread_key(threadID),
-        ]
         var found = stallmon_request_found()
-        guard keys.withUnsafeBufferPointer({ stallmon_request_find($0.baseAddress, Int32($0.count), &found) }) != 0,
+        let byTask =
+            currentTask != 0 && currentTaskID != 0
+            && stallmon_request_find_task(
+                UInt64(currentTask), currentTaskID, &found) != 0
+        let keys: [UInt64] = [
+            // A task whose ID is known and has no span of its own is not looked up by address.
+            currentTaskID != 0 ? 0 : UInt64(currentTask), UInt64(stallmon_pool_job_of_thread(threadID)),
+            stallmon_request_thread_key(threadID),
+        ]
+        guard
+            byTask
+                || keys.withUnsafeBufferPointer({ stallmon_request_find($0.baseAddress, Int32($0.count), &found) })
+                    != 0,
             let request = reader.request(slot: found.slot, sequence: found.sequence)
         else { return nil }
         return StallRequestHandle(slot: found.slot, sequence: found.sequence, reader: reader, request: request)

@@ -115,7 +115,8 @@ final class StallSampler {
         guard stall.request == nil, stall.requestLooks < 2 else { return }
         stall.requestLooks += 1
         stall.request = StallRequestHandle.find(
-            threadID: threadID, currentTask: signalled ? UInt(sample.current_task) : 0)
+            threadID: threadID, currentTask: signalled ? UInt(sample.current_task) : 0,
+            currentTaskID: signalled ? sample.current_task_id : 0)
     }
 
     /// The stack of one sample and how it was taken, or `nil` (with the reason in `stall`).
