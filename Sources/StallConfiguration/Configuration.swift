@@ -39,7 +39,8 @@ extension StallMonitoring {
         public var interruptBlockedThreads: Bool = false
         /// At most ``RateLimit/burst`` reports per fingerprint in each ``RateLimit/interval``.
         public var rateLimit: RateLimit = RateLimit()
-        /// Reports waiting for the reporting thread; beyond it reports are dropped and counted.
+        /// Reports waiting for the reporting thread, and events waiting in each sink's own queue
+        /// (every sink but the journal's has one); beyond it reports are dropped and counted.
         public var reportQueueCapacity: Int = 64
         /// `SYSLOG_IDENTIFIER` of the journal entries; `nil` uses the program's name.
         public var syslogIdentifier: String? = nil

@@ -72,7 +72,8 @@ public final class StallMonitor: Sendable {
         public var stalls: Int
         /// Stall reports held back by the rate limit.
         public var suppressedReports: Int
-        /// Reports dropped because the report queue was full.
+        /// Reports dropped because a queue was full: the report queue (no sink had them), or a
+        /// sink's own queue (every sink but the journal's has one; counted once per sink).
         public var droppedReports: Int
         /// Deliveries that failed: a sink threw (journald down and no fallback, standard error
         /// closed). Counted per sink; the default journal sink falls back to standard error and
@@ -219,9 +220,10 @@ public final class StallMonitor: Sendable {
     /// afterwards is allowed.
     ///
     /// The wait is short unless a sink is slow: a journald that takes no entries costs the journal
-    /// sink at most its send timeout (100 ms) once, then entries go to standard error. Reports
-    /// still queued after ``stopTimeout`` are written later if the process lives on (a warning
-    /// says how many).
+    /// sink at most its send timeout (100 ms) once, then entries go to standard error. Other sinks
+    /// have queues of their own: the journal has the `stopped` entry whatever they do, and a sink
+    /// still behind after ``stopTimeout`` gets its events later if the process lives on (a warning
+    /// names it).
     public func stop() {
         let session = state.withLock { (session: inout Session?) in
             defer { session = nil }

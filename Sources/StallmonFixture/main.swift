@@ -4,7 +4,7 @@
 //
 //   StallmonFixture SCENARIO [--threshold-ms N] [--sample-interval-ms N] [--journal]
 //                            [--identifier NAME] [--seconds N] [--deny-membarrier before|after]
-//                            [--interrupt-blocked]
+//                            [--interrupt-blocked] [--slow-sink-ms N] [--queue-capacity N]
 
 import CoreFoundation
 import Dispatch
@@ -32,6 +32,8 @@ struct Options {
     var journalFallback = false
     var periodMilliseconds = 250
     var interruptBlocked = false
+    var slowSinkMilliseconds: Int?
+    var queueCapacity: Int?
 
     init(_ arguments: [String]) {
         var iterator = arguments.makeIterator()
@@ -50,6 +52,8 @@ struct Options {
             case "--journal-fallback": journalFallback = true
             case "--period-ms": periodMilliseconds = Int(iterator.next() ?? "") ?? periodMilliseconds
             case "--interrupt-blocked": interruptBlocked = true
+            case "--slow-sink-ms": slowSinkMilliseconds = Int(iterator.next() ?? "")
+            case "--queue-capacity": queueCapacity = Int(iterator.next() ?? "")
             default: scenario = argument
             }
         }
@@ -80,6 +84,7 @@ configuration.startupGracePeriod = .milliseconds(options.scenario == "grace" ? 1
 if options.scenario != "service" {
     configuration.rateLimit.burst = 1000  // tests count every report; the service keeps its environment's limit
 }
+if let capacity = options.queueCapacity { configuration.reportQueueCapacity = capacity }
 if options.scenario == "repeat" {
     configuration.rateLimit = .init(burst: 2, interval: .seconds(1))
 }
@@ -92,6 +97,7 @@ if options.journal {
             fallback: options.journalFallback ? StandardErrorSink() : nil))
 }
 if options.scenario == "service" { sinks = StallMonitor.defaultSinks(configuration) }
+if let milliseconds = options.slowSinkMilliseconds { sinks.append(SlowSink(milliseconds: milliseconds)) }
 let monitor = try StallMonitor(configuration: configuration, sinks: sinks)
 
 func finish(after seconds: Double) {

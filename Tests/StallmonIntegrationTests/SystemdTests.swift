@@ -119,6 +119,49 @@ extension Serial {
             #expect(restarts >= 1)
         }
 
+        /// A sink of the service's own that blocks 5 s in every event, beside the journal: the brief
+        /// stall's reports reach the journal on time, and the final report before the watchdog kill
+        /// before systemd's deadline.
+        @Test func theFinalReportBeforeAWatchdogKillReachesTheJournalWhileASinkBlocks() throws {
+            let systemd = try SystemdNamespace.started()
+            defer { systemd.stop() }
+            try Self.installMonitoredService(
+                systemd, name: "slowsink", arguments: "--stall-ms 150 --block-after 3 --slow-sink-ms 5000")
+            try systemd.check(["systemctl", "start", "slowsink.service"])
+            let finals = try systemd.journal(
+                matches: ["_SYSTEMD_UNIT=slowsink.service", "MESSAGE_ID=6111fbc730f244c8897baf9d136e610c"],
+                atLeast: 1, timeout: 20)
+            let final = try #require(finals.first, "no final report in the journal")
+            #expect(final["STALL_BACKTRACE"]?.contains("ServiceWork.deadlock()") == true)
+
+            var timeout: [String: String]?
+            for _ in 0..<100 {
+                let said = try systemd.journal(matches: ["_PID=1", "UNIT=slowsink.service"])
+                timeout = said.first { $0["MESSAGE"]?.contains("Watchdog timeout") == true }
+                if timeout != nil { break }
+                usleep(200_000)
+            }
+            let killedAt = try #require(
+                timeout.flatMap { UInt64($0["__REALTIME_TIMESTAMP"] ?? "") }, "no watchdog timeout from systemd")
+            let finalAt = try #require(UInt64(final["__REALTIME_TIMESTAMP"] ?? ""))
+            #expect(
+                finalAt < killedAt, "final report \(Double(finalAt) / 1e6 - Double(killedAt) / 1e6) s after the kill")
+
+            // The brief stall before it (at 2 s): ended in the journal moments after detected, not
+            // after the sink's 5 s.
+            let first = try #require(
+                try systemd.journal(matches: ["_SYSTEMD_UNIT=slowsink.service", "STALL_EVENT=ended"], atLeast: 1)
+                    .first, "no ended report")
+            let detected = try #require(
+                try systemd.journal(matches: [
+                    "_SYSTEMD_UNIT=slowsink.service", "STALL_EVENT=detected", "STALL_ID=\(first["STALL_ID"] ?? "")",
+                ]).first)
+            let gap =
+                (Double(first["__MONOTONIC_TIMESTAMP"] ?? "") ?? .infinity)
+                - (Double(detected["__MONOTONIC_TIMESTAMP"] ?? "") ?? 0)
+            #expect(gap / 1000 < 500, "ended \(gap / 1000) ms after detected")
+        }
+
         @Test func stallmondCollectsUnderItsSandboxSurvivesRestartsAndKeepsItsConfigurationOnABadReload() throws {
             let systemd = try SystemdNamespace.started()
             defer { systemd.stop() }

@@ -102,7 +102,7 @@ final class CooperativePoolSession: @unchecked Sendable {
         // Pool threads come and go; the pool counts as running (jobs ran to learn its queues).
         let reporter = Reporter(
             configuration: configuration, loopName: loopName, threadID: Int(getpid()), sinks: sinks,
-            seenTurning: true, metrics: StallMetrics(loop: loopName, factory: metricsFactory))
+            seenTurning: true, metrics: StallMetrics(loop: loopName, factory: metricsFactory), logger: logger)
         let description = MonitorDescription(
             loop: loopName, threadID: Int(getpid()), configuration: configuration, signal: signal)
         let engine = StallEngine(

@@ -41,7 +41,7 @@ package final class EventLoopGroupSession: @unchecked Sendable {
         let reporters = loops.map { loop, _ in
             let reporter = Reporter(
                 configuration: configuration, loopName: loop.name, threadID: Int(loop.threadID), sinks: sinks,
-                seenTurning: true, metrics: StallMetrics(loop: loop.name, factory: factory))
+                seenTurning: true, metrics: StallMetrics(loop: loop.name, factory: factory), logger: logger)
             let description = MonitorDescription(
                 loop: loop.name, threadID: Int(loop.threadID), configuration: configuration, signal: signal,
                 isEventLoop: true)

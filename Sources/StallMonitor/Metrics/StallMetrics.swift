@@ -9,19 +9,25 @@ import Synchronization
 /// | `stallmon_stalls_total` | counter | `loop`, `callout` |
 /// | `stallmon_stall_duration_seconds` | timer | `loop`, `callout` |
 /// | `stallmon_suppressed_reports_total` | counter | `loop` |
-/// | `stallmon_dropped_reports_total` | counter | `loop` |
+/// | `stallmon_dropped_reports_total` | counter | `loop`, `sink` |
 /// | `stallmon_lost_reports_total` | counter | `loop` |
+///
+/// `sink` is the type name of the sink whose queue dropped the report (`LoggerSink`), or
+/// ``allSinks`` for a report dropped at the report queue, before any sink had it.
 final class StallMetrics: Sendable {
     static let stallsLabel = "stallmon_stalls_total"
     static let durationLabel = "stallmon_stall_duration_seconds"
     static let suppressedLabel = "stallmon_suppressed_reports_total"
     static let droppedLabel = "stallmon_dropped_reports_total"
     static let lostLabel = "stallmon_lost_reports_total"
+    /// The `sink` of reports dropped at the report queue: no sink had them.
+    static let allSinks = "all"
 
     private let factory: any MetricsFactory
     private let loop: String
     private let suppressed: Counter
-    private let dropped: Counter
+    /// Created at a sink's first drop, so that the backend shows only sinks that dropped.
+    private let dropped = Mutex<[String: Counter]>([:])
     private let lost: Counter
     /// Created at a callout kind's first stall, so that the backend shows only kinds that stalled.
     private let byCallout = Mutex<[StallReport.Callout: (stalls: Counter, duration: Timer)]>([:])
@@ -31,7 +37,6 @@ final class StallMetrics: Sendable {
         self.loop = loop
         let dimensions = [("loop", loop)]
         suppressed = Counter(label: Self.suppressedLabel, dimensions: dimensions, factory: factory)
-        dropped = Counter(label: Self.droppedLabel, dimensions: dimensions, factory: factory)
         lost = Counter(label: Self.lostLabel, dimensions: dimensions, factory: factory)
     }
 
@@ -52,6 +57,16 @@ final class StallMetrics: Sendable {
     }
 
     func recordSuppressed() { suppressed.increment() }
-    func recordDropped() { dropped.increment() }
+    /// A report dropped at the report queue (`sink` ``allSinks``) or at a sink's own queue.
+    func recordDropped(sink: String = allSinks) {
+        let counter = dropped.withLock { counters in
+            if let existing = counters[sink] { return existing }
+            let created = Counter(
+                label: Self.droppedLabel, dimensions: [("loop", loop), ("sink", sink)], factory: factory)
+            counters[sink] = created
+            return created
+        }
+        counter.increment()
+    }
     func recordLost() { lost.increment() }
 }

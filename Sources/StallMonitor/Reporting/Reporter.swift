@@ -9,9 +9,17 @@ import Synchronization
 /// Turns captured stalls into reports off the monitored thread: symbolicates them, applies the
 /// rate limit and hands them to the sinks, in order, on the process's reporting thread. Submitting
 /// never blocks: past the queue's capacity, reports are dropped and counted.
+///
+/// Journal sinks write on the reporting thread itself (one send waits at most their send timeout);
+/// every other sink has a lane of its own (``SinkLane``): the reporting thread only queues events
+/// there, so a sink that blocks delays neither the journal nor another sink, nor the final report
+/// before a watchdog kill, which returns once the journal has it.
 final class Reporter: @unchecked Sendable {
     private let queue = ReportingThread.shared
-    private let sinks: [any ReportSink]
+    /// The sinks written on the reporting thread: ``JournalSink``s.
+    private let journalSinks: [any ReportSink]
+    /// Every other sink, each with its own queue and thread.
+    private let lanes: [SinkLane]
     private let configuration: StallMonitor.Configuration
     private let loopName: String
     private let threadID: Int
@@ -40,13 +48,18 @@ final class Reporter: @unchecked Sendable {
     ///   sees its first transition.
     init(
         configuration: StallMonitor.Configuration, loopName: String, threadID: Int, sinks: [any ReportSink],
-        seenTurning: Bool = false, metrics: StallMetrics? = nil
+        seenTurning: Bool = false, metrics: StallMetrics? = nil, logger: Logger? = nil
     ) {
         self.configuration = configuration
         self.metrics = metrics
         self.loopName = loopName
         self.threadID = threadID
-        self.sinks = sinks
+        self.journalSinks = sinks.filter { $0 is JournalSink }
+        let counters = SinkLane.Counters(
+            dropped: droppedReports, lost: lostReports, metrics: metrics, logger: logger)
+        self.lanes = sinks.filter { !($0 is JournalSink) }.map {
+            SinkLane(sink: $0, capacity: configuration.reportQueueCapacity, loop: loopName, counters: counters)
+        }
         self.status = StatusBoard(loopName: loopName, seenTurning: seenTurning)
         self.limiter = RateLimiter(
             burst: configuration.rateLimit.burst, interval: UInt64(configuration.rateLimit.interval.nanoseconds)
@@ -78,9 +91,10 @@ final class Reporter: @unchecked Sendable {
         }
     }
 
-    /// Reports a stall that outlasted the service watchdog and returns once the sinks have it
-    /// (systemd kills the service moments later), or at `deadline` while the reporting thread is
-    /// still busy with earlier work; the report goes out when its turn comes.
+    /// Reports a stall that outlasted the service watchdog and returns once the journal has it and
+    /// the other sinks' lanes have it queued (systemd kills the service moments later), or at
+    /// `deadline` while the reporting thread is still busy with earlier work; the report goes out
+    /// when its turn comes. No sink but the journal's can hold it up.
     func submitNow(_ stall: CapturedStall, waitingUntil deadline: UInt64) {
         queue.sync(waitingUntil: deadline) {
             let report = SharedSymbolicator.shared.withSymbolicator { self.makeReport(stall, symbolicator: $0) }
@@ -93,9 +107,11 @@ final class Reporter: @unchecked Sendable {
     }
 
     /// Emits the `stopped` event and waits for every report, at most ``StallMonitor/stopTimeout``;
-    /// `logger` hears when some are still queued then. The event counts this reporter's
-    /// suppressed, dropped and lost reports as they stand once the reports queued before it are
-    /// out: one still queued when the monitor stopped may yet be lost.
+    /// `logger` hears when some are still queued then, and for which sinks. The journal has the
+    /// event as soon as the reporting thread comes to it, whatever the other sinks do. The event
+    /// counts this reporter's suppressed, dropped and lost reports as they stand once the reports
+    /// queued before it are out to the journal: one still queued for another sink then may yet be
+    /// lost or dropped.
     func finish(_ description: MonitorDescription, _ statistics: StallMonitor.Statistics, logger: Logger) {
         queue.async {
             var statistics = statistics
@@ -104,26 +120,33 @@ final class Reporter: @unchecked Sendable {
             statistics.lostReports = self.lostReports.load()
             self.send(.stopped(description, statistics))
         }
-        if !drain(timeout: StallMonitor.stopTimeout) {
+        let behind = drain(timeout: StallMonitor.stopTimeout)
+        if !behind.isEmpty {
             logger.warning(
                 "stallmon stopped with reports still queued",
-                metadata: ["stallmon.timeout": "\(StallMonitor.stopTimeout)"])
+                metadata: [
+                    "stallmon.timeout": "\(StallMonitor.stopTimeout)",
+                    "stallmon.sinks": "\(behind.joined(separator: ", "))",
+                ])
         }
     }
 
-    /// Emits pending suppression summaries, then waits until everything submitted so far is out or
-    /// `timeout` passes; returns whether it is all out.
-    func drain(timeout: Duration) -> Bool {
-        let done = DispatchSemaphore(value: 0)
-        queue.async {
-            self.flushSuppressions(all: true)
-            done.signal()
+    /// Emits pending suppression summaries, then waits until everything submitted so far is out
+    /// (in the journal, and delivered by every other sink) or `timeout` passes; returns what is
+    /// still behind: `reporting thread`, or the names of the sinks still delivering.
+    @discardableResult
+    func drain(timeout: Duration) -> [String] {
+        let deadline = MonotonicClock.now() + UInt64(clamping: timeout.nanoseconds)
+        guard queue.sync(waitingUntil: deadline, { self.flushSuppressions(all: true) }) else {
+            return [ReportingThread.threadName]
         }
-        return done.wait(timeout: .now() + .nanoseconds(Int(timeout.nanoseconds))) == .success
+        // Each waits until the deadline at most: once one has, the others only say where they are.
+        return lanes.filter { !$0.waitUntilDelivered(by: deadline) }.map(\.name)
     }
 
+    /// Writes `event` to the journal, then queues it for every other sink.
     private func send(_ event: StallMonitorEvent) {
-        for sink in sinks {
+        for sink in journalSinks {
             do {
                 try sink.emit(event)
             } catch {
@@ -131,6 +154,7 @@ final class Reporter: @unchecked Sendable {
                 metrics?.recordLost()
             }
         }
+        for lane in lanes { lane.append(event) }
     }
 
     private func process(_ stall: CapturedStall) {

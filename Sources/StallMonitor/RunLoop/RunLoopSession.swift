@@ -65,7 +65,7 @@ extension StallMonitor {
                 loop: loopName, threadID: Int(target.threadID), configuration: configuration, signal: signal)
             let reporter = Reporter(
                 configuration: configuration, loopName: loopName, threadID: Int(target.threadID), sinks: monitor.sinks,
-                metrics: StallMetrics(loop: loopName, factory: metricsFactory))
+                metrics: StallMetrics(loop: loopName, factory: metricsFactory), logger: logger)
             let engine = StallEngine(
                 configuration: configuration, signal: signal, slot: slot,
                 interruptBlockedThreads: configuration.interruptBlockedThreads, logger: logger)

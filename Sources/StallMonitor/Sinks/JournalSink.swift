@@ -20,7 +20,9 @@ public struct JournalSink: ReportSink {
     ///     journal namespace).
     ///   - sendTimeout: How long one entry may wait for a journald that takes none; after such a
     ///     wait, entries skip the journal for a second.
-    ///   - fallback: Where entries go that journald did not take; `nil` counts them as lost.
+    ///   - fallback: Where entries go that journald did not take; `nil` counts them as lost. It
+    ///     runs where the journal sink does, on the reporting thread: a fallback that blocks
+    ///     delays every report (the default, ``StandardErrorSink``, makes one `write` per event).
     public init(
         syslogIdentifier: String? = nil, socketPath: String = "/run/systemd/journal/socket",
         sendTimeout: Duration = .milliseconds(100), fallback: (any ReportSink)? = nil

@@ -1,10 +1,13 @@
 import Synchronization
 
-/// Receives what a ``StallMonitor`` reports. Sinks run on the process's one reporting thread
-/// (`stallmon-report`), which every monitor shares, never on a monitored thread. A slow sink delays
-/// later reports of every monitor in the process (they are queued, then dropped and counted past
-/// ``StallMonitor/Configuration/reportQueueCapacity``), never a monitored loop. A sink must not
-/// wait for another monitor's reports, nor stop a monitor: those wait for the reporting thread.
+/// Receives what a ``StallMonitor`` reports, never on a monitored thread. A ``JournalSink`` runs on
+/// the process's reporting thread (`stallmon-report`), which every monitor shares; every other sink
+/// has, per monitored loop, a queue of ``StallMonitor/Configuration/reportQueueCapacity`` events
+/// and a thread of its own (`stallmon-sink`) while the queue holds any. A slow sink delays only its
+/// own later events (past the capacity its oldest are dropped and counted), never the journal,
+/// another sink or a monitored loop. A sink gets one loop's events in order, one at a time; with
+/// several loops it may be called for two at once. A sink must not wait for another monitor's
+/// reports, nor stop a monitor.
 public protocol ReportSink: Sendable {
     /// Delivers one event.
     /// - Throws: When the event did not reach its destination: the monitor counts it as lost
