@@ -70,4 +70,42 @@ extension Serial.HostileWriterTests {
             return Double(box[range.upperBound...].prefix { $0 != "\"" })
         }
     }
+
+    /// An entry of `nobody` naming itself `nginx.service` printed in `follow` exactly as the unit's
+    /// own line would. It is marked as `report` and the metrics mark it, with its writer's uid;
+    /// the system unit's line is as it was, and `--json` carries `_UID`.
+    @Test func followMarksAUsersEntryWithItsUid() throws {
+        let journal = Journald.namespaced()
+        defer { journal.remove() }
+        try #require(journal.ensureRunning(), "cannot start journald for namespace \(journal.name)")
+        let unit = "stallmon-follow-\(getpid()).service"
+        defer { JournalWriters.removeSystemUnit(unit) }
+        try JournalWriters.send(
+            [
+                Self.stall("nginx.service", fingerprint: 1).map {
+                    $0.0 == "MESSAGE" ? ($0.0, "event loop of nginx stalled 2400 ms in timer callout") : $0
+                }
+            ], to: journal.socketPath, as: .nobody)
+        try JournalWriters.send([Self.stall("real", fingerprint: 2)], to: journal.socketPath, as: .systemUnit(unit))
+        try #require(journal.waitForEntries(2, messageIDs: [MessageID.stallEnded], timeout: 30))
+
+        let follow = try Executable.stallmon.start(["follow", "--namespace", journal.name, "--lines", "5"])
+        defer { if follow.process.isRunning { _ = follow.terminate() } }
+        #expect(follow.waitForOutput { output, _ in output.split(separator: "\n").count >= 2 })
+        let result = follow.terminate(signal: SIGINT)
+        #expect(result.status == 0, "\(result.errors)")
+        let lines = result.output.split(separator: "\n")
+        let spoof = lines.first { $0.contains("event loop of nginx") }
+        #expect(spoof?.contains(" (nginx.service) (uid 65534)[") == true, "\(lines)")
+        #expect(!result.output.contains(" nginx.service["), "\(lines)")
+        #expect(lines.contains { $0.contains(" \(unit)[") && !$0.contains("(uid") }, "\(lines)")
+
+        let json = try Executable.stallmon.start(["follow", "--namespace", journal.name, "--lines", "5", "--json"])
+        defer { if json.process.isRunning { _ = json.terminate() } }
+        #expect(json.waitForOutput { output, _ in output.split(separator: "\n").count >= 2 })
+        let objects = json.terminate(signal: SIGINT).output.split(separator: "\n").compactMap {
+            (try? JSONSerialization.jsonObject(with: Data($0.utf8))) as? [String: String]
+        }
+        #expect(objects.first { $0["SYSLOG_IDENTIFIER"] == "nginx.service" }?["_UID"] == "65534", "\(objects)")
+    }
 }
