@@ -108,4 +108,105 @@ extension Serial.HostileWriterTests {
         }
         #expect(objects.first { $0["SYSLOG_IDENTIFIER"] == "nginx.service" }?["_UID"] == "65534", "\(objects)")
     }
+
+    /// Identifiers, frames and a route holding ESC, BEL, CR, NUL, tab, DEL, the 8-bit CSI and
+    /// U+202E reached `stallmon.prom` (and node_exporter's `/metrics`) as raw bytes. Every label
+    /// value is now printable, each such character shown as `\u{1B}`; promtool passes the file,
+    /// node_exporter serves it without a scrape error, and neither holds a control byte.
+    @Test func controlCharactersNeverReachTheTextfileOrTheScrape() throws {
+        let journal = Journald.namespaced()
+        defer { journal.remove() }
+        try #require(journal.ensureRunning(), "cannot start journald for namespace \(journal.name)")
+        let hostile = "\u{1b}[2J\u{07}\r\u{0}\t\u{7f}\u{9b}31m\u{202e}\u{2066}\u{061c}"
+        let route = "/evil/\(hostile)"
+        let request = StallRecord.Request(operation: "GET \(route)", method: "GET", route: route)
+        var entries = [
+            Self.stall("evil\(hostile)", fingerprint: 1, frame: "Evil.run\(hostile)() (Evil.swift:1)"),
+            Entries.fields(of: Entries.requestRecord(request, identifier: "api"), overriding: [:]),
+            // Backslashes that could read as escapes: a distinct series each.
+            Self.stall("back\\u{1B}", fingerprint: 2), Self.stall("back\u{1b}", fingerprint: 3),
+        ]
+        entries.append(Self.stall("unit\\x2dname", fingerprint: 4))
+        try JournalWriters.send(entries, to: journal.socketPath, as: .nobody)
+        try #require(journal.waitForEntries(entries.count, messageIDs: [MessageID.stallEnded], timeout: 30))
+
+        let scratch = try Daemon(journal: try #require(journal.directory))
+        defer { scratch.remove() }
+        let daemon = try Executable.stallmond.start(["--config", scratch.configuration])
+        defer { if daemon.process.isRunning { _ = daemon.terminate() } }
+        #expect(scratch.wait(#"stallmon_stalls_total{unit="(api) (uid 65534)"}"#, toBe: 1), "\(scratch.text)")
+        #expect(daemon.terminate().status == 0)
+        let bytes = try Data(contentsOf: URL(fileURLWithPath: scratch.metrics))
+        let text = String(decoding: bytes, as: UTF8.self)
+        #expect(Self.controls(in: text).isEmpty, "\(Self.controls(in: text))")
+        let shown = #"\\u{1B}[2J\\u{7}\\u{D}\\u{0}\\u{9}\\u{7F}\\u{9B}31m\\u{202E}\\u{2066}\\u{61C}"#
+        #expect(text.contains(#"stallmon_stalls_total{unit="(evil\#(shown)) (uid 65534)"} 1"#), "\(text)")
+        #expect(text.contains(#"frame="Evil.run\#(shown)() (Evil.swift:1)""#))
+        #expect(text.contains(#"endpoint="GET /evil/\#(shown)""#))
+        #expect(text.contains(#"stallmon_stalls_total{unit="(back\\\\u{1B}) (uid 65534)"} 1"#), "\(text)")
+        #expect(text.contains(#"stallmon_stalls_total{unit="(back\\u{1B}) (uid 65534)"} 1"#))
+        #expect(text.contains(#"stallmon_stalls_total{unit="(unit\\x2dname) (uid 65534)"} 1"#))
+
+        guard let promtool = ExternalTool.find("promtool") else {
+            #expect(
+                ProcessInfo.processInfo.environment["REQUIRE_TEST_TOOLS"] != "1",
+                "promtool is missing (apt-get install prometheus)")
+            return
+        }
+        let check = try ExternalTool.run("/bin/sh", ["-c", "\(promtool) check metrics < \(scratch.metrics)"])
+        #expect(check.status == 0, "\(check.output)")
+        try Self.scrape(scratch)
+    }
+
+    /// The characters of `text` that no label value may hold, as code points: below U+0020 (but
+    /// newline, between lines, and tab), U+007F to U+009F, and the bidirectional controls.
+    static func controls(in text: String) -> [String] {
+        text.unicodeScalars.filter { scalar in
+            switch scalar.value {
+            case 0x0A, 0x09: false
+            case 0x00...0x1F, 0x7F...0x9F, 0x061C, 0x200E, 0x200F, 0x202A...0x202E, 0x2066...0x2069: true
+            default: false
+            }
+        }.map { "U+\(String($0.value, radix: 16))" }
+    }
+
+    /// node_exporter's textfile collector reads the file; its `/metrics` has the series, no scrape
+    /// error and no control character. (Skipped where node_exporter is not installed, unless
+    /// `REQUIRE_TEST_TOOLS=1`.)
+    static func scrape(_ scratch: Daemon) throws {
+        guard let exporter = ExternalTool.find("prometheus-node-exporter") ?? ExternalTool.find("node_exporter") else {
+            #expect(
+                ProcessInfo.processInfo.environment["REQUIRE_TEST_TOOLS"] != "1",
+                "node_exporter is missing (apt-get install prometheus-node-exporter)")
+            return
+        }
+        let port = 19_000 + Int(getpid() % 1000)
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: exporter)
+        process.arguments = [
+            "--collector.disable-defaults", "--collector.textfile",
+            "--collector.textfile.directory=\(scratch.directory)", "--web.listen-address=127.0.0.1:\(port)",
+        ]
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        defer {
+            process.terminate()
+            process.waitUntilExit()
+        }
+        var body = ""
+        let deadline = Date(timeIntervalSinceNow: 20)
+        while Date() < deadline {
+            let scrape = try ExternalTool.run(
+                "/usr/bin/curl", ["-sf", "http://127.0.0.1:\(port)/metrics"], timeout: 10)
+            if scrape.status == 0, scrape.output.contains("stallmon_stalls_total") {
+                body = scrape.output
+                break
+            }
+            usleep(200_000)
+        }
+        #expect(body.contains(#"stallmon_stalls_total{unit="(evil\\u{1B}[2J"#), "\(body.prefix(4000))")
+        #expect(body.contains("node_textfile_scrape_error 0"), "\(body.prefix(4000))")
+        #expect(controls(in: body).isEmpty, "\(controls(in: body))")
+    }
 }
