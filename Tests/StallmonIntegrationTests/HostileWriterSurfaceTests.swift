@@ -209,4 +209,38 @@ extension Serial.HostileWriterTests {
         #expect(body.contains("node_textfile_scrape_error 0"), "\(body.prefix(4000))")
         #expect(controls(in: body).isEmpty, "\(controls(in: body))")
     }
+
+    /// All-zero trace and span IDs (W3C Trace Context calls them invalid) were taken as IDs. They
+    /// are malformed, as any other bad ID: `report` names them and exits 65, and stallmond counts
+    /// them in `stallmond_malformed_entries_total` and counts the well-formed stall.
+    @Test func allZeroTraceAndSpanIDsAreMalformed() throws {
+        let journal = Journald.namespaced()
+        defer { journal.remove() }
+        try #require(journal.ensureRunning(), "cannot start journald for namespace \(journal.name)")
+        let record = Entries.requestRecord(Entries.users)
+        let zeroTrace = String(repeating: "0", count: 32)
+        let zeroSpan = String(repeating: "0", count: 16)
+        try JournalWriters.send(
+            [
+                Entries.fields(of: record, overriding: [:]),
+                Entries.fields(of: record, overriding: ["STALL_TRACE_ID": zeroTrace]),
+                Entries.fields(of: record, overriding: ["STALL_SPAN_ID": zeroSpan]),
+            ], to: journal.socketPath, as: .nobody)
+        try #require(journal.waitForEntries(3, messageIDs: [MessageID.stallEnded], timeout: 30))
+
+        let report = try Executable.stallmon.run(["report", "--namespace", journal.name, "--by", "route"])
+        #expect(report.status == 65, "\(report.output)\(report.errors)")
+        #expect(report.errors.contains(#"field STALL_TRACE_ID="\#(zeroTrace)": all zero"#), "\(report.errors)")
+        #expect(report.errors.contains(#"field STALL_SPAN_ID="\#(zeroSpan)": all zero"#), "\(report.errors)")
+        #expect(report.errors.contains("2 malformed entries skipped"))
+        #expect(report.output.contains("GET /users/:id"), "the well-formed stall still counts")
+
+        let scratch = try Daemon(journal: try #require(journal.directory))
+        defer { scratch.remove() }
+        let daemon = try Executable.stallmond.start(["--config", scratch.configuration])
+        defer { if daemon.process.isRunning { _ = daemon.terminate() } }
+        #expect(scratch.wait(#"stallmon_stalls_total{unit="(api) (uid 65534)"}"#, toBe: 1), "\(scratch.text)")
+        #expect(scratch.wait("stallmond_malformed_entries_total", toBe: 2), "\(scratch.text)")
+        #expect(daemon.terminate().status == 0)
+    }
 }
