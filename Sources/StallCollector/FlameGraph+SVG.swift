@@ -4,7 +4,8 @@ import StallJournal
 extension FlameGraph {
     /// A self-contained SVG flame graph: the outermost frames at the bottom, each box as wide as
     /// the stall time spent in it and its callees, its full label, time and share in a tooltip.
-    /// Frames of code with file:line are warm colours, the others (libraries, runtime) cool.
+    /// Frames of code with file:line are warm colours, the others (libraries, runtime) cool. With
+    /// ``drawsWritersApart``, each writer's box is as wide as the others', its frames in proportion.
     /// - Parameter title: The first line, e.g. the command that drew it.
     package func svg(title: String) -> String {
         let width = 1200.0
@@ -13,8 +14,9 @@ extension FlameGraph {
         let header = 56.0
         let root = tree()
         let total = Double(max(root.weight, 1))
-        let scale = (width - 2 * padding) / total
-        let boxes = root.weight > 0 ? Self.layout(root, scale: scale, left: padding) : []
+        let boxes =
+            root.weight > 0
+            ? Self.layout(root, width: width - 2 * padding, left: padding, writersApart: drawsWritersApart) : []
         let maximumDepth = boxes.last?.depth ?? 0
         let height = header + Double(maximumDepth + 1) * rowHeight + 2 * padding
 
@@ -27,8 +29,7 @@ extension FlameGraph {
             <text x="\(Int(width / 2))" y="42" text-anchor="middle" fill="#555">\(Self.xml(summary + (isEmpty ? "" : "; width is time, outermost frame at the bottom")))</text>
 
             """
-        for (node, x, depth) in boxes {
-            let boxWidth = Double(node.weight) * scale
+        for (node, x, boxWidth, depth) in boxes {
             let y = height - padding - Double(depth + 1) * rowHeight
             let share = Double(node.weight) / total * 100
             let tooltip = "\(node.label) (\(Self.duration(node.weight)), \(Self.format(share, digits: 2))%)"
@@ -52,32 +53,44 @@ extension FlameGraph {
         return svg + "</svg>\n"
     }
 
-    /// `3 stalls, 1.8 s of stall time`, then what was cut at ``maximumNodes`` and the ``notes``.
+    /// `3 stalls, 1.8 s of stall time`, then the ``remarks``.
     package var summary: String {
-        var text = "\(stalls) stall\(stalls == 1 ? "" : "s"), \(Self.duration(totalMicroseconds)) of stall time"
-        if cutFrames > 0 {
-            text +=
-                "; \(cutFrames) frames of \(Self.duration(cutMicroseconds)) of stacks cut at \(Self.maximumNodes) distinct frames"
-        }
-        return ([text] + notes).joined(separator: "; ")
+        (["\(stalls) stall\(stalls == 1 ? "" : "s"), \(Self.duration(totalMicroseconds)) of stall time"] + remarks)
+            .joined(separator: "; ")
+    }
+
+    /// What was cut (at ``maximumDepth`` or ``maximumNodes``), then the ``notes``: said in the SVG,
+    /// and by `stallmon report` after a flame graph or folded stacks.
+    package var remarks: [String] {
+        guard cutFrames > 0 else { return notes }
+        return [
+            "\(cutFrames) frames of \(Self.duration(cutMicroseconds)) of stacks cut at \(Self.maximumNodes) distinct frames"
+        ] + notes
     }
 
     /// The boxes to draw, level by level from the root: those at least 0.3 px wide, and only
     /// whole levels while the total stays within ``maximumBoxes``, so a graph that is cut loses
-    /// its deepest levels, never some siblings of a level it shows.
-    static func layout(_ root: Node, scale: Double, left: Double) -> [(node: Node, x: Double, depth: Int)] {
-        var boxes: [(node: Node, x: Double, depth: Int)] = []
-        var level: [(node: Node, x: Double)] = [(root, left)]
+    /// its deepest levels, never some siblings of a level it shows. A box's children share its
+    /// width in proportion to their time; with `writersApart`, the root's (the writers) equally.
+    static func layout(_ root: Node, width: Double, left: Double, writersApart: Bool)
+        -> [(node: Node, x: Double, width: Double, depth: Int)]
+    {
+        var boxes: [(node: Node, x: Double, width: Double, depth: Int)] = []
+        var level: [(node: Node, x: Double, width: Double)] = [(root, left, width)]
         var depth = 0
         while !level.isEmpty, boxes.count + level.count <= maximumBoxes {
-            boxes += level.map { ($0.node, $0.x, depth) }
-            var next: [(node: Node, x: Double)] = []
-            for (node, x) in level {
+            boxes += level.map { ($0.node, $0.x, $0.width, depth) }
+            var next: [(node: Node, x: Double, width: Double)] = []
+            for (node, x, width) in level {
+                let labels = node.children.keys.sorted()
+                let equal = writersApart && depth == 0
+                let scale = width / Double(max(node.weight, 1))
                 var childX = x
-                for label in node.children.keys.sorted() {
+                for label in labels {
                     let child = node.children[label]!
-                    if Double(child.weight) * scale >= 0.3 { next.append((child, childX)) }
-                    childX += Double(child.weight) * scale
+                    let childWidth = equal ? width / Double(labels.count) : Double(child.weight) * scale
+                    if childWidth >= 0.3 { next.append((child, childX, childWidth)) }
+                    childX += childWidth
                 }
             }
             level = next

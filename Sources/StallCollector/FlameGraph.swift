@@ -30,6 +30,10 @@ package struct FlameGraph: Sendable {
     /// frame drawn.
     package static let maximumDepth = 256
     package static let maximumLabelBytes = 16 << 20
+    /// Writers' frames (``add(_:prefix:)``'s prefixes) made past ``maximumNodes`` at most: in a
+    /// graph that is full, each writer still has its box, its stacks cut there. The stall of a
+    /// writer past these is cut whole, its time staying with the root.
+    package static let maximumPrefixes = 1_000
 
     /// The merged tree, built as stalls are added: node 0 is the root; each node has a label
     /// (an index into `labels`), a parent, its total weight and the weight of stacks ending there.
@@ -42,11 +46,16 @@ package struct FlameGraph: Sendable {
     private var labels: [String] = []
     private var labelIDs: [String: Int32] = [:]
     private var labelBytes = 0
+    /// Prefix frames made past the bounds (see ``maximumPrefixes``).
+    private var reservedPrefixes = 0
     /// The duration each stall was counted with, by `STALL_ID`.
     private var counted: [String: UInt64] = [:]
 
     /// Said after the summary, in the SVG and by `stallmon report` (e.g. what was left out).
     package var notes: [String] = []
+    /// Whether the outermost frames are writers, each drawn the same width at a scale of its own
+    /// (see ``svg(title:)``): no writer's stalls, however long, can make another's too narrow to see.
+    package var drawsWritersApart = false
 
     /// Whether no stack was added.
     package var isEmpty: Bool { nodeLabel.count <= 1 }
@@ -88,7 +97,18 @@ package struct FlameGraph: Sendable {
         if previous == nil { stalls += 1 }
         counted[record.stallID] = record.durationMicroseconds
         totalMicroseconds = totalMicroseconds.saturatingAdd(duration)
-        let root = prefix.map { child(of: 0, label: intern($0)) } ?? 0
+        var root: Int32 = 0
+        if let prefix {
+            root = prefixNode(prefix)
+            guard root >= 0 else {
+                // Past maximumPrefixes writers: the stall is cut whole, its time with the root.
+                cutFrames += stacks.reduce(0) { $0 + $1.frames.count }
+                cutMicroseconds = cutMicroseconds.saturatingAdd(duration)
+                nodeWeight[0] = nodeWeight[0].saturatingAdd(duration)
+                nodeSelf[0] = nodeSelf[0].saturatingAdd(duration)
+                return
+            }
+        }
         var left = duration
         for (index, stack) in stacks.enumerated() {
             // duration × count / samples, exact in 128 bits; never more than the duration.
@@ -132,17 +152,42 @@ package struct FlameGraph: Sendable {
 
     /// The child of `parent` with `label`, made if the tree has room; -1 if not.
     private mutating func child(of parent: Int32, label: Int32) -> Int32 {
-        guard label >= 0 else { return -1 }
-        let key = UInt64(UInt32(parent)) << 32 | UInt64(UInt32(label))
-        let existing = children.value(for: key)
+        guard label >= 0, parent >= 0 else { return -1 }
+        let existing = children.value(for: Self.key(parent, label))
         if existing >= 0 { return existing }
         guard nodeLabel.count < Self.maximumNodes else { return -1 }
+        return makeNode(parent: parent, label: label)
+    }
+
+    /// The frame of a writer under the root: made past ``maximumNodes`` and ``maximumLabelBytes``
+    /// for ``maximumPrefixes`` writers; -1 past them.
+    private mutating func prefixNode(_ prefix: String) -> Int32 {
+        if let label = labelIDs[prefix] {
+            let existing = children.value(for: Self.key(0, label))
+            if existing >= 0 { return existing }
+        }
+        let full =
+            nodeLabel.count >= Self.maximumNodes || labels.count >= Self.maximumNodes
+            || labelBytes + prefix.utf8.count > Self.maximumLabelBytes
+        if full {
+            guard reservedPrefixes < Self.maximumPrefixes else { return -1 }
+            reservedPrefixes += 1
+        }
+        let label = labelIDs[prefix] ?? appendLabel(prefix)
+        return makeNode(parent: 0, label: label)
+    }
+
+    private static func key(_ parent: Int32, _ label: Int32) -> UInt64 {
+        UInt64(UInt32(parent)) << 32 | UInt64(UInt32(label))
+    }
+
+    private mutating func makeNode(parent: Int32, label: Int32) -> Int32 {
         let node = Int32(nodeLabel.count)
         nodeLabel.append(label)
         nodeParent.append(parent)
         nodeWeight.append(0)
         nodeSelf.append(0)
-        children.insert(node, for: key)
+        children.insert(node, for: Self.key(parent, label))
         return node
     }
 
@@ -152,11 +197,39 @@ package struct FlameGraph: Sendable {
         guard labelBytes + label.utf8.count <= Self.maximumLabelBytes, labels.count < Self.maximumNodes else {
             return -1
         }
+        return appendLabel(label)
+    }
+
+    private mutating func appendLabel(_ label: String) -> Int32 {
         let id = Int32(labels.count)
         labels.append(label)
         labelIDs[label] = id
         labelBytes += label.utf8.count
         return id
+    }
+
+    /// Adds `other`'s stalls, frames and cuts, for drawing both: a frame of `other` becomes this
+    /// graph's frame of the same path, made past the bounds (each graph was held to its own).
+    package mutating func merge(_ other: FlameGraph) {
+        stalls += other.stalls
+        totalMicroseconds = totalMicroseconds.saturatingAdd(other.totalMicroseconds)
+        cutFrames += other.cutFrames
+        cutMicroseconds = cutMicroseconds.saturatingAdd(other.cutMicroseconds)
+        // A parent comes before its children in both graphs: node i of `other` is mapped[i] here.
+        var mapped = [Int32](repeating: 0, count: other.nodeLabel.count)
+        for node in 0..<other.nodeLabel.count {
+            var target: Int32 = 0
+            if node > 0 {
+                let text = other.labels[Int(other.nodeLabel[node])]
+                let label = labelIDs[text] ?? appendLabel(text)
+                let parent = mapped[Int(other.nodeParent[node])]
+                target = children.value(for: Self.key(parent, label))
+                if target < 0 { target = makeNode(parent: parent, label: label) }
+                mapped[node] = target
+            }
+            nodeWeight[Int(target)] = nodeWeight[Int(target)].saturatingAdd(other.nodeWeight[node])
+            nodeSelf[Int(target)] = nodeSelf[Int(target)].saturatingAdd(other.nodeSelf[node])
+        }
     }
 
     /// Distinct stacks, outermost frame first, with the stall time that ended in each (µs).
@@ -255,31 +328,43 @@ package struct FlameGraph: Sendable {
 /// (see ``StallObservation/owner(of:)``) is left out whenever system units' stalls are drawn: a
 /// forged stall of a year, or a flood of them, cannot take the services' frames out of the
 /// picture. Where no system unit's stall matched (a developer's machine, a program started by
-/// hand), the others are drawn, and the graph says so. With `allWriters`, everything is drawn, the
-/// stalls written outside system units apart, each under a frame `[uid N]` naming its writer.
+/// hand), the others are drawn, and the graph says so.
+///
+/// With `allWriters`, everything is drawn, each writer under a frame of its own: `[system units]`,
+/// and `[uid N]` for the stalls written outside system units. Each writer's box is as wide as the
+/// others' (``FlameGraph/drawsWritersApart``), and the system units' stalls are merged apart from
+/// the others' (each with ``FlameGraph/maximumNodes`` frames of its own, and a stall ID of their
+/// own): a forged year, a flood of the worst entries or a forged stall ID cannot make the
+/// services' boxes vanish in this view either.
 package struct ServiceFlameGraph: Sendable {
     package let allWriters: Bool
     private var services = FlameGraph()
     private var others = FlameGraph()
+
+    /// The frame the system units' stalls are drawn under with `allWriters`.
+    package static let systemUnits = "[system units]"
 
     package init(allWriters: Bool = false) { self.allWriters = allWriters }
 
     /// Adds the stall of an entry whose fields (journald's trusted ones) say who wrote it.
     package mutating func add(_ record: StallRecord, fields: [String: String]) {
         guard let owner = StallObservation.owner(of: fields) else {
-            services.add(record)
+            services.add(record, prefix: allWriters ? Self.systemUnits : nil)
             return
         }
-        if allWriters {
-            services.add(record, prefix: "[uid \(owner.isEmpty ? "?" : owner)]")
-        } else {
-            others.add(record)
-        }
+        others.add(record, prefix: allWriters ? "[uid \(owner.isEmpty ? "?" : owner)]" : nil)
     }
 
     /// The graph to draw, with a note of what was left out.
     package var graph: FlameGraph {
-        if allWriters || others.stalls == 0 { return services }
+        if allWriters {
+            var graph = services
+            graph.merge(others)
+            graph.drawsWritersApart = true
+            graph.notes.append("each writer is drawn as wide as the others: widths compare within a writer")
+            return graph
+        }
+        if others.stalls == 0 { return services }
         if services.stalls == 0 {
             var graph = others
             graph.notes.append("no stall of a system unit matched: stalls written outside system units drawn")

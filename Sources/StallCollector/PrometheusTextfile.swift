@@ -186,28 +186,16 @@ package enum PrometheusTextfile {
         }
     }
 
-    /// The longest label value written, in bytes of UTF-8 before escaping. The schema bounds
-    /// units and frames already (``FieldLimits``); this keeps the file bounded whatever state it
-    /// is rendered from.
+    /// The longest label value written, in bytes of UTF-8, before the exposition format's
+    /// escapes. The schema bounds units and frames already (``FieldLimits``); this keeps the file
+    /// bounded whatever state it is rendered from.
     static let maximumLabelBytes = 256
 
-    /// A label value: cut to ``maximumLabelBytes`` (then ending in `…` and a hash of the whole
-    /// value, so two long values never become the same series), and backslash, double quote and
-    /// newline escaped.
+    /// A label value, in the exposition format: ``shown(_:)``, then backslash, double quote and
+    /// newline escaped as the format asks.
     static func escape(_ value: String) -> String {
-        var value = value
-        if value.utf8.count > maximumLabelBytes {
-            var hash: UInt64 = 0xcbf2_9ce4_8422_2325
-            for byte in value.utf8 {
-                hash ^= UInt64(byte)
-                hash &*= 0x100_0000_01b3
-            }
-            let digits = String(hash, radix: 16)
-            let suffix = "#" + String(repeating: "0", count: 16 - digits.count) + digits
-            value = FieldLimits.clamp(value, toBytes: maximumLabelBytes - suffix.utf8.count) + suffix
-        }
         var result = ""
-        for character in value.unicodeScalars {
+        for character in shown(value).unicodeScalars {
             switch character {
             case "\\": result += "\\\\"
             case "\"": result += "\\\""
@@ -216,6 +204,59 @@ package enum PrometheusTextfile {
             }
         }
         return result
+    }
+
+    /// A label value as a series shows it: printable, and distinct for distinct values.
+    ///
+    /// - Every character that ``DisplayText/isControl(_:)`` names (C0, tab and newline too, DEL,
+    ///   C1, the bidirectional controls, the line and paragraph separators) is shown as its code
+    ///   point in Swift's notation, `\u{1B}`, `\u{202E}`: an operator's terminal reading
+    ///   `curl …/metrics` acts on none of them. Not `\x1b`: that is how systemd escapes unit names
+    ///   (`foo\x2dbar.service`), which stay as systemd writes them.
+    /// - A backslash is doubled where it comes before `u`, a backslash or a replaced character,
+    ///   so that no value reads as another's escape (two values are never one series).
+    /// - A value longer than ``maximumLabelBytes`` is cut (never inside an escape), ending in `…`
+    ///   and a hash of the whole value, so two long values never become the same series.
+    static func shown(_ value: String) -> String {
+        if value.utf8.count <= maximumLabelBytes,
+            !value.unicodeScalars.contains(where: { $0 == "\\" || DisplayText.isControl($0) })
+        {
+            return value
+        }
+        let scalars = Array(value.unicodeScalars)
+        var pieces: [String] = []
+        pieces.reserveCapacity(scalars.count)
+        var bytes = 0
+        for (index, scalar) in scalars.enumerated() {
+            let piece: String
+            if DisplayText.isControl(scalar) {
+                piece = "\\u{" + String(scalar.value, radix: 16, uppercase: true) + "}"
+            } else if scalar == "\\", index + 1 < scalars.count,
+                ["u", "\\"].contains(scalars[index + 1]) || DisplayText.isControl(scalars[index + 1])
+            {
+                piece = "\\\\"
+            } else {
+                piece = String(scalar)
+            }
+            pieces.append(piece)
+            bytes += piece.utf8.count
+        }
+        guard bytes > maximumLabelBytes else { return pieces.joined() }
+        var hash: UInt64 = 0xcbf2_9ce4_8422_2325
+        for byte in value.utf8 {
+            hash ^= UInt64(byte)
+            hash &*= 0x100_0000_01b3
+        }
+        let digits = String(hash, radix: 16)
+        let suffix = FieldLimits.truncationMarker + "#" + String(repeating: "0", count: 16 - digits.count) + digits
+        var result = ""
+        var used = 0
+        for piece in pieces {
+            if used + piece.utf8.count + suffix.utf8.count > maximumLabelBytes { break }
+            result += piece
+            used += piece.utf8.count
+        }
+        return result + suffix
     }
 
     static func seconds(_ microseconds: UInt64) -> String {

@@ -48,10 +48,21 @@ package struct StallObservation: Sendable, Hashable {
     /// writer's `_UID` follows, `(tool) (uid 1000)`: anyone may write any identifier, so two
     /// users' entries are never one series.
     package static func unit(of fields: [String: String]) -> String {
-        let name =
-            fields["_SYSTEMD_UNIT"] ?? fields["_SYSTEMD_USER_UNIT"] ?? fields["SYSLOG_IDENTIFIER"].map { "(\($0))" }
+        unit(named: name(of: fields), owner: owner(of: fields))
+    }
+
+    /// The unit an entry names, before its writer's uid: `_SYSTEMD_UNIT`, `_SYSTEMD_USER_UNIT`, or
+    /// `(SYSLOG_IDENTIFIER)`. See ``unit(of:)``.
+    package static func name(of fields: [String: String]) -> String {
+        fields["_SYSTEMD_UNIT"] ?? fields["_SYSTEMD_USER_UNIT"] ?? fields["SYSLOG_IDENTIFIER"].map { "(\($0))" }
             ?? "(unknown)"
-        guard let owner = owner(of: fields), !owner.isEmpty, owner != "0" else { return name }
+    }
+
+    /// `name` as ``unit(of:)`` shows it for a writer (``owner(of:)``): ` (uid N)` after it, unless a
+    /// system unit or root wrote it. A caller that cuts the name for its output (`stallmon follow`)
+    /// cuts it before, so that the uid is always seen.
+    package static func unit(named name: String, owner: String?) -> String {
+        guard let owner, !owner.isEmpty, owner != "0" else { return name }
         return name + " (uid \(owner))"
     }
 

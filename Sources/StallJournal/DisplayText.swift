@@ -43,8 +43,16 @@ package enum DisplayText {
     package static func width(_ text: String) -> Int { text.unicodeScalars.count }
 
     private static func needsEscape(_ scalar: Unicode.Scalar) -> Bool {
+        scalar == "\\" || isControl(scalar)
+    }
+
+    /// Whether a terminal (or a reader) could take `scalar` for something other than text: C0
+    /// (tab and newline too), DEL, C1, the bidirectional marks, embeddings, overrides and
+    /// isolates, and the line and paragraph separators. Every output of text from the journal
+    /// shows these as visible escapes.
+    package static func isControl(_ scalar: Unicode.Scalar) -> Bool {
         switch scalar.value {
-        case 0x00...0x1F, 0x5C, 0x7F...0x9F: true
+        case 0x00...0x1F, 0x7F...0x9F: true
         case 0x061C, 0x200E, 0x200F, 0x2028...0x202E, 0x2066...0x2069: true
         default: false
         }

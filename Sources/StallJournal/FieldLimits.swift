@@ -78,6 +78,12 @@ public enum FieldLimits {
     /// A count clamped to `0...`` maximumCount``.
     public static func count(_ value: Int) -> Int { min(max(value, 0), maximumCount) }
 
+    /// Whether `text` is a W3C Trace Context trace or span ID: exactly `digits` lowercase hex
+    /// digits, not all zero (the all-zero ID is invalid there: no trace, or no span).
+    package static func isTraceContextID(_ text: String, digits: Int) -> Bool {
+        isLowercaseHex(text, digits: digits) && text.utf8.contains { $0 != UInt8(ascii: "0") }
+    }
+
     /// Whether `text` is exactly `digits` lowercase hex digits.
     public static func isLowercaseHex(_ text: String, digits: Int) -> Bool {
         text.utf8.count == digits
@@ -125,6 +131,16 @@ struct FieldReader {
     func optionalHex(_ name: String, digits: Int) throws(JournalDecodingError) -> String? {
         guard fields[name] != nil else { return nil }
         return try hex(name, digits: digits)
+    }
+
+    /// A W3C trace or span ID (``FieldLimits/isTraceContextID(_:digits:)``), where the entry has one.
+    func optionalTraceContextID(_ name: String, digits: Int) throws(JournalDecodingError) -> String? {
+        guard let value = try optionalHex(name, digits: digits) else { return nil }
+        guard FieldLimits.isTraceContextID(value, digits: digits) else {
+            throw JournalDecodingError(
+                field: name, value: value, reason: "all zero, an invalid ID in W3C Trace Context")
+        }
+        return value
     }
 
     func integer(_ name: String, in range: ClosedRange<Int64>) throws(JournalDecodingError) -> Int64 {

@@ -14,9 +14,10 @@ extension StallRecord {
         public var path: String
         /// `rpc.method` (`STALL_REQUEST_RPC_METHOD`), for gRPC: `package.Service/Method`.
         public var rpcMethod: String
-        /// The W3C trace ID (`STALL_TRACE_ID`): 32 lowercase hex digits, or empty.
+        /// The W3C trace ID (`STALL_TRACE_ID`): 32 lowercase hex digits, not all zero; or empty.
         public var traceID: String
-        /// The W3C span ID of the span the stall happened in (`STALL_SPAN_ID`): 16 lowercase hex digits, or empty.
+        /// The W3C span ID of the span the stall happened in (`STALL_SPAN_ID`): 16 lowercase hex
+        /// digits, not all zero; or empty.
         public var spanID: String
 
         public init(
@@ -46,8 +47,8 @@ extension StallRecord {
         }
 
         /// The fields as written: each value held to its bound; an empty part, and the path where
-        /// the route is known, are left out. A trace or span ID that is not well-formed is left out
-        /// rather than cut.
+        /// the route is known, are left out. A trace or span ID that is not well-formed (or all zero,
+        /// which W3C Trace Context calls invalid) is left out rather than cut.
         var fields: [JournalField] {
             guard !isEmpty else { return [] }
             var fields: [JournalField] = []
@@ -59,10 +60,10 @@ extension StallRecord {
             add(Field.requestRoute, route, FieldLimits.nameBytes)
             if route.isEmpty { add(Field.requestPath, path, FieldLimits.nameBytes) }
             add(Field.requestRPCMethod, rpcMethod, FieldLimits.nameBytes)
-            if FieldLimits.isLowercaseHex(traceID, digits: FieldLimits.traceIDDigits) {
+            if FieldLimits.isTraceContextID(traceID, digits: FieldLimits.traceIDDigits) {
                 fields.append(JournalField(Field.traceID, traceID))
             }
-            if FieldLimits.isLowercaseHex(spanID, digits: FieldLimits.spanIDDigits) {
+            if FieldLimits.isTraceContextID(spanID, digits: FieldLimits.spanIDDigits) {
                 fields.append(JournalField(Field.spanID, spanID))
             }
             return fields
@@ -75,8 +76,8 @@ extension StallRecord {
             route = try reader.optionalString(Field.requestRoute, maximumBytes: FieldLimits.nameBytes) ?? ""
             path = try reader.optionalString(Field.requestPath, maximumBytes: FieldLimits.nameBytes) ?? ""
             rpcMethod = try reader.optionalString(Field.requestRPCMethod, maximumBytes: FieldLimits.nameBytes) ?? ""
-            traceID = try reader.optionalHex(Field.traceID, digits: FieldLimits.traceIDDigits) ?? ""
-            spanID = try reader.optionalHex(Field.spanID, digits: FieldLimits.spanIDDigits) ?? ""
+            traceID = try reader.optionalTraceContextID(Field.traceID, digits: FieldLimits.traceIDDigits) ?? ""
+            spanID = try reader.optionalTraceContextID(Field.spanID, digits: FieldLimits.spanIDDigits) ?? ""
             if isEmpty { return nil }
         }
     }

@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import StallCollector
 import StallJournal
 
 #if canImport(Glibc)
@@ -117,13 +118,18 @@ struct Follow: ParsableCommand {
             json ? Self.json(entry, fields: fields) : Self.line(entry, fingerprint: fingerprint, request: request))
     }
 
-    /// One line: time, what happened, the unit and PID, the message, the fingerprint and the
-    /// request the stall served (its endpoint and trace ID), every part from the journal escaped.
+    /// One line: time, what happened, the unit (as ``StallObservation/unit(of:)`` names it) and
+    /// PID, the message, the fingerprint and the request the stall served (its endpoint and trace
+    /// ID), every part from the journal escaped.
     static func line(_ entry: JournalEntry, fingerprint: String?, request: StallRecord.Request? = nil) -> String {
         let time = Date(timeIntervalSince1970: Double(entry.realtimeMicroseconds) / 1e6)
         let formatter = DateFormatter()
         formatter.dateFormat = "HH:mm:ss.SSS"
-        let unit = DisplayText.cell(entry["_SYSTEMD_UNIT"] ?? entry["SYSLOG_IDENTIFIER"] ?? "?", limit: 64)
+        // Named as `report` and the metrics name it: anyone may write any SYSLOG_IDENTIFIER, so
+        // one outside a system unit is `(name)`, and `(name) (uid N)` where a user wrote it.
+        let unit = StallObservation.unit(
+            named: DisplayText.cell(StallObservation.name(of: entry.fields), limit: 64),
+            owner: StallObservation.owner(of: entry.fields))
         let pid = DisplayText.cell(entry["_PID"] ?? "?", limit: 12)
         let marker: String
         switch entry["MESSAGE_ID"] {
@@ -138,11 +144,12 @@ struct Follow: ParsableCommand {
         return text + RequestText.suffix(request)
     }
 
-    /// The entry's schema fields (as the schema bounds them), where it came from and its cursor.
+    /// The entry's schema fields (as the schema bounds them), where it came from (its unit, PID and
+    /// writer's uid, journald's trusted fields) and its cursor.
     static func json(_ entry: JournalEntry, fields: [JournalField]) -> String {
         var object: [String: String] = [:]
         for field in fields { object[field.name] = field.value }
-        for name in ["_SYSTEMD_UNIT", "_PID"] { object[name] = entry[name] }
+        for name in ["_SYSTEMD_UNIT", "_PID", "_UID"] { object[name] = entry[name] }
         object["__REALTIME_TIMESTAMP"] = String(entry.realtimeMicroseconds)
         object["__CURSOR"] = entry.cursor
         guard let data = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys]) else {

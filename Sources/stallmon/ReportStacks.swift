@@ -13,7 +13,8 @@ extension Report {
     /// sampled stacks.
     func drawStacks(_ graph: FlameGraph) throws {
         if folded, !graph.isEmpty { print(graph.folded) }
-        if folded, !graph.notes.isEmpty { JournalSource.complain("report", graph.notes.joined(separator: "; ")) }
+        // What was cut and left out, where the folded text (one line per stack) cannot say it.
+        if folded, !graph.remarks.isEmpty { JournalSource.complain("report", graph.remarks.joined(separator: "; ")) }
         guard let flamegraph else { return }
         var title = "stallmon report"
         if let namespace { title += " --namespace \(namespace)" }

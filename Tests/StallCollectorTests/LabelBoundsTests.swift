@@ -17,7 +17,8 @@ struct LabelBoundsTests {
         #expect(labelA.contains("…#"))
         // Short values are only escaped.
         #expect(PrometheusTextfile.escape("foo.service") == "foo.service")
-        #expect(PrometheusTextfile.escape("a\"b\\c\nd") == "a\\\"b\\\\c\\nd")
+        // A newline (a control character) is shown as `\u{A}`, then escaped as the format asks.
+        #expect(PrometheusTextfile.escape("a\"b\\c\nd") == "a\\\"b\\\\c\\\\u{A}d")
         // Escaping after the cut: a cut value never ends in half an escape.
         let quotes = String(repeating: "\"", count: 1_000)
         let escaped = PrometheusTextfile.escape(quotes)

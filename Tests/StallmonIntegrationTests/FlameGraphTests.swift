@@ -154,7 +154,7 @@ extension FlameGraphTests {
 
     /// One forged stall of 366 days, and a flood of the worst entries, written outside system
     /// units: the flame graph of the services shows the services, and says what it left out;
-    /// `--all-writers` draws them apart, under their writer.
+    /// `--all-writers` draws them apart, under their writer, the services under `[system units]`.
     @Test func forgedDurationsCannotEraseTheServicesPicture() throws {
         var forged = Self.worstEntry(1000, uid: "65534")
         forged.fields["STALL_DURATION_USEC"] = "\(FieldLimits.maximumMicroseconds)"
@@ -174,7 +174,7 @@ extension FlameGraphTests {
         let all = everything.graph
         #expect(all.stalls == 3)
         #expect(all.stacks.keys.contains { $0.first == "[uid 65534]" })
-        #expect(all.stacks[["Foo.bar()"]] == 400_000)
+        #expect(all.stacks[["[system units]", "Foo.bar()"]] == 400_000)
     }
 
     /// The schema's worst entry (see `CollectorCost.worst` in stallmon-bench), written by `uid`.

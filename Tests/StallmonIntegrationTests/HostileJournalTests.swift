@@ -129,7 +129,7 @@ extension Serial {
             let result = follow.terminate()
             #expect(result.status == 65, "\(result.errors)")
             #expect(!result.output.unicodeScalars.contains { $0.value == 0x1B || $0.value == 0x07 })
-            #expect(result.output.contains("after\\x1b[2J["))
+            #expect(result.output.contains("(after\\x1b[2J)["))
             #expect(result.output.contains("After.run() \\x1b]0;title\\x07"))
             let problems = result.errors.split(separator: "\n").filter { $0.contains("skipped malformed entry s=") }
             #expect(problems.count == 3)
