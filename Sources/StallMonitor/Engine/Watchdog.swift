@@ -51,12 +51,13 @@ final class Watchdog: @unchecked Sendable {
         named name: String, started: @escaping @Sendable () -> Void, body: @escaping @Sendable () -> Void
     ) {
         let running = DispatchSemaphore(value: 0)
-        spawnMonitorThread(named: name, stackSize: 512 * 1024) {
+        let spawned = spawnMonitorThread(named: name, stackSize: 512 * 1024) {
             started()
             running.signal()
             stallmon_set_timer_slack(1)
             body()
         }
+        precondition(spawned, "stallmon: cannot start the watchdog thread \(name)")
         running.wait()
     }
 }
@@ -66,8 +67,10 @@ final class Watchdog: @unchecked Sendable {
 /// Starts one of the monitor's own threads, named `name`, with every asynchronous signal blocked
 /// from its first instruction (`stallmon_thread_spawn`): a signal sent to the process (SIGTERM that
 /// the program waits for with `sigwait`, SIGINT, SIGHUP) then always goes to one of the program's
-/// threads, as it would without the monitor. Nothing of the caller's mask changes.
-func spawnMonitorThread(named name: String, stackSize: Int, _ body: @escaping @Sendable () -> Void) {
+/// threads, as it would without the monitor. Nothing of the caller's mask changes. Returns false
+/// when no thread could be made.
+@discardableResult
+func spawnMonitorThread(named name: String, stackSize: Int, _ body: @escaping @Sendable () -> Void) -> Bool {
     final class Body {
         let run: @Sendable () -> Void
         init(_ run: @escaping @Sendable () -> Void) { self.run = run }
@@ -79,6 +82,7 @@ func spawnMonitorThread(named name: String, stackSize: Int, _ body: @escaping @S
             let body = Unmanaged<Body>.fromOpaque(context!).takeRetainedValue()
             body.run()
         }, context)
-    precondition(rc == 0, "stallmon: cannot start thread \(name) (errno \(rc))")
+    if rc != 0 { Unmanaged<Body>.fromOpaque(context).release() }
+    return rc == 0
 }
 #endif  // STALLMON_LINUX

@@ -34,7 +34,8 @@ final class ReportingThread: Sendable {
     private let wake = DispatchSemaphore(value: 0)
 
     private init() {
-        spawnMonitorThread(named: Self.threadName, stackSize: 1024 * 1024) { [self] in run() }
+        let spawned = spawnMonitorThread(named: Self.threadName, stackSize: 1024 * 1024) { [self] in run() }
+        precondition(spawned, "stallmon: cannot start the reporting thread")
     }
 
     /// Runs `job` on the thread after the jobs queued before it.

@@ -21,7 +21,7 @@ import Glibc
 ///
 /// The thread starts when an event comes to an empty lane and ends once the lane is empty again:
 /// an idle lane has no thread, so it makes no wakeups. The thread blocks every asynchronous signal
-/// from its first instruction on (its creator blocks them around `pthread_create`): no handler of
+/// from its first instruction on (`stallmon_thread_spawn`): no handler of
 /// the program runs inside a user's sink, and no process-directed signal waits for it.
 final class SinkLane: Sendable {
     /// The threads' name, in the kernel (at most 15 bytes).
@@ -196,42 +196,10 @@ final class SinkLane: Sendable {
         }
     }
 
-    /// Starts a detached thread that runs ``deliver()`` with every asynchronous signal blocked;
-    /// returns false when none could be made.
+    /// Starts a detached thread that runs ``deliver()`` with every asynchronous signal blocked
+    /// (``spawnMonitorThread(named:stackSize:_:)``); returns false when none could be made.
     private func startThread() -> Bool {
-        var blocked = Self.asynchronousSignals
-        var previous = sigset_t()
-        pthread_sigmask(SIG_BLOCK, &blocked, &previous)
-        defer { pthread_sigmask(SIG_SETMASK, &previous, nil) }
-        var attributes = pthread_attr_t()
-        pthread_attr_init(&attributes)
-        defer { pthread_attr_destroy(&attributes) }
-        pthread_attr_setdetachstate(&attributes, Int32(PTHREAD_CREATE_DETACHED))
-        pthread_attr_setstacksize(&attributes, 1024 * 1024)
-        let context = Unmanaged.passRetained(self).toOpaque()
-        var thread = pthread_t()
-        let created = pthread_create(
-            &thread, &attributes,
-            { context in
-                let lane = Unmanaged<SinkLane>.fromOpaque(context!).takeRetainedValue()
-                stallmon_set_thread_name(SinkLane.threadName)
-                lane.deliver()
-                return nil
-            }, context)
-        guard created == 0 else {
-            Unmanaged<SinkLane>.fromOpaque(context).release()
-            return false
-        }
-        return true
+        spawnMonitorThread(named: SinkLane.threadName, stackSize: 1024 * 1024) { [self] in deliver() }
     }
-
-    /// Every signal but those the kernel sends to the thread that caused them (a fault, a trap, a
-    /// bad system call: blocking them would kill the process rather than run the handler).
-    private static let asynchronousSignals: sigset_t = {
-        var set = sigset_t()
-        sigfillset(&set)
-        for signal in [SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGTRAP, SIGSYS] { sigdelset(&set, signal) }
-        return set
-    }()
 }
 #endif  // STALLMON_LINUX
