@@ -113,7 +113,8 @@ public struct StallReport: Sendable, Hashable {
         public init(rawValue: String) { self.rawValue = rawValue }
         public var description: String { rawValue }
 
-        /// The thread unwound itself in the sampling signal's handler, where it ran.
+        /// The sampling signal's handler copied the running thread's registers and the top of its
+        /// stack; the watchdog unwound the copy.
         public static let signal = Self(rawValue: "signal")
         /// The thread blocked in a system call and was not signalled: its stack was unwound in
         /// place from the stack pointer and program counter the kernel shows for it.
