@@ -3,6 +3,10 @@ import Dispatch
 import Foundation
 import Synchronization
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// How long a sampled thread spends in stallmon's signal handler (it copies registers and the top
 /// of the stack; the watchdog unwinds the copy): the sampler from CStallCapture, called directly
 /// against a thread that spins 64 frames deep. Finishes with `p50_us`, `p99_us`, `max_us` (handler
