@@ -126,8 +126,8 @@ final class ShortSleeper: Sendable {
             while !stopping.load(ordering: .relaxed) {
                 let end = DispatchTime.now().uptimeNanoseconds + 100_000
                 while DispatchTime.now().uptimeNanoseconds < end { hash = (hash ^ 1) &* 0x100_0000_01b3 }
-                var pause = timespec(tv_sec: 0, tv_nsec: 20_000)
-                if nanosleep(&pause, nil) != 0 && errno == EINTR { interrupted.add(1, ordering: .relaxed) }
+                // usleep is a nanosleep, which a handler ends with EINTR.
+                if usleep(20) != 0 && errno == EINTR { interrupted.add(1, ordering: .relaxed) }
                 sleeps.add(1, ordering: .relaxed)
             }
             Spin.keep(hash)
