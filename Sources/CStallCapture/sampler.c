@@ -48,6 +48,7 @@
 #include <sys/syscall.h>
 #include <ucontext.h>
 
+#include "perf.h"
 #include "requests.h"
 #include "unwind.h"
 
@@ -80,6 +81,9 @@ typedef struct {
 
 /// Threads of one slot with an entry of their own: the loops of a large event loop group.
 enum { QUIET_COUNT = 64, SIGNALLED_COUNT = 64 };
+
+/// Perf events one slot (one watchdog) holds at once: threads stalled at the same time.
+enum { PERF_EVENTS_PER_SLOT = 4 };
 
 /// The signals one thread was sent and took, by the generation of the request each carried: the
 /// thread still has one pending while `sent` is greater than `taken`.
@@ -122,12 +126,17 @@ typedef struct {
     // For each thread the slot samples (the loops of a group share their watchdog's slot).
     quiet_t quiet[QUIET_COUNT];
     unsigned quiet_next;  // the entry a thread not yet in the table replaces
+    // Perf events on stalled threads (perf.c), owned by the watchdog.
+    stallmon_perf_event perf[PERF_EVENTS_PER_SLOT];
+    uint64_t perf_period_ns;
 } slot_t;
 
 static slot_t slots[SLOT_COUNT];
 static _Atomic int slots_initialized;
 static _Atomic int installed_signals[65];
 static _Atomic uint64_t test_handler_delay_ns;
+static _Atomic uint64_t handler_runs;
+static _Atomic int perf_open_count;
 
 static inline uint64_t monotonic_ns(void) {
     struct timespec ts;
@@ -176,6 +185,7 @@ static void note_taken(signalled_t *entry, uint64_t generation) {
 static void sample_handler(int signo, siginfo_t *info, void *context) {
     (void)signo;
     int saved_errno = errno;
+    atomic_fetch_add_explicit(&handler_runs, 1, memory_order_relaxed);
     if (info == NULL || info->si_code != SI_QUEUE || info->si_pid != getpid()) goto out;
 
     uint64_t token = (uint64_t)(uintptr_t)info->si_value.sival_ptr;
@@ -234,6 +244,8 @@ static void initialize_slots(void) {
             atomic_init(&slots[i].target, 0);
             atomic_init(&slots[i].broken, 0);
             sem_init(&slots[i].done, 0, 0);
+            for (int j = 0; j < PERF_EVENTS_PER_SLOT; j++) stallmon_perf_event_init(&slots[i].perf[j]);
+            slots[i].perf_period_ns = 20000000;
         }
         stallmon_unwind_register_fork_handlers();
         atomic_store(&slots_initialized, 2);
@@ -347,6 +359,12 @@ void stallmon_sampler_slot_release(int index) {
         return;
     }
     while (sem_trywait(&slot->done) == 0) {}
+    for (int i = 0; i < PERF_EVENTS_PER_SLOT; i++) {
+        if (slot->perf[i].descriptor >= 0) {
+            stallmon_perf_event_close(&slot->perf[i]);
+            atomic_fetch_sub(&perf_open_count, 1);
+        }
+    }
     slot->kernel.valid = 0;
     memset(slot->quiet, 0, sizeof slot->quiet);
     slot->quiet_next = 0;
@@ -635,6 +653,40 @@ static void sample_blocked(slot_t *slot, pid_t tid, const long first_view[9], in
     out->frame_count = 0;
 }
 
+// MARK: - Perf events
+
+uint64_t stallmon_sampler_handler_runs(void) { return atomic_load_explicit(&handler_runs, memory_order_relaxed); }
+int stallmon_perf_open_count(void) { return atomic_load(&perf_open_count); }
+
+void stallmon_sampler_set_perf_period(int index, uint64_t nanoseconds) {
+    if (index < 0 || index >= SLOT_COUNT || nanoseconds == 0) return;
+    slots[index].perf_period_ns = nanoseconds;
+}
+
+void stallmon_perf_close_thread(int index, pid_t tid) {
+    if (index < 0 || index >= SLOT_COUNT) return;
+    slot_t *slot = &slots[index];
+    for (int i = 0; i < PERF_EVENTS_PER_SLOT; i++) {
+        if (slot->perf[i].descriptor >= 0 && slot->perf[i].tid == tid) {
+            stallmon_perf_event_close(&slot->perf[i]);
+            atomic_fetch_sub(&perf_open_count, 1);
+        }
+    }
+}
+
+/// The slot's perf event on `tid`, opened now if it has none; NULL when the kernel refuses, the
+/// thread is gone, or the slot holds as many events as it may.
+static stallmon_perf_event *perf_event_for(slot_t *slot, pid_t tid) {
+    stallmon_perf_event *free_event = NULL;
+    for (int i = 0; i < PERF_EVENTS_PER_SLOT; i++) {
+        if (slot->perf[i].descriptor >= 0 && slot->perf[i].tid == tid) return &slot->perf[i];
+        if (slot->perf[i].descriptor < 0 && free_event == NULL) free_event = &slot->perf[i];
+    }
+    if (free_event == NULL || stallmon_perf_event_open(free_event, tid, slot->perf_period_ns) != 0) return NULL;
+    atomic_fetch_add(&perf_open_count, 1);
+    return free_event;
+}
+
 // MARK: - Sampling
 
 void stallmon_sample_thread(int index, pid_t tid, int signo, int max_frames, uint64_t timeout_ns,
@@ -678,12 +730,37 @@ void stallmon_sample_stack(int index, pid_t tid, int signo, int max_frames, uint
     if (max_frames <= 0 || max_frames > STALLMON_MAX_FRAMES) max_frames = STALLMON_MAX_FRAMES;
     long view[9];
 
+    // A perf event takes a running thread's stack with no signal; a thread blocked in a system
+    // call is unwound in place, as ever.
+    int spare = (flags & STALLMON_SAMPLE_SPARE_SYSCALLS) != 0;
+    if (flags & (STALLMON_SAMPLE_PERF | STALLMON_SAMPLE_PERF_ONLY)) {
+        int state = read_syscall_view(tid, view);
+        if (state == 1 && (spare || (flags & STALLMON_SAMPLE_PERF_ONLY))) {
+            out->disposition = STALLMON_DISPOSITION_OURS;
+            sample_blocked(slot, tid, view, max_frames, out);
+            return;
+        }
+        if (state != 1) {
+            stallmon_perf_event *event = perf_event_for(slot, tid);
+            if (event != NULL) {
+                out->disposition = STALLMON_DISPOSITION_OURS;
+                stallmon_perf_event_sample(event, max_frames, timeout_ns, out);
+                return;
+            }
+            if (flags & STALLMON_SAMPLE_PERF_ONLY) {
+                out->status = STALLMON_SAMPLE_PERF_REFUSED;
+                out->error = stallmon_perf_refusal(NULL);
+                return;
+            }
+        }
+        // Refused by the kernel: the signal, as without perf events.
+    }
+
     // A signal the program took over is never sent: SIG_DFL would kill it, SIG_IGN drops it, and
     // a handler of its own would run its code. A thread blocked in a system call can still be
     // unwound in place.
     out->disposition = (flags & STALLMON_SAMPLE_NO_SIGNAL) ? STALLMON_DISPOSITION_OURS
                                                              : stallmon_signal_disposition(signo);
-    int spare = (flags & STALLMON_SAMPLE_SPARE_SYSCALLS) != 0;
     if ((flags & STALLMON_SAMPLE_NO_SIGNAL) || out->disposition != STALLMON_DISPOSITION_OURS) {
         if (read_syscall_view(tid, view) == 1) {
             sample_blocked(slot, tid, view, max_frames, out);

@@ -37,6 +37,11 @@ extension StallMonitoring {
         /// handler ends `nanosleep`, `poll`, `epoll_wait`, `select` and timed waits with `EINTR`
         /// whatever `SA_RESTART` says. On, the program sees those `EINTR`s at the first sample.
         public var interruptBlockedThreads: Bool = false
+        /// How a running thread's stack is taken: by a perf event on it where the kernel allows
+        /// (no signal reaches the program), by the sampling signal, or the first with the second as
+        /// the fallback (the default). A thread blocked in a system call is unwound in place
+        /// whatever this says.
+        public var stackSource: StackSource = .auto
         /// At most ``RateLimit/burst`` reports per fingerprint in each ``RateLimit/interval``.
         public var rateLimit: RateLimit = RateLimit()
         /// Reports waiting for the reporting thread, and events waiting in each sink's own queue
@@ -66,6 +71,19 @@ extension StallMonitoring {
         public var cooperativePoolThreshold: Duration = .milliseconds(100)
 
         public init() {}
+
+        /// How a running thread's stack is taken (``Configuration/stackSource``).
+        public enum StackSource: String, Sendable, Hashable, CaseIterable {
+            /// A perf event on the stalled thread while its stall lasts; where the kernel refuses one
+            /// (`perf_event_paranoid`, a seccomp filter, the locked-memory limit), the signal, for
+            /// the life of the process, said once on the monitor's logger.
+            case auto
+            /// A perf event only: where the kernel refuses, a running thread gets no stack, and no
+            /// sampling signal is installed at all.
+            case perf
+            /// The sampling signal only, as before perf events.
+            case signal
+        }
 
         /// Reports per fingerprint allowed in a window of time; the rest are counted and summarized.
         public struct RateLimit: Sendable, Hashable {
@@ -188,6 +206,7 @@ enum ConfigurationKey: String, CaseIterable {
     case reportWhileDebuggerAttached = "report_while_debugger_attached"
     case signal = "signal"
     case interruptBlockedThreads = "interrupt_blocked_threads"
+    case stackSource = "stack_source"
     case rateLimitBurst = "rate_limit_burst"
     case rateLimitInterval = "rate_limit_interval_s"
     case reportQueueCapacity = "report_queue_capacity"

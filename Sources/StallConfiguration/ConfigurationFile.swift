@@ -111,6 +111,11 @@ extension StallMonitoring.Configuration {
         case .cooperativePoolThreshold: cooperativePoolThreshold = try milliseconds()
         case .interruptBlockedThreads:
             interruptBlockedThreads = try value.flag(key: key.rawValue, source: source)
+        case .stackSource:
+            guard let text = value.string, let parsed = StackSource(rawValue: text) else {
+                throw fail("must be \"auto\", \"perf\" or \"signal\"")
+            }
+            stackSource = parsed
         case .signal:
             let reason = "must be \"auto\", a signal name such as \"SIGRTMIN+4\", or a signal number"
             if let number = value.number {
@@ -220,6 +225,7 @@ extension StallMonitoring.Configuration {
         case .cooperativePoolThreshold: return milliseconds(cooperativePoolThreshold)
         case .signal: return signal.map(SignalName.name(of:)) ?? "auto"
         case .interruptBlockedThreads: return "\(interruptBlockedThreads)"
+        case .stackSource: return stackSource.rawValue
         case .syslogIdentifier: return syslogIdentifier ?? ProgramName.current
         case .additionalModes: return additionalModes.joined(separator: ",")
         }

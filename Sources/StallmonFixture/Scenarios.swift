@@ -1,3 +1,4 @@
+import CStallCapture
 @preconcurrency import CoreFoundation
 import Dispatch
 import Foundation
@@ -359,6 +360,32 @@ enum Scenarios {
                 var timeout = timespec(tv_sec: 0, tv_nsec: 200_000_000)
                 let received = sigtimedwait(&set, &info, &timeout)
                 Fixture.print(["type": "sigwaitinfo", "signal": Int(max(received, 0))])
+            }
+            finish(after: 1.5)
+
+        case "perf-stall", "perf-stall-denied":
+            // The program handles SIGPROF and every real-time signal but the monitor's first choice
+            // itself, counting. The main run loop stalls 600 ms on the CPU; the perf event
+            // descriptors are counted before, during and after the stall. perf-stall-denied installs
+            // a seccomp filter that refuses perf_event_open first (EPERM, as Docker's default profile).
+            if name == "perf-stall-denied" { PerfDenial.install() }
+            ProgramSignals.install(sparing: SignalTakeover.samplingSignal)
+            try monitor.start()
+            let mainThread = getpid()  // the main thread's id is the process's
+            Fixture.print(["type": "perf-fds", "when": "before", "count": PerfDescriptors.count()])
+            Thread.detachNewThread {
+                usleep(600_000)
+                Fixture.print(["type": "perf-fds", "when": "during", "count": PerfDescriptors.count()])
+            }
+            Fixture.after(0.3) { Fixture.truth(name) { Stalls.burnCPU(milliseconds: stallMilliseconds) } }
+            Fixture.after(1.3) {
+                let pending = ProgramSignals.pending(thread: mainThread)
+                Fixture.print(["type": "perf-fds", "when": "after", "count": PerfDescriptors.count()])
+                Fixture.print([
+                    "type": "signals", "program_handled": Int(ProgramSignals.handled),
+                    "monitor_handled": Int(stallmon_sampler_handler_runs()),
+                    "thread_pending": pending.thread, "process_pending": pending.process,
+                ])
             }
             finish(after: 1.5)
 

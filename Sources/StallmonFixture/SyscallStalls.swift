@@ -105,3 +105,41 @@ enum SignalTakeover {
         guard sigaction(samplingSignal, &action, nil) == 0 else { fatalError("sigaction: \(errno)") }
     }
 }
+
+/// Handlers of the program's own on SIGPROF and the real-time signals, counting what they take:
+/// a stall sampled by perf events must send none of them.
+enum ProgramSignals {
+    nonisolated(unsafe) static var handled: Int32 = 0
+
+    /// Handles SIGPROF and every real-time signal but `spared` (left to the monitor).
+    static func install(sparing spared: Int32) {
+        var action = sigaction()
+        sigemptyset(&action.sa_mask)
+        action.__sigaction_handler.sa_handler = { _ in ProgramSignals.handled &+= 1 }
+        for signal in [SIGPROF] + Array(__libc_current_sigrtmin()...__libc_current_sigrtmax()) where signal != spared {
+            guard sigaction(signal, &action, nil) == 0 else { fatalError("sigaction \(signal): \(errno)") }
+        }
+    }
+
+    /// The signals pending for thread `tid` and for the process, from its status file.
+    static func pending(thread tid: pid_t) -> (thread: String, process: String) {
+        let status = (try? String(contentsOfFile: "/proc/self/task/\(tid)/status", encoding: .utf8)) ?? ""
+        func field(_ name: String) -> String {
+            status.split(separator: "\n").first { $0.hasPrefix(name) }.map {
+                $0.dropFirst(name.count).trimmingCharacters(in: .whitespaces)
+            } ?? "?"
+        }
+        return (field("SigPnd:"), field("ShdPnd:"))
+    }
+}
+
+/// The perf event descriptors the process has open (`anon_inode:[perf_event]` in /proc/self/fd).
+enum PerfDescriptors {
+    static func count() -> Int {
+        let names = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd")) ?? []
+        return names.filter { name in
+            (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/fd/\(name)"))
+                == "anon_inode:[perf_event]"
+        }.count
+    }
+}

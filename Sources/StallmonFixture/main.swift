@@ -4,7 +4,7 @@
 //
 //   StallmonFixture SCENARIO [--threshold-ms N] [--sample-interval-ms N] [--journal]
 //                            [--identifier NAME] [--seconds N] [--deny-membarrier before|after]
-//                            [--interrupt-blocked] [--slow-sink-ms N] [--queue-capacity N]
+//                            [--interrupt-blocked] [--stack-source auto|perf|signal] [--slow-sink-ms N] [--queue-capacity N]
 
 import CoreFoundation
 import Dispatch
@@ -32,6 +32,7 @@ struct Options {
     var journalFallback = false
     var periodMilliseconds = 250
     var interruptBlocked = false
+    var stackSource: StallMonitor.Configuration.StackSource?
     var slowSinkMilliseconds: Int?
     var queueCapacity: Int?
 
@@ -52,6 +53,7 @@ struct Options {
             case "--journal-fallback": journalFallback = true
             case "--period-ms": periodMilliseconds = Int(iterator.next() ?? "") ?? periodMilliseconds
             case "--interrupt-blocked": interruptBlocked = true
+            case "--stack-source": stackSource = StallMonitor.Configuration.StackSource(rawValue: iterator.next() ?? "")
             case "--slow-sink-ms": slowSinkMilliseconds = Int(iterator.next() ?? "")
             case "--queue-capacity": queueCapacity = Int(iterator.next() ?? "")
             default: scenario = argument
@@ -80,6 +82,7 @@ if options.scenario == "service" {
     configuration.syslogIdentifier = options.identifier
 }
 configuration.interruptBlockedThreads = configuration.interruptBlockedThreads || options.interruptBlocked
+if let stackSource = options.stackSource { configuration.stackSource = stackSource }
 configuration.startupGracePeriod = .milliseconds(options.scenario == "grace" ? 1000 : options.graceMilliseconds)
 if options.scenario != "service" {
     configuration.rateLimit.burst = 1000  // tests count every report; the service keeps its environment's limit

@@ -37,13 +37,13 @@ package enum SyscallDenial {
     static let seccomp = 277
     #endif
 
-    /// From now on `number` fails with ENOSYS; every other call is allowed. Returns why the filter
-    /// could not be installed, or `nil`.
-    package static func install(denying number: UInt32, _ scope: Scope) -> String? {
+    /// From now on `number` fails with `error` (ENOSYS unless said); every other call is allowed.
+    /// Returns why the filter could not be installed, or `nil`.
+    package static func install(denying number: UInt32, _ scope: Scope, error: Int32 = ENOSYS) -> String? {
         let program: [Instruction] = [
             Instruction(code: 0x20, jumpIfTrue: 0, jumpIfFalse: 0, value: 0),  // ld [nr]
             Instruction(code: 0x15, jumpIfTrue: 0, jumpIfFalse: 1, value: number),  // jeq number
-            Instruction(code: 0x06, jumpIfTrue: 0, jumpIfFalse: 0, value: 0x0005_0000 | UInt32(ENOSYS)),  // ret errno
+            Instruction(code: 0x06, jumpIfTrue: 0, jumpIfFalse: 0, value: 0x0005_0000 | UInt32(error)),  // ret errno
             Instruction(code: 0x06, jumpIfTrue: 0, jumpIfFalse: 0, value: 0x7fff_0000),  // ret allow
         ]
         // prctl and syscall are variadic, which Swift cannot call: through plain C pointers.

@@ -174,6 +174,9 @@ typedef enum {
     /// The thread runs, but kept blocking in short system calls: a signal would likely land in
     /// the next one, so none was sent.
     STALLMON_SAMPLE_SYSCALL_BUSY = 7,
+    /// Only a perf event may sample a running thread (STALLMON_SAMPLE_PERF_ONLY), and the kernel
+    /// refused one (stallmon_perf_refusal says why), or the watchdog has as many open as it may.
+    STALLMON_SAMPLE_PERF_REFUSED = 8,
 } stallmon_sample_status;
 
 /// Where a sample's stack came from.
@@ -183,6 +186,9 @@ typedef enum {
     /// watchdog unwound the copy.
     STALLMON_STACK_SIGNAL = 1,
     STALLMON_STACK_KERNEL = 2,  ///< Unwound in place from the sp and pc /proc shows while it blocks.
+    /// A perf event on the thread: the kernel copied its registers and the top of its stack; no
+    /// signal was sent. The watchdog unwound the copy.
+    STALLMON_STACK_PERF = 3,
 } stallmon_stack_source;
 
 /// What the process does with the sampling signal right now.
@@ -201,7 +207,35 @@ enum {
     /// Never signal at all (the thread blocks the signal, or there is none): only a thread blocked
     /// in a system call is sampled, from the kernel's view.
     STALLMON_SAMPLE_NO_SIGNAL = 2,
+    /// A running thread's stack is taken by a perf event on it (perf.c), opened at its stall's first
+    /// sample and kept until stallmon_perf_close_thread; where the kernel refuses, by the signal
+    /// as without this flag (the refusal holds for the life of the process).
+    STALLMON_SAMPLE_PERF = 4,
+    /// As STALLMON_SAMPLE_PERF, and never the signal: where the kernel refuses, a running thread
+    /// gets no stack (STALLMON_SAMPLE_PERF_REFUSED).
+    STALLMON_SAMPLE_PERF_ONLY = 8,
 };
+
+/// The steps of a perf event the kernel may refuse.
+typedef enum {
+    STALLMON_PERF_STEP_OPEN = 1,  ///< perf_event_open
+    STALLMON_PERF_STEP_MAP = 2,   ///< mmap of its ring
+} stallmon_perf_step;
+
+/// The errno with which the kernel refused a perf event in this process (the process then samples
+/// with the signal for good), and the step in `*step`; 0 while it has not refused.
+int stallmon_perf_refusal(int *step);
+/// Tests only: the kernel refused (`error`) as if perf_event_open had failed.
+void stallmon_perf_refuse_for_tests(int error);
+/// Closes the perf event slot `slot` holds on thread `tid`, if any: its stall ended.
+void stallmon_perf_close_thread(int slot, pid_t tid);
+/// The sampling period of the perf events slot `slot` opens after their first record (the sample
+/// interval), in nanoseconds of the thread's CPU time.
+void stallmon_sampler_set_perf_period(int slot, uint64_t nanoseconds);
+/// Perf events open in this process now (every slot).
+int stallmon_perf_open_count(void);
+/// Times a sampling handler ran in this process (for tests: a perf-sampled stall sends no signal).
+uint64_t stallmon_sampler_handler_runs(void);
 
 typedef struct {
     int status;                 ///< stallmon_sample_status

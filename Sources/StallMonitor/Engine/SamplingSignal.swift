@@ -32,6 +32,8 @@ package enum SamplingSignal {
     package static func choose(
         _ configuration: StallMonitor.Configuration, for threads: Threads, logger: Logger
     ) throws(StallMonitorError) -> Int32? {
+        // Perf events only: no handler is installed at all.
+        if configuration.stackSource == .perf { return nil }
         switch threads {
         case .cooperativePool:
             let rc = stallmon_sampler_install(SIGPROF)

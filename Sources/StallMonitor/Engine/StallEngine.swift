@@ -136,6 +136,7 @@ final class StallEngine: @unchecked Sendable {
         cpu: (_ duration: UInt64) -> UInt64
     ) {
         stallCount.add(1, ordering: .relaxed)
+        stall.samples.endSampling()
         guard !stall.suppressed else { return }
         reporter.submit(captured(stall, .ended, end: end, paused: paused, cpu: cpu))
     }

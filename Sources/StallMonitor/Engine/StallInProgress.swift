@@ -34,5 +34,7 @@ final class StallInProgress {
         self.threadID = threadID
         self.samples = StallSamples(capacity: capacity)
     }
+
+    deinit { samples.endSampling() }
 }
 #endif  // STALLMON_LINUX

@@ -116,6 +116,9 @@ public struct StallReport: Sendable, Hashable {
         /// The sampling signal's handler copied the running thread's registers and the top of its
         /// stack; the watchdog unwound the copy.
         public static let signal = Self(rawValue: "signal")
+        /// A perf event on the running thread: the kernel copied its registers and the top of its
+        /// stack, and no signal was sent; the watchdog unwound the copy.
+        public static let perf = Self(rawValue: "perf")
         /// The thread blocked in a system call and was not signalled: its stack was unwound in
         /// place from the stack pointer and program counter the kernel shows for it.
         public static let kernel = Self(rawValue: "kernel")
@@ -125,7 +128,7 @@ public struct StallReport: Sendable, Hashable {
         public static let previous = Self(rawValue: "previous")
 
         /// Ties between sources go to the more direct one.
-        var rank: Int { self == .signal ? 0 : self == .kernel ? 1 : 2 }
+        var rank: Int { self == .signal || self == .perf ? 0 : self == .kernel ? 1 : 2 }
     }
 
     public var event: Event

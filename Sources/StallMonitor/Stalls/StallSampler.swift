@@ -2,6 +2,7 @@
 import CStallCapture
 import Logging
 import StallJournal
+import Synchronization
 
 #if canImport(Glibc)
 import Glibc
@@ -25,6 +26,16 @@ struct StallSamples {
     /// The request the stalled work serves, looked up with the first samples (see ``StallRequestHandle``).
     var request: StallRequestHandle?
     fileprivate var requestLooks = 0
+    /// The thread a perf event was opened on for this stall, and the sampler slot that holds it:
+    /// closed when the stall ends (``endSampling()``).
+    fileprivate var perfEvent: (slot: Int32, thread: pid_t)?
+
+    /// Closes the perf event of the stall, if one was opened: an event never outlives its stall.
+    mutating func endSampling() {
+        guard let perfEvent else { return }
+        stallmon_perf_close_thread(perfEvent.slot, perfEvent.thread)
+        self.perfEvent = nil
+    }
 
     init(capacity: Int) {
         stacks = StackAggregator(capacity: capacity)
@@ -37,10 +48,11 @@ struct StallSamples {
 }
 
 /// Samples stalled threads for one watchdog thread: the kernel's view and the stack of each
-/// sample. A thread that runs is signalled, and its handler unwinds it; by default a thread in a
-/// system call is never signalled (a handler would end `nanosleep`, `poll`, `epoll_wait`… with
-/// EINTR): it is unwound in place from the kernel's view of it. A thread that blocks the signal, or
-/// a signal the program took over, is not signalled at all.
+/// sample. A thread that runs is sampled by a perf event on it where the kernel allows (no signal),
+/// else signalled, and its handler copies its stack for the watchdog to unwind; by default a thread
+/// in a system call is never signalled (a handler would end `nanosleep`, `poll`, `epoll_wait`…
+/// with EINTR): it is unwound in place from the kernel's view of it. A thread that blocks the
+/// signal, or a signal the program took over, is not signalled at all.
 ///
 /// It owns the buffer the C sampler fills, so it is used on the watchdog thread only.
 final class StallSampler {
@@ -49,7 +61,10 @@ final class StallSampler {
     private let maximumFrames: Int
     private let sampleTimeout: Duration
     private let interruptBlockedThreads: Bool
+    private let stackSource: StallMonitor.Configuration.StackSource
     private let logger: Logger?
+    /// Said once per process on a logger: the kernel refused a perf event.
+    private static let perfRefusalLogged = Atomic<Bool>(false)
     private var sample = stallmon_sample()
     /// The thread's signal mask, read at most once a second per thread.
     private var signalChecked: [pid_t: (time: UInt64, problem: String?)] = [:]
@@ -72,7 +87,9 @@ final class StallSampler {
         self.maximumFrames = configuration.maximumFrames
         self.sampleTimeout = configuration.sampleTimeout
         self.interruptBlockedThreads = interruptBlockedThreads
+        self.stackSource = configuration.stackSource
         self.logger = logger
+        stallmon_sampler_set_perf_period(slot, UInt64(configuration.sampleInterval.nanoseconds))
     }
 
     /// Takes one sample of a stalled loop into `stall`: the kernel's view (every 100 ms at most) and
@@ -128,9 +145,16 @@ final class StallSampler {
         if blockedReason != nil {
             flags = Int32(STALLMON_SAMPLE_SPARE_SYSCALLS | STALLMON_SAMPLE_NO_SIGNAL)
         }
+        switch stackSource {
+        case .auto: flags |= Int32(STALLMON_SAMPLE_PERF)
+        case .perf: flags |= Int32(STALLMON_SAMPLE_PERF_ONLY)
+        case .signal: break
+        }
         stallmon_sample_stack(
             slot, threadID, signal ?? 0, Int32(maximumFrames), UInt64(sampleTimeout.nanoseconds), flags, &sample
         )
+        if sample.source == Int32(STALLMON_STACK_PERF.rawValue) { stall.perfEvent = (slot, threadID) }
+        if stackSource != .signal { notePerfRefusal() }
         if sample.interrupted_syscall != 0 { noteInterruptedSyscall() }
         switch sample.status {
         case Int32(STALLMON_SAMPLE_OK.rawValue):
@@ -139,7 +163,18 @@ final class StallSampler {
                 Array(raw.bindMemory(to: UInt.self).prefix(count))
             }
             stall.latestStack = stack
-            return (stack, sample.source == Int32(STALLMON_STACK_KERNEL.rawValue) ? .kernel : .signal)
+            let source: StallReport.StackSource =
+                switch sample.source {
+                case Int32(STALLMON_STACK_KERNEL.rawValue): .kernel
+                case Int32(STALLMON_STACK_PERF.rawValue): .perf
+                default: .signal
+                }
+            return (stack, source)
+        case Int32(STALLMON_SAMPLE_PERF_REFUSED.rawValue):
+            stall.noStackReason =
+                sample.error == 0
+                ? "the watchdog has as many perf events open as it may (stack_source perf)"
+                : "the kernel refused a perf event (\(String(cString: strerror(sample.error)))) and stack_source is perf"
         case Int32(STALLMON_SAMPLE_SIGNAL_TAKEN.rawValue) where blockedReason != nil:
             stall.noStackReason = blockedReason
         case Int32(STALLMON_SAMPLE_SIGNAL_TAKEN.rawValue):
@@ -200,6 +235,24 @@ final class StallSampler {
             )
         }
         return reason
+    }
+
+    /// The kernel refused a perf event (said once per process): where and why, and what follows.
+    private func notePerfRefusal() {
+        var step: Int32 = 0
+        let error = stallmon_perf_refusal(&step)
+        guard error != 0, let logger, !Self.perfRefusalLogged.exchange(true, ordering: .relaxed) else { return }
+        let call = step == Int32(STALLMON_PERF_STEP_MAP.rawValue) ? "mmap of its ring" : "perf_event_open"
+        let fallback =
+            stackSource == .perf
+            ? "stack_source is perf: running threads get no stack"
+            : "running threads are sampled with the signal from now on"
+        logger.warning(
+            """
+            the kernel refused a perf event (\(call): \(String(cString: strerror(error)))); \(fallback) \
+            (allow it with kernel.perf_event_paranoid <= 2, CAP_PERFMON, a seccomp filter that allows \
+            perf_event_open)
+            """)
     }
 
     /// The handler found it had ended a system call of the program with EINTR: the thread entered
