@@ -74,7 +74,8 @@ extension Serial {
                 let cpu = ended.milliseconds("STALL_CPU_USEC")
                 if expected.onCPU {
                     #expect(ended.string("STALL_THREAD_STATE") == "R")
-                    #expect(ended.string("STALL_STACK_SOURCE") == "signal")
+                    // A perf event on the pool thread (the tests run where the kernel allows one).
+                    #expect(ended.string("STALL_STACK_SOURCE") == "perf")
                     let trueCPU = truthLine.number("cpu_ns") / 1e6
                     #expect(abs(cpu - trueCPU) <= 30, "\(expected.truth): cpu \(cpu) ms, truly \(trueCPU) ms")
                 } else {
