@@ -16,7 +16,7 @@ extension Serial {
         @Test func samplingInsideMallocLocksAndSyscallsNeverDeadlocks() throws {
             // The fixture samples every 10 ms for 2 s while the loop thread churns through malloc,
             // a held lock and write(2); the run times out (and fails) if the handler ever deadlocks.
-            let run = try FixtureRun.run("churn", timeout: 20)
+            let run = try FixtureRun.run("churn", arguments: ["--stack-source", "signal"], timeout: 20)
             #expect(run.exitStatus == 0)
             let ended = try #require(run.ended.first)
             #expect(ended.number("STALL_SAMPLES") >= 100)
@@ -30,7 +30,7 @@ extension Serial {
         }
 
         @Test func threadThatBlocksTheSignalGetsANoStackReport() throws {
-            let run = try FixtureRun.run("thread-loop-blocked")
+            let run = try FixtureRun.run("thread-loop-blocked", arguments: ["--stack-source", "signal"])
             #expect(run.exitStatus == 0)
             let detected = try #require(run.detected.first)
             let ended = try #require(run.ended.first)
@@ -74,7 +74,10 @@ extension Serial {
         @Test(.timeLimit(.minutes(3)))
         func samplesInsideTheLoadersLockNeverWedgeTheThreadOrTheWatchdog() throws {
             let run = try FixtureRun.run(
-                "loader-locks", arguments: ["--threshold-ms", "10", "--sample-interval-ms", "1", "--seconds", "60"],
+                "loader-locks",
+                arguments: [
+                    "--threshold-ms", "10", "--sample-interval-ms", "1", "--seconds", "60", "--stack-source", "signal",
+                ],
                 timeout: 150)
             #expect(run.exitStatus == 0, "\(run.standardError.suffix(2000))")
             let stops = run.lines.filter { $0["type"] as? String == "stop" }

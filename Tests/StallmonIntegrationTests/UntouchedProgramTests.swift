@@ -72,7 +72,10 @@ extension Serial {
         /// EINTR.
         @Test func threadThatKeepsEnteringShortSystemCallsIsAlmostNeverInterrupted() throws {
             let run = try FixtureRun.run(
-                "short-sleeps", arguments: ["--threshold-ms", "10", "--sample-interval-ms", "1", "--stall-ms", "50"])
+                "short-sleeps",
+                arguments: [
+                    "--threshold-ms", "10", "--sample-interval-ms", "1", "--stall-ms", "50", "--stack-source", "signal",
+                ])
             #expect(run.exitStatus == 0, "fixture failed: \(run.standardError)")
             let loop = try #require(run.lines.first { $0["type"] as? String == "short-sleeps" })
             let calls = try #require(loop["calls"] as? Int)
@@ -110,7 +113,8 @@ extension Serial {
         /// the logger says it once.
         @Test(arguments: takeovers)
         func signalTheProgramTookOverIsNeverSent(_ takeover: (scenario: String, how: String)) throws {
-            let run = try FixtureRun.run(takeover.scenario)
+            // The signal path: perf events would take the stack with no signal at all.
+            let run = try FixtureRun.run(takeover.scenario, arguments: ["--stack-source", "signal"])
             #expect(run.exitStatus == 0, "fixture died: \(run.exitStatus) \(run.standardError)")
             let handler = try #require(run.lines.first { $0["type"] as? String == "handler" })
             #expect(handler["calls"] as? Int == 0, "the program's own handler ran")
