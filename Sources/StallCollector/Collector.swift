@@ -112,7 +112,7 @@ package final class Collector: @unchecked Sendable {
                 "journal":
                     "\(configuration.journalDirectories.isEmpty ? "local" : configuration.journalDirectories.joined(separator: ", "))",
                 "resuming":
-                    "\(state.cursor == nil ? "from the start of the journal" : "after the saved cursors (\(state.sources.count) machines)")",
+                    "\(state.cursor == nil ? "from the newest entries of each machine (cold_start_entries)" : "after the saved cursors (\(state.sources.count) machines)")",
             ])
     }
 

@@ -29,7 +29,9 @@ package struct StateStore: Sendable {
             let kind = status.st_mode & S_IFMT == S_IFLNK ? "a symbolic link" : "not a regular file"
             throw StateError(
                 path: path,
-                reason: "is \(kind); refusing to use it (remove it to start counting from the journal's head again)")
+                reason:
+                    "is \(kind); refusing to use it (remove it to start counting again from the newest entries, cold_start_entries)"
+            )
         }
         let data = try Self.read(path)
         let state: CollectorState
@@ -42,7 +44,9 @@ package struct StateStore: Sendable {
         if let damage = state.damage {
             throw StateError(
                 path: path,
-                reason: "is damaged: \(damage) (remove it to start counting from the journal's head again)")
+                reason:
+                    "is damaged: \(damage) (remove it to start counting again from the newest entries, cold_start_entries)"
+            )
         }
         return state
     }
