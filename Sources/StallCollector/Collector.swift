@@ -51,6 +51,10 @@ package final class Collector: @unchecked Sendable {
     /// Saves run here, off the main loop: encoding and writing a large state must not stall it.
     private let saveQueue = DispatchQueue(label: "stallmond.state")
     private let saving = SaveProgress()
+    /// The metrics' and the state's text of each unit, kept from one write to the next.
+    private let encoding = Encoding()
+    /// Counts the entries a start without a saved position skipped (``coldStart(on:reader:)``).
+    private let skipCounting = DispatchQueue(label: "stallmond.skipped")
     /// A slice of the backlog is queued on the main queue.
     private var sliceQueued = false
     /// Entries read since start, until the reader first reached the end of the journal.
@@ -108,7 +112,7 @@ package final class Collector: @unchecked Sendable {
                 "journal":
                     "\(configuration.journalDirectories.isEmpty ? "local" : configuration.journalDirectories.joined(separator: ", "))",
                 "resuming":
-                    "\(state.cursor == nil ? "from the start of the journal" : "after the saved cursors (\(state.sources.count) machines)")",
+                    "\(state.cursor == nil ? "from the newest entries of each machine (cold_start_entries)" : "after the saved cursors (\(state.sources.count) machines)")",
             ])
     }
 
@@ -170,9 +174,88 @@ package final class Collector: @unchecked Sendable {
                 try resume(after: source, machine: machine, reader: reader, error: error)
             }
         } else {
-            try reader.seekHead()
+            try coldStart(on: machine, reader: index)
         }
         positioned[index] = machine
+    }
+
+    /// Positions a machine that has no saved position (a first start, a deleted state, a machine
+    /// new to the journal) on its recent entries only: those of the longest window, at most
+    /// ``CollectorConfiguration/coldStartEntries`` of them. Whatever the journal holds (a user can
+    /// write a million entries beforehand), the start reads that many and is current within
+    /// seconds. The last entry left unread becomes the machine's position, so that a restart
+    /// before any entry is read skips the same ones; how many were left unread is counted apart.
+    private func coldStart(on machine: String, reader index: Int) throws(SystemdError) {
+        guard let reader = readers[index] else { return }
+        let longest = UInt64(configuration.windows.max()?.microseconds ?? 0)
+        let now = Self.realtimeMicroseconds()
+        let horizon = now > longest ? now - longest : 0
+        // The last entry before the newest coldStartEntries, if it is inside the window…
+        var lastSkipped: JournalEntry?
+        try reader.seekTail()
+        let kept = configuration.coldStartEntries
+        if try reader.skipBackward(kept + 1) == kept + 1 {
+            lastSkipped = try reader.currentEntry()
+        }
+        // …else the last entry received before the window, if any.
+        if lastSkipped.map({ $0.realtimeMicroseconds < horizon }) ?? true {
+            try reader.seek(realtimeMicroseconds: horizon)
+            lastSkipped = try reader.previous()
+        }
+        guard let lastSkipped else {
+            try reader.seekHead()
+            return
+        }
+        aggregator.start(after: lastSkipped, machine: machine)
+        unsaved = true
+        try reader.seek(cursor: lastSkipped.cursor)
+        logger.notice(
+            "no saved position for this machine: reading its entries of the last \(StallAggregator.describe(.microseconds(Int64(longest)))), at most the newest \(kept) (cold_start_entries); counting the older ones as skipped",
+            metadata: ["machine": "\(machine)"])
+        countSkipped(through: lastSkipped.cursor, machine: machine, reader: index)
+    }
+
+    /// Counts, off the main loop with a reader of its own, the machine's entries up to the one at
+    /// `cursor` (included), and adds them to ``CollectorState/skippedEntries``: moving over an entry
+    /// reads none of its fields, but a journal of millions of entries still takes a while.
+    private func countSkipped(through cursor: String, machine: String, reader index: Int) {
+        let directory = directories.isEmpty ? nil : directories[index]
+        let logger = logger
+        let messageIDs = [MessageID.stallEnded, MessageID.watchdogStall, MessageID.reportsSuppressed]
+        let done: @Sendable (Int) -> Void = { [self] count in
+            DispatchQueue.main.async { [self] in
+                aggregator.noteSkipped(count)
+                unsaved = true
+                metricsStale = true
+                logger.notice(
+                    "skipped \(count) older entries of this machine (stallmond_skipped_entries_total)",
+                    metadata: ["machine": "\(machine)"])
+            }
+        }
+        skipCounting.async {
+            do {
+                let counter: JournalReader
+                if let directory {
+                    counter = try JournalReader(directory: directory)
+                } else {
+                    counter = try JournalReader()
+                }
+                for messageID in messageIDs { try counter.addMatch("MESSAGE_ID", messageID) }
+                try counter.addMatch("_MACHINE_ID", machine)
+                guard try counter.seek(cursor: cursor) else { return done(0) }
+                var count = 1
+                while true {
+                    let moved = try counter.skipBackward(1 << 20)
+                    count += moved
+                    if moved < 1 << 20 { break }
+                }
+                done(count)
+            } catch {
+                logger.warning(
+                    "counting the entries a start skipped failed",
+                    metadata: ["machine": "\(machine)", "error": "\(error)"])
+            }
+        }
     }
 
     /// A saved cursor the journal refuses (a damaged or hand-edited state): reading resumes after
@@ -354,12 +437,13 @@ package final class Collector: @unchecked Sendable {
     /// Writes a snapshot of the state on the save queue; the loop goes on meanwhile.
     private func save(now: UInt64, wait: Bool) {
         let snapshot = aggregator.snapshot()
+        let changed = aggregator.takeChangedUnits(for: .state)
         unsaved = false
         saving.begin(at: now)
-        let (store, logger, saving) = (store, logger, saving)
+        let (store, logger, saving, encoding) = (store, logger, saving, encoding)
         let work: @Sendable () -> Void = {
             do {
-                try store.save(snapshot)
+                try store.save(snapshot, encoder: encoding.encoder, changed: changed)
                 saving.end(failed: false)
             } catch {
                 logger.error("saving the state failed", metadata: ["path": "\(store.path)", "error": "\(error)"])
@@ -374,11 +458,13 @@ package final class Collector: @unchecked Sendable {
         let now = Self.realtimeMicroseconds()
         aggregator.trim(now: now)
         metricsStale = false
-        let (snapshot, windows, path, logger, saving) = (
-            aggregator, configuration.windows, configuration.metricsPath, logger, saving
+        let changed = aggregator.takeChangedUnits(for: .metrics)
+        let (snapshot, windows, path, logger, saving, encoding) = (
+            aggregator, configuration.windows, configuration.metricsPath, logger, saving, encoding
         )
         saveQueue.async {
-            let text = PrometheusTextfile.render(snapshot.state, windows: windows, now: now, aggregator: snapshot)
+            let text = encoding.renderer.render(
+                snapshot.state, changed: changed, windows: windows, now: now, aggregator: snapshot)
             saving.windowExpiry = snapshot.nextWindowExpiry(windows: windows, now: now)
             do {
                 try PrometheusTextfile.write(text, to: path)
@@ -537,6 +623,13 @@ package final class Collector: @unchecked Sendable {
         clock_gettime(CLOCK_REALTIME, &time)
         return UInt64(time.tv_sec) * 1_000_000 + UInt64(time.tv_nsec) / 1000
     }
+}
+
+/// What the save queue keeps from one write to the next: each unit's metrics and state text.
+/// Used on the save queue only.
+private final class Encoding: @unchecked Sendable {
+    let renderer = PrometheusTextfile.Renderer()
+    let encoder = StateStore.Encoder()
 }
 
 /// Whether a save is under way, when the latest began, and what failed on the save queue; shared

@@ -15,6 +15,9 @@ package struct CollectorConfiguration: Sendable, Hashable {
     /// Endpoints (routes, gRPC methods, span names) per unit that get their own metric series;
     /// later ones count as `(other endpoints)`.
     package var maximumEndpointsPerUnit: Int = 20
+    /// Endpoints with their own series in all the units of one user (`_UID`, outside system units)
+    /// together: with ``maximumUsers``, the bound on the host's endpoint series that users can make.
+    package var maximumEndpointsPerUser: Int = 100
     /// Upper bounds of the stall duration histogram.
     package var histogramBuckets: [Duration] = [250, 500, 1000, 2500, 5000, 10000, 30000].map { .milliseconds($0) }
     /// How often a digest entry goes to the journal; zero disables it.
@@ -39,6 +42,10 @@ package struct CollectorConfiguration: Sendable, Hashable {
     /// subdirectories); empty reads the local journal. ``remoteJournalDirectory`` is where
     /// `systemd-journal-remote` writes what the fleet's hosts upload.
     package var journalDirectories: [String] = []
+    /// At most this many of a machine's latest entries are read back when it has no saved position
+    /// (a first start, a deleted `state.json`, a new machine), and none older than the longest
+    /// window; the ones before are counted (`stallmond_skipped_entries_total`), not read.
+    package var coldStartEntries: Int = 10_000
 
     /// `systemd-journal-remote`'s output directory (its unit's `--output=`).
     package static let remoteJournalDirectory = "/var/log/journal/remote"
@@ -52,6 +59,7 @@ package struct CollectorConfiguration: Sendable, Hashable {
         case windows = "windows_s"
         case maximumFingerprintsPerUnit = "max_fingerprints_per_unit"
         case maximumEndpointsPerUnit = "max_endpoints_per_unit"
+        case maximumEndpointsPerUser = "max_endpoints_per_user"
         case histogramBuckets = "histogram_buckets_ms"
         case digestInterval = "digest_interval_s"
         case stateDirectory = "state_directory"
@@ -61,6 +69,7 @@ package struct CollectorConfiguration: Sendable, Hashable {
         case maximumUsers = "max_users"
         case maximumHosts = "max_hosts"
         case journalDirectories = "journal_directories"
+        case coldStartEntries = "cold_start_entries"
     }
 
     /// The default configuration file.
@@ -157,6 +166,7 @@ package struct CollectorConfiguration: Sendable, Hashable {
         case .windows: windows = try value.durationList(key: name, source: source, unit: 1e9)
         case .maximumFingerprintsPerUnit: maximumFingerprintsPerUnit = try value.integer(key: name, source: source)
         case .maximumEndpointsPerUnit: maximumEndpointsPerUnit = try value.integer(key: name, source: source)
+        case .maximumEndpointsPerUser: maximumEndpointsPerUser = try value.integer(key: name, source: source)
         case .histogramBuckets:
             // To the microsecond, the precision of the metrics' `le` label.
             histogramBuckets = try value.durationList(key: name, source: source, unit: 1e6).map {
@@ -172,6 +182,7 @@ package struct CollectorConfiguration: Sendable, Hashable {
         case .maximumUsers: maximumUsers = try value.integer(key: name, source: source)
         case .maximumHosts: maximumHosts = try value.integer(key: name, source: source)
         case .journalDirectories: journalDirectories = try value.list(key: name, source: source)
+        case .coldStartEntries: coldStartEntries = try value.integer(key: name, source: source)
         }
     }
 
@@ -228,6 +239,9 @@ package struct CollectorConfiguration: Sendable, Hashable {
         try check(
             (1...1000).contains(maximumEndpointsPerUnit), .maximumEndpointsPerUnit, "\(maximumEndpointsPerUnit)",
             "must be between 1 and 1000")
+        try check(
+            (1...100_000).contains(maximumEndpointsPerUser), .maximumEndpointsPerUser, "\(maximumEndpointsPerUser)",
+            "must be between 1 and 100000")
         func milliseconds(_ duration: Duration) -> String {
             let nanoseconds = duration.nanoseconds
             return nanoseconds % 1_000_000 == 0 ? "\(nanoseconds / 1_000_000)" : "\(Double(nanoseconds) / 1e6)"
@@ -283,6 +297,9 @@ package struct CollectorConfiguration: Sendable, Hashable {
         try check(
             Set(journalDirectories).count == journalDirectories.count, .journalDirectories, directoryList,
             "must not list a directory twice (its entries would be read twice)")
+        try check(
+            (0...10_000_000).contains(coldStartEntries), .coldStartEntries, "\(coldStartEntries)",
+            "must be between 0 and 10000000")
     }
 
     /// The state directory in force: the configured one, `$STATE_DIRECTORY` (set by systemd's
@@ -304,13 +321,14 @@ package struct CollectorConfiguration: Sendable, Hashable {
             "metrics_path=\(metricsPath)", "metrics_interval_s=\(seconds(metricsInterval))",
             "windows_s=\(windows.map(seconds).joined(separator: ","))",
             "max_fingerprints_per_unit=\(maximumFingerprintsPerUnit)",
-            "max_endpoints_per_unit=\(maximumEndpointsPerUnit)",
+            "max_endpoints_per_unit=\(maximumEndpointsPerUnit)", "max_endpoints_per_user=\(maximumEndpointsPerUser)",
             "histogram_buckets_ms=\(histogramBuckets.map { String($0.milliseconds) }.joined(separator: ","))",
             "digest_interval_s=\(seconds(digestInterval))", "state_directory=\(stateDirectory ?? "")",
             "monitor_threshold_ms=\(monitorThreshold.milliseconds)",
             "max_tracked_stalls=\(maximumTrackedStalls)", "max_units=\(maximumUnits)", "max_users=\(maximumUsers)",
             "max_hosts=\(maximumHosts)",
             "journal_directories=\(journalDirectories.isEmpty ? "(local journal)" : journalDirectories.joined(separator: ","))",
+            "cold_start_entries=\(coldStartEntries)",
         ].joined(separator: " ")
     }
 }

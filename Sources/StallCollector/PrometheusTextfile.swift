@@ -8,113 +8,154 @@ package enum PrometheusTextfile {
     package static func render(_ state: CollectorState, windows: [Duration], now: UInt64, aggregator: StallAggregator)
         -> String
     {
+        Renderer().render(state, changed: nil, windows: windows, now: now, aggregator: aggregator)
+    }
+
+    /// The metric families, in the file's order, and what each says.
+    static let unitFamilies: [(name: String, type: String, help: String)] = [
+        ("stallmon_stalls_total", "counter", "Stalls of monitored run loops, by systemd unit."),
+        ("stallmon_stall_duration_seconds", "histogram", "Durations of stalls, by systemd unit."),
+        (
+            "stallmon_fingerprint_stalls_total", "counter",
+            "Stalls by unit and fingerprint (the same stall in code); bounded per unit, the rest under fingerprint=\"other\"."
+        ),
+        ("stallmon_fingerprint_worst_stall_seconds", "gauge", "The longest stall seen per unit and fingerprint."),
+        (
+            "stallmon_endpoint_stalls_total", "counter",
+            "Stalls inside a request, by unit and endpoint (route, gRPC method or span name, never the URL path); bounded per unit by max_endpoints_per_unit and per user by max_endpoints_per_user, the rest under endpoint=\"(other endpoints)\"."
+        ),
+        ("stallmon_endpoint_stall_seconds_total", "counter", "Time stalled inside a request, by unit and endpoint."),
+        (
+            "stallmon_watchdog_stalls_total", "counter",
+            "Stalls that outlasted WatchdogSec= (systemd killed the service)."
+        ),
+        (
+            "stallmon_suppressed_reports_total", "counter",
+            "Stall reports held back by rate limiting in the monitored services."
+        ),
+    ]
+
+    /// Renders the metrics of successive states, rendering again only the units that changed
+    /// since the last call: a new stall costs the same whatever the number of series. The file is
+    /// still written whole (node_exporter reads it whole), from each unit's text kept here.
+    ///
+    /// - Important: Not thread-safe: one caller at a time (the collector's save queue).
+    package final class Renderer {
+        /// Each unit's lines of each family in ``unitFamilies``, and of `stallmon_fingerprint_hosts`.
+        private var units: [String: [String]] = [:]
+        private var bucketBounds: [UInt64]?
+
+        package init() {}
+
+        /// The metrics of `state`. `changed`: the units that changed since the last call (their
+        /// text is made again, and that of units the cache lacks); `nil` for all of them.
+        package func render(
+            _ state: CollectorState, changed: Set<String>?, windows: [Duration], now: UInt64,
+            aggregator: StallAggregator
+        ) -> String {
+            if changed == nil || bucketBounds != state.bucketBounds {
+                units = [:]
+                bucketBounds = state.bucketBounds
+            }
+            for unit in changed ?? [] { units[unit] = nil }
+            if units.count > state.units.count { units = units.filter { state.units[$0.key] != nil } }
+            let names = state.units.keys.sorted()
+            var sections: [[String]] = []
+            sections.reserveCapacity(names.count)
+            for unit in names {
+                if let text = units[unit] {
+                    sections.append(text)
+                } else {
+                    let text = PrometheusTextfile.lines(of: unit, state.units[unit]!, bucketBounds: state.bucketBounds)
+                    units[unit] = text
+                    sections.append(text)
+                }
+            }
+            var text = ""
+            func family(_ name: String, _ type: String, _ help: String) {
+                text += "# HELP \(name) \(help)\n# TYPE \(name) \(type)\n"
+            }
+            for (index, unitFamily) in PrometheusTextfile.unitFamilies.enumerated() {
+                family(unitFamily.name, unitFamily.type, unitFamily.help)
+                for section in sections { text += section[index] }
+            }
+            family("stallmon_window_stalls", "gauge", "Stalls received in the trailing window, by unit.")
+            for (window, perUnit) in zip(windows, aggregator.stallsPerUnit(windows: windows, now: now)) {
+                let label = StallAggregator.describe(window)
+                for unit in names {
+                    text +=
+                        "stallmon_window_stalls{unit=\"\(escape(unit))\",window=\"\(label)\"} \(perUnit[unit] ?? 0)\n"
+                }
+            }
+            // Hosts get their own series here only: host × unit × fingerprint would multiply the
+            // bounds (max_hosts × max_units × max_fingerprints_per_unit). Which hosts a fingerprint
+            // hit is a count per fingerprint; `stallmon report --host` and the journal say which.
+            family(
+                "stallmon_host_stalls_total", "counter",
+                "Stalls by host (_HOSTNAME, and _MACHINE_ID as its identity); bounded by max_hosts, the rest under host=\"(other hosts)\"."
+            )
+            for (machineID, host) in state.hosts.sorted(by: { $0.key < $1.key }) {
+                let id = machineID == CollectorState.otherHosts ? "" : machineID
+                text +=
+                    "stallmon_host_stalls_total{host=\"\(escape(host.name))\",machine_id=\"\(escape(id))\"} \(host.stalls)\n"
+            }
+            family(
+                "stallmon_fingerprint_hosts", "gauge",
+                "On how many hosts a unit's fingerprint stalled (the same code on many hosts shares its fingerprint).")
+            for section in sections { text += section[PrometheusTextfile.unitFamilies.count] }
+            text += PrometheusTextfile.collectorLines(state)
+            return text
+        }
+    }
+
+    /// A unit's lines of each family of ``unitFamilies``, then of `stallmon_fingerprint_hosts`,
+    /// each ending in a newline.
+    static func lines(of unit: String, _ stats: CollectorState.UnitStats, bucketBounds: [UInt64]) -> [String] {
+        let label = "unit=\"\(escape(unit))\""
+        var histogram = ""
+        var cumulative = 0
+        for (index, bound) in bucketBounds.enumerated() {
+            cumulative += index < stats.buckets.count ? stats.buckets[index] : 0
+            histogram += "stallmon_stall_duration_seconds_bucket{\(label),le=\"\(seconds(bound))\"} \(cumulative)\n"
+        }
+        histogram += "stallmon_stall_duration_seconds_bucket{\(label),le=\"+Inf\"} \(stats.stalls)\n"
+        histogram += "stallmon_stall_duration_seconds_sum{\(label)} \(seconds(stats.totalMicroseconds))\n"
+        histogram += "stallmon_stall_duration_seconds_count{\(label)} \(stats.stalls)\n"
+        var fingerprints = ""
+        var worst = ""
+        var hosts = ""
+        for (key, fingerprint) in stats.fingerprints.sorted(by: { $0.key < $1.key }) where fingerprint.labeled {
+            let series = "\(label),fingerprint=\"\(escape(key))\""
+            fingerprints +=
+                "stallmon_fingerprint_stalls_total{\(series),frame=\"\(escape(fingerprint.frame))\"} \(fingerprint.stalls)\n"
+            worst += "stallmon_fingerprint_worst_stall_seconds{\(series)} \(seconds(fingerprint.worstMicroseconds))\n"
+            hosts += "stallmon_fingerprint_hosts{\(series)} \(fingerprint.hostCount)\n"
+        }
+        if stats.otherStalls > 0 {
+            fingerprints +=
+                "stallmon_fingerprint_stalls_total{\(label),fingerprint=\"other\",frame=\"\"} \(stats.otherStalls)\n"
+        }
+        var endpointStalls = ""
+        var endpointSeconds = ""
+        for (endpoint, counts) in stats.endpoints.sorted(by: { $0.key < $1.key }) {
+            let series = "\(label),endpoint=\"\(escape(endpoint))\""
+            endpointStalls += "stallmon_endpoint_stalls_total{\(series)} \(counts.stalls)\n"
+            endpointSeconds += "stallmon_endpoint_stall_seconds_total{\(series)} \(seconds(counts.totalMicroseconds))\n"
+        }
+        return [
+            "stallmon_stalls_total{\(label)} \(stats.stalls)\n", histogram, fingerprints, worst, endpointStalls,
+            endpointSeconds, "stallmon_watchdog_stalls_total{\(label)} \(stats.watchdogStalls)\n",
+            "stallmon_suppressed_reports_total{\(label)} \(stats.suppressedReports)\n", hosts,
+        ]
+    }
+
+    /// stallmond's own counters: what it set aside, and how far it read.
+    static func collectorLines(_ state: CollectorState) -> String {
         var lines: [String] = []
         func family(_ name: String, _ type: String, _ help: String) {
             lines.append("# HELP \(name) \(help)")
             lines.append("# TYPE \(name) \(type)")
         }
-        let units = state.units.keys.sorted()
-
-        family("stallmon_stalls_total", "counter", "Stalls of monitored run loops, by systemd unit.")
-        for unit in units {
-            lines.append("stallmon_stalls_total{unit=\"\(escape(unit))\"} \(state.units[unit]!.stalls)")
-        }
-
-        family("stallmon_stall_duration_seconds", "histogram", "Durations of stalls, by systemd unit.")
-        for unit in units {
-            let stats = state.units[unit]!
-            var cumulative = 0
-            for (index, bound) in state.bucketBounds.enumerated() {
-                cumulative += index < stats.buckets.count ? stats.buckets[index] : 0
-                lines.append(
-                    "stallmon_stall_duration_seconds_bucket{unit=\"\(escape(unit))\",le=\"\(seconds(bound))\"} \(cumulative)"
-                )
-            }
-            lines.append("stallmon_stall_duration_seconds_bucket{unit=\"\(escape(unit))\",le=\"+Inf\"} \(stats.stalls)")
-            lines.append(
-                "stallmon_stall_duration_seconds_sum{unit=\"\(escape(unit))\"} \(seconds(stats.totalMicroseconds))")
-            lines.append("stallmon_stall_duration_seconds_count{unit=\"\(escape(unit))\"} \(stats.stalls)")
-        }
-
-        family(
-            "stallmon_fingerprint_stalls_total", "counter",
-            "Stalls by unit and fingerprint (the same stall in code); bounded per unit, the rest under fingerprint=\"other\"."
-        )
-        for unit in units {
-            let stats = state.units[unit]!
-            for (key, fingerprint) in stats.fingerprints.sorted(by: { $0.key < $1.key }) where fingerprint.labeled {
-                lines.append(
-                    "stallmon_fingerprint_stalls_total{unit=\"\(escape(unit))\",fingerprint=\"\(escape(key))\",frame=\"\(escape(fingerprint.frame))\"} \(fingerprint.stalls)"
-                )
-            }
-            if stats.otherStalls > 0 {
-                lines.append(
-                    "stallmon_fingerprint_stalls_total{unit=\"\(escape(unit))\",fingerprint=\"other\",frame=\"\"} \(stats.otherStalls)"
-                )
-            }
-        }
-
-        family("stallmon_fingerprint_worst_stall_seconds", "gauge", "The longest stall seen per unit and fingerprint.")
-        for unit in units {
-            for (key, fingerprint) in state.units[unit]!.fingerprints.sorted(by: { $0.key < $1.key })
-            where fingerprint.labeled {
-                lines.append(
-                    "stallmon_fingerprint_worst_stall_seconds{unit=\"\(escape(unit))\",fingerprint=\"\(escape(key))\"} \(seconds(fingerprint.worstMicroseconds))"
-                )
-            }
-        }
-
-        renderEndpoints(state, units: units, into: &lines)
-
-        family(
-            "stallmon_watchdog_stalls_total", "counter",
-            "Stalls that outlasted WatchdogSec= (systemd killed the service).")
-        for unit in units {
-            lines.append(
-                "stallmon_watchdog_stalls_total{unit=\"\(escape(unit))\"} \(state.units[unit]!.watchdogStalls)")
-        }
-
-        family(
-            "stallmon_suppressed_reports_total", "counter",
-            "Stall reports held back by rate limiting in the monitored services.")
-        for unit in units {
-            lines.append(
-                "stallmon_suppressed_reports_total{unit=\"\(escape(unit))\"} \(state.units[unit]!.suppressedReports)")
-        }
-
-        family("stallmon_window_stalls", "gauge", "Stalls received in the trailing window, by unit.")
-        for (window, perUnit) in zip(windows, aggregator.stallsPerUnit(windows: windows, now: now)) {
-            for unit in units {
-                lines.append(
-                    "stallmon_window_stalls{unit=\"\(escape(unit))\",window=\"\(StallAggregator.describe(window))\"} \(perUnit[unit] ?? 0)"
-                )
-            }
-        }
-
-        // Hosts get their own series here only: host × unit × fingerprint would multiply the
-        // bounds (max_hosts × max_units × max_fingerprints_per_unit). Which hosts a fingerprint
-        // hit is a count per fingerprint; `stallmon report --host` and the journal say which.
-        family(
-            "stallmon_host_stalls_total", "counter",
-            "Stalls by host (_HOSTNAME, and _MACHINE_ID as its identity); bounded by max_hosts, the rest under host=\"(other hosts)\"."
-        )
-        for (machineID, host) in state.hosts.sorted(by: { $0.key < $1.key }) {
-            let id = machineID == CollectorState.otherHosts ? "" : machineID
-            lines.append(
-                "stallmon_host_stalls_total{host=\"\(escape(host.name))\",machine_id=\"\(escape(id))\"} \(host.stalls)")
-        }
-        family(
-            "stallmon_fingerprint_hosts", "gauge",
-            "On how many hosts a unit's fingerprint stalled (the same code on many hosts shares its fingerprint).")
-        for unit in units {
-            for (key, fingerprint) in state.units[unit]!.fingerprints.sorted(by: { $0.key < $1.key })
-            where fingerprint.labeled {
-                lines.append(
-                    "stallmon_fingerprint_hosts{unit=\"\(escape(unit))\",fingerprint=\"\(escape(key))\"} \(fingerprint.hostCount)"
-                )
-            }
-        }
-
         family(
             "stallmond_malformed_entries_total", "counter",
             "Journal entries with a stall MESSAGE_ID that did not match the schema.")
@@ -152,38 +193,14 @@ package enum PrometheusTextfile {
             "stallmond_duplicate_entries_total", "counter",
             "Stall entries received twice (an uploader that restarted sent them again), counted once.")
         lines.append("stallmond_duplicate_entries_total \(state.duplicateEntries)")
+        family(
+            "stallmond_skipped_entries_total", "counter",
+            "Stall entries a start without a saved position did not read: older than the longest window, or before the newest cold_start_entries of their machine."
+        )
+        lines.append("stallmond_skipped_entries_total \(state.skippedEntries)")
         family("stallmond_last_entry_timestamp_seconds", "gauge", "When the newest counted entry reached the journal.")
         lines.append("stallmond_last_entry_timestamp_seconds \(seconds(state.lastEntryMicroseconds))")
         return lines.joined(separator: "\n") + "\n"
-    }
-
-    /// The stalls of each unit's endpoints (see ``Endpoint``): two counters, so that a rate of the
-    /// seconds over a rate of the stalls is the mean. Bounded like fingerprints: at most
-    /// `max_endpoints_per_unit` endpoints a unit, and `endpoint="(other endpoints)"`; a unit with no
-    /// stall in a request has none.
-    static func renderEndpoints(_ state: CollectorState, units: [String], into lines: inout [String]) {
-        let families: [(name: String, help: String, value: (CollectorState.EndpointStats) -> String)] = [
-            (
-                "stallmon_endpoint_stalls_total",
-                "Stalls inside a request, by unit and endpoint (route, gRPC method or span name, never the URL path); bounded per unit by max_endpoints_per_unit, the rest under endpoint=\"(other endpoints)\".",
-                { "\($0.stalls)" }
-            ),
-            (
-                "stallmon_endpoint_stall_seconds_total", "Time stalled inside a request, by unit and endpoint.",
-                { seconds($0.totalMicroseconds) }
-            ),
-        ]
-        for family in families {
-            lines.append("# HELP \(family.name) \(family.help)")
-            lines.append("# TYPE \(family.name) counter")
-            for unit in units {
-                for (endpoint, stats) in state.units[unit]!.endpoints.sorted(by: { $0.key < $1.key }) {
-                    lines.append(
-                        "\(family.name){unit=\"\(escape(unit))\",endpoint=\"\(escape(endpoint))\"} \(family.value(stats))"
-                    )
-                }
-            }
-        }
     }
 
     /// The longest label value written, in bytes of UTF-8, before the exposition format's

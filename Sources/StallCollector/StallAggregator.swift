@@ -153,8 +153,12 @@ package struct CollectorState: Codable, Sendable, Hashable {
     package var evictedFingerprints: Int = 0
     /// Endpoints that gave way to a newer one of their unit after they stopped stalling.
     package var evictedEndpoints: Int = 0
-    /// Stalls counted under ``Endpoint/other`` because their unit's endpoint limit was reached.
+    /// Stalls counted under ``Endpoint/other`` because their unit's or their user's endpoint limit
+    /// was reached.
     package var foldedEndpointStalls: Int = 0
+    /// Entries a start without a saved position left unread: older than the longest window, or
+    /// before the last ``CollectorConfiguration/coldStartEntries`` of their machine.
+    package var skippedEntries: Int = 0
     /// Stalls of users first seen when ``CollectorConfiguration/maximumUsers`` users held series
     /// that still stall, counted under ``otherUnits``.
     package var foldedUserStalls: Int = 0
@@ -206,6 +210,7 @@ package struct CollectorState: Codable, Sendable, Hashable {
         users = try container.decodeIfPresent([String: UserStats].self, forKey: .users) ?? [:]
         evictedEndpoints = try container.decodeIfPresent(Int.self, forKey: .evictedEndpoints) ?? 0
         foldedEndpointStalls = try container.decodeIfPresent(Int.self, forKey: .foldedEndpointStalls) ?? 0
+        skippedEntries = try container.decodeIfPresent(Int.self, forKey: .skippedEntries) ?? 0
     }
 
     /// Where reading stands for one source machine: the cursor of its last entry read, and where
@@ -355,6 +360,7 @@ extension CollectorState {
                 "vanishedCursors": vanishedCursors, "evictedSeries": evictedSeries,
                 "evictedFingerprints": evictedFingerprints, "foldedUserStalls": foldedUserStalls,
                 "evictedEndpoints": evictedEndpoints, "foldedEndpointStalls": foldedEndpointStalls,
+                "skippedEntries": skippedEntries,
             ], in: "")
         {
             return problem
@@ -439,6 +445,12 @@ package struct StallAggregator: Sendable {
     private var recentStart = 0
     /// The series of each user, by `_UID` (rebuilt from the state).
     private var seriesByOwner: [String: Set<String>] = [:]
+    /// How many endpoints with series of their own each user's units hold together (rebuilt
+    /// from the state).
+    private var endpointsByOwner: [String: Int] = [:]
+    /// The units whose counts changed since each reader of the state last took them
+    /// (``takeChangedUnits(for:)``): `nil` for every unit.
+    private var changedUnits: [Set<String>?] = [nil, nil]
     /// What folding did since ``takeFoldNotes()``, for the log; at most ``maximumFoldNotes`` kinds.
     private var foldNotes: [FoldNote: Int] = [:]
     static let maximumFoldNotes = 64
@@ -447,7 +459,9 @@ package struct StallAggregator: Sendable {
         self.state = state
         self.configuration = configuration
         for (unit, stats) in state.units {
-            if let owner = stats.owner { seriesByOwner[owner, default: []].insert(unit) }
+            guard let owner = stats.owner else { continue }
+            seriesByOwner[owner, default: []].insert(unit)
+            endpointsByOwner[owner, default: 0] += stats.labeledEndpoints
         }
         foldUnlabeledFingerprints()
         apply(configuration)
@@ -467,6 +481,24 @@ package struct StallAggregator: Sendable {
         package var description: String {
             "\(what) \(DisplayText.escaped(series))\(owner.map { " of uid \($0.isEmpty ? "(none)" : $0)" } ?? ""): \(reason)"
         }
+    }
+
+    /// Who reads what changed: the metrics and the saved state each render or encode again only
+    /// the units that changed since their last turn.
+    package enum ChangeReader: Int, Sendable {
+        case metrics = 0
+        case state = 1
+    }
+
+    /// The units whose counts changed (came, went or counted) since the last call for `reader`;
+    /// `nil` for every unit (the first call, or after a change that touches every unit).
+    package mutating func takeChangedUnits(for reader: ChangeReader) -> Set<String>? {
+        defer { changedUnits[reader.rawValue] = [] }
+        return changedUnits[reader.rawValue]
+    }
+
+    private mutating func markChanged(_ unit: String) {
+        for index in changedUnits.indices { changedUnits[index]?.insert(unit) }
     }
 
     /// What folding did since the last call, with how often, for the log.
@@ -515,6 +547,7 @@ package struct StallAggregator: Sendable {
             UInt64($0.microseconds)
         }
         if state.bucketBounds != bounds {
+            changedUnits = [nil, nil]
             state.bucketBounds = bounds
             for unit in state.units.keys { state.units[unit]?.buckets = Array(repeating: 0, count: bounds.count + 1) }
         }
@@ -542,6 +575,17 @@ package struct StallAggregator: Sendable {
         guard state.sources[machine] == nil else { return }
         state.sources[machine] = CollectorState.Source(cursor: cursor, bootID: "", monotonicMicroseconds: 0)
     }
+
+    /// Reads `machine` after `entry`, which is left unread with every entry before it: a start
+    /// without a saved position (see ``CollectorConfiguration/coldStartEntries``).
+    package mutating func start(after entry: JournalEntry, machine: String) {
+        guard state.sources[machine] == nil else { return }
+        state.sources[machine] = CollectorState.Source(
+            cursor: entry.cursor, bootID: entry.bootID, monotonicMicroseconds: entry.monotonicMicroseconds)
+    }
+
+    /// Counts entries left unread by a start without a saved position.
+    package mutating func noteSkipped(_ count: Int) { state.skippedEntries.saturatingIncrease(by: count) }
 
     /// What an entry did to the counts.
     package enum Outcome: Sendable, Equatable {
@@ -581,6 +625,7 @@ package struct StallAggregator: Sendable {
                     StallObservation.unit(of: entry.fields), owner: StallObservation.owner(of: entry.fields),
                     time: entry.realtimeMicroseconds, counted: false)
                 state.units[unit]!.suppressedReports.saturatingIncrease(by: record.count)
+                markChanged(unit)
                 return .suppressed(unit: unit, count: record.count)
             } catch {
                 state.malformedEntries.saturatingIncrease(by: 1)
@@ -673,6 +718,7 @@ package struct StallAggregator: Sendable {
         guard let oldest, idle(oldest.lastSeen, at: time) else { return false }
         for unit in seriesByOwner[oldest.owner]!.sorted() { evict(unit, owner: oldest.owner) }
         seriesByOwner[oldest.owner] = nil
+        endpointsByOwner[oldest.owner] = nil
         state.users[oldest.owner] = nil
         note(
             "user", owner: oldest.owner, series: "(all its series)",
@@ -684,10 +730,13 @@ package struct StallAggregator: Sendable {
     private mutating func evict(_ unit: String, owner: String) {
         guard let stats = state.units.removeValue(forKey: unit) else { return }
         seriesByOwner[owner]?.remove(unit)
+        endpointsByOwner[owner, default: 0] -= stats.labeledEndpoints
+        markChanged(unit)
         state.evictedSeries.saturatingIncrease(by: 1)
         state.users[owner]?.evictedSeries.saturatingIncrease(by: 1)
         let other = otherUnits()
         state.units[other]!.merge(stats)
+        markChanged(other)
     }
 
     /// The host a stall counts under, present in the state: its own while the host limit allows,
@@ -747,38 +796,78 @@ package struct StallAggregator: Sendable {
     }
 
     /// The endpoint a stall in a request counts under within its unit, as fingerprints do: its own
-    /// while the unit's `max_endpoints_per_unit` allows, or in place of the unit's least recent
-    /// endpoint that stopped stalling; else ``Endpoint/other``. A writer's endpoints are only ever
-    /// in its own unit (or `(other units)`), so no flood of routes reaches a system unit's.
+    /// while the unit's `max_endpoints_per_unit` (and, for a user's unit, the user's
+    /// `max_endpoints_per_user` over all its units) allows, or in place of the least recent
+    /// endpoint that stopped stalling (the unit's, else the user's); else ``Endpoint/other``. A
+    /// writer's endpoints are only ever in its own units (or `(other units)`), so no flood of
+    /// routes reaches a system unit's, and the users' endpoint series on the host are at most
+    /// `max_users` × `max_endpoints_per_user`.
     private mutating func admittedEndpoint(_ endpoint: String, of stall: StallObservation) -> String {
         let unit = stall.unit
         if state.units[unit]!.endpoints[endpoint] != nil { return endpoint }
+        let owner = state.units[unit]!.owner
+        let time = stall.realtimeMicroseconds
         if state.units[unit]!.labeledEndpoints >= configuration.maximumEndpointsPerUnit {
             let lru = state.units[unit]!.endpoints.filter { $0.key != Endpoint.other }
                 .min { ($0.value.lastSeenMicroseconds, $0.key) < ($1.value.lastSeenMicroseconds, $1.key) }
-            guard let lru, idle(lru.value.lastSeenMicroseconds, at: stall.realtimeMicroseconds) else {
-                state.foldedEndpointStalls.saturatingIncrease(by: 1)
-                note(
-                    "endpoint", owner: state.units[unit]!.owner, series: unit,
+            guard let lru, idle(lru.value.lastSeenMicroseconds, at: time) else {
+                return foldedEndpoint(
+                    owner: owner, series: unit,
                     reason:
                         "its \(configuration.maximumEndpointsPerUnit) endpoints (max_endpoints_per_unit) all stalled within \(idleAgeText)"
                 )
-                return Endpoint.other
             }
-            state.units[unit]!.endpoints[lru.key] = nil
-            state.units[unit]!.endpoints[Endpoint.other, default: CollectorState.EndpointStats()].merge(lru.value)
-            state.evictedEndpoints.saturatingIncrease(by: 1)
-            note(
-                "endpoint", owner: state.units[unit]!.owner, series: "\(unit) \(lru.key)",
-                reason: "gave way to a newer endpoint: no stall within \(idleAgeText)")
+            evictEndpoint(lru.key, of: unit)
+        } else if let owner, endpointsByOwner[owner, default: 0] >= configuration.maximumEndpointsPerUser {
+            // The user's least recent endpoint, in any of its units: at most its budget to look at.
+            var lru: (unit: String, endpoint: String, lastSeen: UInt64)?
+            for candidate in seriesByOwner[owner] ?? [] {
+                for (name, stats) in state.units[candidate]?.endpoints ?? [:] where name != Endpoint.other {
+                    if lru == nil
+                        || (stats.lastSeenMicroseconds, candidate, name) < (lru!.lastSeen, lru!.unit, lru!.endpoint)
+                    {
+                        lru = (candidate, name, stats.lastSeenMicroseconds)
+                    }
+                }
+            }
+            guard let lru, idle(lru.lastSeen, at: time) else {
+                return foldedEndpoint(
+                    owner: owner, series: unit,
+                    reason:
+                        "the user's \(configuration.maximumEndpointsPerUser) endpoints (max_endpoints_per_user) all stalled within \(idleAgeText)"
+                )
+            }
+            evictEndpoint(lru.endpoint, of: lru.unit)
         }
         state.units[unit]!.endpoints[endpoint] = CollectorState.EndpointStats()
+        if let owner { endpointsByOwner[owner, default: 0] += 1 }
         return endpoint
+    }
+
+    /// Counts a stall under ``Endpoint/other`` of its unit, and says why.
+    private mutating func foldedEndpoint(owner: String?, series: String, reason: String) -> String {
+        state.foldedEndpointStalls.saturatingIncrease(by: 1)
+        note("endpoint", owner: owner, series: series, reason: reason)
+        return Endpoint.other
+    }
+
+    /// Moves an endpoint's counts into ``Endpoint/other`` of its unit: it gave way to a newer one.
+    private mutating func evictEndpoint(_ endpoint: String, of unit: String) {
+        guard let stats = state.units[unit]?.endpoints.removeValue(forKey: endpoint) else { return }
+        state.units[unit]!.endpoints[Endpoint.other, default: CollectorState.EndpointStats()].merge(stats)
+        state.evictedEndpoints.saturatingIncrease(by: 1)
+        markChanged(unit)
+        let owner = state.units[unit]!.owner
+        if let owner { endpointsByOwner[owner, default: 1] -= 1 }
+        note(
+            "endpoint", owner: owner, series: "\(unit) \(endpoint)",
+            reason: "gave way to a newer endpoint: no stall within \(idleAgeText)")
     }
 
     private mutating func count(_ observation: StallObservation) -> Outcome {
         var stall = observation
         stall.unit = admittedUnit(stall.unit, owner: stall.owner, time: stall.realtimeMicroseconds)
+        markChanged(stall.unit)
         state.units[stall.unit]!.lastSeenMicroseconds = max(
             state.units[stall.unit]!.lastSeenMicroseconds, stall.realtimeMicroseconds)
         let key = admittedFingerprint(stall)

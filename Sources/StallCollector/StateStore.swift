@@ -29,7 +29,9 @@ package struct StateStore: Sendable {
             let kind = status.st_mode & S_IFMT == S_IFLNK ? "a symbolic link" : "not a regular file"
             throw StateError(
                 path: path,
-                reason: "is \(kind); refusing to use it (remove it to start counting from the journal's head again)")
+                reason:
+                    "is \(kind); refusing to use it (remove it to start counting again from the newest entries, cold_start_entries)"
+            )
         }
         let data = try Self.read(path)
         let state: CollectorState
@@ -42,16 +44,66 @@ package struct StateStore: Sendable {
         if let damage = state.damage {
             throw StateError(
                 path: path,
-                reason: "is damaged: \(damage) (remove it to start counting from the journal's head again)")
+                reason:
+                    "is damaged: \(damage) (remove it to start counting again from the newest entries, cold_start_entries)"
+            )
         }
         return state
     }
 
     package func save(_ state: CollectorState) throws {
+        try save(state, encoder: Encoder(), changed: nil)
+    }
+
+    /// Saves `state`, encoding again only the units in `changed` (`nil`: every unit) and those
+    /// `encoder` has not encoded yet.
+    package func save(_ state: CollectorState, encoder: Encoder, changed: Set<String>?) throws {
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.sortedKeys]
-        try AtomicFile.write(encoder.encode(state), to: path, mode: 0o600)
+        try AtomicFile.write(encoder.encode(state, changed: changed), to: path, mode: 0o600)
+    }
+
+    /// Encodes successive states as JSON, encoding again only the units that changed since the
+    /// last call: a new stall costs the same whatever the number of series. The rest of the
+    /// state (positions, recent stalls, hosts) is encoded each time.
+    ///
+    /// - Important: Not thread-safe: one caller at a time (the collector's save queue).
+    package final class Encoder {
+        /// Each unit's key and value, as they stand in the document's `units` object.
+        private var units: [String: Data] = [:]
+        private let json: JSONEncoder
+
+        package init() {
+            json = JSONEncoder()
+            json.outputFormatting = [.sortedKeys]
+        }
+
+        package func encode(_ state: CollectorState, changed: Set<String>?) throws -> Data {
+            if changed == nil { units = [:] }
+            for unit in changed ?? [] { units[unit] = nil }
+            if units.count > state.units.count { units = units.filter { state.units[$0.key] != nil } }
+            var rest = state
+            rest.units = [:]
+            let document = try json.encode(rest)
+            let marker = Data(#""units":{}"#.utf8)
+            guard let range = document.range(of: marker) else { return try json.encode(state) }
+            var result = Data(document[..<range.lowerBound])
+            result.append(contentsOf: #""units":{"#.utf8)
+            for (index, unit) in state.units.keys.sorted().enumerated() {
+                if index > 0 { result.append(UInt8(ascii: ",")) }
+                if let member = units[unit] {
+                    result.append(member)
+                } else {
+                    var member = try json.encode(unit)
+                    member.append(UInt8(ascii: ":"))
+                    member.append(try json.encode(state.units[unit]!))
+                    units[unit] = member
+                    result.append(member)
+                }
+            }
+            result.append(UInt8(ascii: "}"))
+            result.append(document[range.upperBound...])
+            return result
+        }
     }
 
     /// The file's bytes, opened without following a link that appeared since it was examined.

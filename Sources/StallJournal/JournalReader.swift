@@ -203,6 +203,19 @@ public final class JournalReader {
         return try current()
     }
 
+    /// Moves back over at most `count` matching entries (`sd_journal_previous_skip`), reading none
+    /// of their fields; returns how many it moved over (fewer at the start of the journal).
+    /// ``currentEntry()`` then reads the one it stopped on.
+    package func skipBackward(_ count: Int) throws(SystemdError) -> Int {
+        guard count > 0 else { return 0 }
+        return Int(
+            try SystemdError.check(
+                "sd_journal_previous_skip", sd_journal_previous_skip(journal, UInt64(min(count, Int(Int32.max))))))
+    }
+
+    /// The entry the reader stands on (after ``skipBackward(_:)``, ``next()`` or ``previous()``).
+    package func currentEntry() throws(SystemdError) -> JournalEntry { try current() }
+
     /// A descriptor that becomes readable when the journal changes (`sd_journal_get_fd`); call
     /// ``process()`` when it does.
     public func fileDescriptor() throws(SystemdError) -> Int32 {

@@ -1,3 +1,4 @@
+import Foundation
 import StallCollector
 import StallJournal
 
@@ -77,6 +78,82 @@ enum CollectorCost {
             microsecondsPerEntry: Double(cpu) / 1000 / Double(count), kibPerEntry: Double(grown) / Double(count))
     }
 
+    /// The endpoint ceiling: what the collector holds and what one new stall costs when users
+    /// fill every bound there is, 20 users (`max_users`) × 50 identifiers (`max_units`) × 22 routes.
+    struct Ceiling {
+        var endpointSeries: Int
+        var textfileKiB: Double
+        var stateKiB: Double
+        var residentMiB: Double
+        /// CPU of one new stall: counting it, the textfile and `state.json` made again and written.
+        var millisecondsPerStall: Double
+    }
+
+    /// A stall of `identifier`, written by `uid` outside any unit, in `route`.
+    static func routed(index: Int, uid: Int, identifier: Int, route: Int) -> JournalEntry {
+        var entry = typical(index: index)
+        entry.fields["_SYSTEMD_UNIT"] = nil
+        entry.fields["_UID"] = "\(uid)"
+        entry.fields["SYSLOG_IDENTIFIER"] = "tool-\(identifier)"
+        entry.fields["STALL_FINGERPRINT"] = hex(UInt64(identifier), digits: 16)
+        entry.fields["STALL_REQUEST_METHOD"] = "GET"
+        entry.fields["STALL_REQUEST_ROUTE"] = "/route/\(route)/:id"
+        entry.fields["STALL_REQUEST_OPERATION"] = "GET /route/\(route)/:id"
+        return entry
+    }
+
+    /// Fills the ceiling, then counts `stalls` new stalls, each followed by a write of the
+    /// textfile and of `state.json` as stallmond does (to a scratch directory).
+    static func ceiling(stalls: Int) -> Ceiling {
+        let directory = NSTemporaryDirectory() + "stallmon-bench-ceiling-\(getpid())"
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let store = StateStore(directory: directory)
+        let metrics = directory + "/stallmon.prom"
+        let configuration = CollectorConfiguration()
+        let before = Kernel.anonymousResidentKiB() ?? 0
+        var aggregator = StallAggregator(configuration: configuration)
+        var index = 0
+        for uid in 0..<20 {
+            for identifier in 0..<50 {
+                for route in 0..<22 {
+                    index += 1
+                    aggregator.ingest(routed(index: index, uid: 1000 + uid, identifier: identifier, route: route))
+                }
+            }
+        }
+        let renderer = PrometheusTextfile.Renderer()
+        let encoder = StateStore.Encoder()
+        let now = 1_800_000_000_000_000 + UInt64(index)
+        func write() -> (text: Int, state: Int) {
+            let text = renderer.render(
+                aggregator.state, changed: aggregator.takeChangedUnits(for: .metrics), windows: configuration.windows,
+                now: now, aggregator: aggregator)
+            let snapshot = aggregator.snapshot()
+            do {
+                try store.save(snapshot, encoder: encoder, changed: aggregator.takeChangedUnits(for: .state))
+                try PrometheusTextfile.write(text, to: metrics)
+            } catch {
+                fatalError("the benchmark cannot write in \(directory): \(error)")
+            }
+            let attributes = try? FileManager.default.attributesOfItem(atPath: store.path)
+            return (text.utf8.count, (attributes?[.size] as? Int) ?? 0)
+        }
+        let sizes = write()
+        let series = aggregator.state.units.values.reduce(0) { $0 + $1.endpoints.count }
+        let thread = Kernel.currentThreadID()
+        let start = Kernel.threadCPU(thread) ?? 0
+        for stall in 0..<stalls {
+            index += 1
+            aggregator.ingest(routed(index: index, uid: 1000 + stall % 20, identifier: stall % 50, route: stall % 22))
+            _ = write()
+        }
+        let cpu = (Kernel.threadCPU(thread) ?? 0) - start
+        let resident = max(0, (Kernel.anonymousResidentKiB() ?? 0) - before)
+        return Ceiling(
+            endpointSeries: series, textfileKiB: Double(sizes.text) / 1024, stateKiB: Double(sizes.state) / 1024,
+            residentMiB: Double(resident) / 1024, millisecondsPerStall: Double(cpu) / 1e6 / Double(stalls))
+    }
+
     /// The figures, in their JSON order.
     static func figures(scale: Double) -> [Figure] {
         let count = max(200, Int(2000 * scale))
@@ -108,6 +185,12 @@ enum CollectorCost {
         add("flamegraph_entry_us_typical", nil, graphTypical.microsecondsPerEntry)
         add("flamegraph_entry_us_worst", .atMost(1000), graphWorst.microsecondsPerEntry)
         add("flamegraph_entry_kib_worst", .atMost(64), graphWorst.kibPerEntry)
+        let ceiling = ceiling(stalls: max(20, Int(100 * scale)))
+        add("collector_ceiling_endpoint_series", nil, Double(ceiling.endpointSeries))
+        add("collector_ceiling_textfile_kib", .atMost(8192), ceiling.textfileKiB)
+        add("collector_ceiling_state_kib", .atMost(8192), ceiling.stateKiB)
+        add("collector_ceiling_rss_mib", .atMost(64), ceiling.residentMiB)
+        add("collector_ceiling_stall_ms", .atMost(100), ceiling.millisecondsPerStall)
         return figures
     }
 }

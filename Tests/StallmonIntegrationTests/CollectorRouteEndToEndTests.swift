@@ -77,5 +77,44 @@ extension Serial {
             #expect(refused.status == 69)
             #expect(refused.errors.contains("foldedEndpointStalls is -180, below zero"), "\(refused.errors)")
         }
+
+        /// The endpoint ceiling of one user: `nobody` stalls in 22 routes under each of 50 identifiers
+        /// (1,100 endpoints, every unit within `max_endpoints_per_unit`'s reach). Its units together
+        /// keep `max_endpoints_per_user` (100) endpoint series; the rest count under each unit's
+        /// `(other endpoints)`, and a system unit's route keeps its own series.
+        @Test func aUsersRoutesOverManyIdentifiersStayWithinItsBudgetOnTheHost() throws {
+            let journal = Journald.namespaced()
+            defer { journal.remove() }
+            try #require(journal.ensureRunning(), "cannot start journald for namespace \(journal.name)")
+            let unit = "stallmon-ceiling-\(getpid()).service"
+            defer { JournalWriters.removeSystemUnit(unit) }
+            let flood = (0..<50).flatMap { identifier in
+                (0..<22).map { Self.stall("api-\(identifier)", route: "/r\($0)", fingerprint: 1) }
+            }
+            try JournalWriters.send(flood, to: journal.socketPath, as: .nobody)
+            try JournalWriters.send(
+                [Self.stall("api", route: "/users/:id", fingerprint: 2)], to: journal.socketPath,
+                as: .systemUnit(unit))
+            try #require(journal.waitForEntries(1101, messageIDs: [MessageID.stallEnded], timeout: 60))
+            let scratch = try Serial.HostileWriterTests.Daemon(journal: try #require(journal.directory))
+            defer { scratch.remove() }
+            let daemon = try Executable.stallmond.start(["--config", scratch.configuration])
+            defer { if daemon.process.isRunning { _ = daemon.terminate() } }
+            let service = #"stallmon_endpoint_stalls_total{unit="\#(unit)",endpoint="GET /users/:id"}"#
+            #expect(scratch.wait(service, toBe: 1), "\(scratch.text)")
+            #expect(scratch.wait(#"stallmond_folded_stalls_total{what="endpoint"}"#, toBe: 1000), "\(scratch.text)")
+            let users = scratch.text.split(separator: "\n").filter {
+                $0.hasPrefix("stallmon_endpoint_stalls_total{") && $0.contains(" (uid 65534)\"")
+            }
+            let own = users.filter { !$0.contains(#"endpoint="(other endpoints)""#) }
+            #expect(own.count == CollectorConfiguration().maximumEndpointsPerUser, "\(own.count) endpoint series")
+            #expect(users.count - own.count == 50, "one (other endpoints) series per unit")
+            let total = own.compactMap { $0.split(separator: " ").last.flatMap { Int($0) } }.reduce(0, +)
+            #expect(total == 100, "each of its endpoint series counts one stall")
+            #expect(
+                daemon.waitForOutput { _, errors in errors.contains("max_endpoints_per_user") }, "\(daemon.errorsSoFar)"
+            )
+            #expect(daemon.terminate().status == 0)
+        }
     }
 }

@@ -250,7 +250,10 @@ extension Serial {
             try Self.installExecutables(systemd)
             try systemd.install(unit: "stallmond.service", contents: try Self.file("systemd/stallmond.service"))
             try systemd.check(["mkdir", "-p", "-m", "1777", "/var/lib/prometheus/node-exporter"])
-            try systemd.copy(Data(#"{"metrics_interval_s": 1}"#.utf8), to: "/etc/stallmon/stallmond.json")
+            // The backlog (20,004 entries) is read whole: this test counts every entry it holds.
+            try systemd.copy(
+                Data(#"{"metrics_interval_s": 1, "cold_start_entries": 100000}"#.utf8),
+                to: "/etc/stallmon/stallmond.json")
             let floodScript = try Data(contentsOf: Repository.root.appendingPathComponent("Scripts/journal-flood.py"))
             try systemd.copy(floodScript, to: "/usr/local/bin/journal-flood", mode: 0o755)
             let ended = "MESSAGE_ID=28beac6e882f46aaa40f2556557097a6"

@@ -73,11 +73,20 @@ package final class Journald: @unchecked Sendable {
 
     private func startLocked() -> Bool {
         let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/lib/systemd/systemd-journald")
-        process.arguments = namespace.map { [$0] } ?? []
+        let journald = "/lib/systemd/systemd-journald"
+        let arguments = namespace.map { [$0] } ?? []
+        // SIGTERM when the thread that started it ends: ``Spawner``'s thread ends only with the
+        // test process, however it ends (a crash or a SIGKILL runs no atexit handler).
+        if FileManager.default.isExecutableFile(atPath: "/usr/bin/setpriv") {
+            process.executableURL = URL(fileURLWithPath: "/usr/bin/setpriv")
+            process.arguments = ["--pdeathsig", "TERM", journald] + arguments
+        } else {
+            process.executableURL = URL(fileURLWithPath: journald)
+            process.arguments = arguments
+        }
         process.standardOutput = FileHandle.nullDevice
         process.standardError = FileHandle.nullDevice
-        do { try process.run() } catch { return false }
+        guard Spawner.shared.run(process) else { return false }
         self.process = process
         if namespace == nil {
             Self.hostStarted = process.processIdentifier
@@ -98,11 +107,54 @@ package final class Journald: @unchecked Sendable {
     private static func stopHostStarted() {
         let pid = hostStarted
         guard pid > 0, kill(pid, SIGTERM) == 0 else { return }
+        // A journald a test stopped (SIGSTOP) takes SIGTERM only once it runs again.
+        kill(pid, SIGCONT)
         for _ in 0..<60 {
             var status: Int32 = 0
             // Gone once reaped, here or by Foundation's own child monitor (then ECHILD).
-            if waitpid(pid, &status, WNOHANG) != 0 { return }
+            if waitpid(pid, &status, WNOHANG) != 0 || kill(pid, 0) != 0 { return }
             usleep(50_000)
+        }
+        kill(pid, SIGKILL)
+    }
+
+    /// Starts the processes whose end must follow the test process's (`setpriv --pdeathsig`), from
+    /// a thread that lives as long as it: a parent-death signal comes when the *thread* that
+    /// started the child ends, and the test runner's threads come and go.
+    private final class Spawner: @unchecked Sendable {
+        static let shared = Spawner()
+        private let condition = NSCondition()
+        private var queue: [(process: Process, done: DispatchSemaphore, started: UnsafeMutablePointer<Bool>)] = []
+
+        private init() {
+            let thread = Thread { [self] in serve() }
+            thread.name = "journald-spawner"
+            thread.start()
+        }
+
+        /// Starts `process` on the spawner's thread; false when it cannot.
+        func run(_ process: Process) -> Bool {
+            let done = DispatchSemaphore(value: 0)
+            let started = UnsafeMutablePointer<Bool>.allocate(capacity: 1)
+            defer { started.deallocate() }
+            started.initialize(to: false)
+            condition.withLock {
+                queue.append((process, done, started))
+                condition.signal()
+            }
+            done.wait()
+            return started.pointee
+        }
+
+        private func serve() -> Never {
+            while true {
+                let request = condition.withLock {
+                    while queue.isEmpty { condition.wait() }
+                    return queue.removeFirst()
+                }
+                request.started.pointee = (try? request.process.run()) != nil
+                request.done.signal()
+            }
         }
     }
 
