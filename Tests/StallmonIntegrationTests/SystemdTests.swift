@@ -22,6 +22,14 @@ extension Serial {
 
         /// Copies the project's executables into the namespace's /usr/local/bin, where the units
         /// expect them (the build folder may not be visible inside: /tmp there is private).
+        /// node_exporter's textfile directory, writable by stallmond's dynamic user: a tmpfs of the
+        /// namespace's own over it, so that the host's (made root-only by the prometheus-node-exporter
+        /// package) is neither used nor changed.
+        static func makeTextfileDirectory(_ systemd: SystemdNamespace) throws {
+            try systemd.check(["mkdir", "-p", "/var/lib/prometheus/node-exporter"])
+            try systemd.check(["mount", "-t", "tmpfs", "-o", "mode=1777", "tmpfs", "/var/lib/prometheus/node-exporter"])
+        }
+
         static func installExecutables(_ systemd: SystemdNamespace) throws {
             if try systemd.run(["test", "-x", "/usr/local/bin/stallmon"]).status == 0 { return }
             for name in ["StallmonFixture", "stallmond", "stallmon"] {
@@ -167,7 +175,7 @@ extension Serial {
             defer { systemd.stop() }
             try Self.installExecutables(systemd)
             try systemd.install(unit: "stallmond.service", contents: try Self.file("systemd/stallmond.service"))
-            try systemd.check(["mkdir", "-p", "-m", "1777", "/var/lib/prometheus/node-exporter"])
+            try Self.makeTextfileDirectory(systemd)
             let configuration = #"{"metrics_interval_s": 1, "monitor_threshold_ms": 250}"#
             try systemd.copy(Data(configuration.utf8), to: "/etc/stallmon/stallmond.json")
             try Self.installMonitoredService(systemd, name: "brief", arguments: "--stall-ms 300")
@@ -249,7 +257,7 @@ extension Serial {
             defer { systemd.stop() }
             try Self.installExecutables(systemd)
             try systemd.install(unit: "stallmond.service", contents: try Self.file("systemd/stallmond.service"))
-            try systemd.check(["mkdir", "-p", "-m", "1777", "/var/lib/prometheus/node-exporter"])
+            try Self.makeTextfileDirectory(systemd)
             // The backlog (20,004 entries) is read whole: this test counts every entry it holds.
             try systemd.copy(
                 Data(#"{"metrics_interval_s": 1, "cold_start_entries": 100000}"#.utf8),
