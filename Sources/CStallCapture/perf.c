@@ -16,9 +16,12 @@
 // interval.
 //
 // Where the kernel refuses (perf_event_paranoid 3, the default of Debian's and Ubuntu's kernels
-// for unprivileged users; a seccomp filter such as Docker's default profile; a ring that cannot be
-// mapped), the process falls back to the signal path for good, and the refusal is kept for the
-// monitor to say once.
+// for unprivileged users; a ring that cannot be mapped), the process falls back to the signal path
+// for good, and the refusal is kept for the monitor to say once. Under a seccomp filter
+// (/proc/self/status "Seccomp: 2": Docker's default profile, a unit's SystemCallFilter=) the call
+// is not even tried unless the service asked for perf events alone: a filter may kill the process
+// for a call it does not list (SystemCallFilter='s default action is SIGSYS), and nothing tells
+// beforehand what a filter would do.
 
 #define _GNU_SOURCE
 #include "stallcapture.h"
@@ -28,6 +31,7 @@
 #if defined(STALLMON_LINUX)
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -95,6 +99,26 @@ void stallmon_perf_event_init(stallmon_perf_event *event) {
     event->descriptor = -1;
 }
 
+/// Whether a seccomp filter applies to this thread (the "Seccomp:" line of /proc/thread-self/status
+/// is 2), or -1 when that cannot be read.
+static int filtered_by_seccomp(void) {
+    int descriptor = open("/proc/thread-self/status", O_RDONLY | O_CLOEXEC);
+    if (descriptor < 0) return -1;
+    char text[4096];
+    ssize_t count;
+    do {
+        count = read(descriptor, text, sizeof text - 1);
+    } while (count < 0 && errno == EINTR);
+    close(descriptor);
+    if (count <= 0) return -1;
+    text[count] = 0;
+    const char *field = strstr(text, "\nSeccomp:");
+    if (field == NULL) return 0;  // a kernel without seccomp
+    field += strlen("\nSeccomp:");
+    while (*field == ' ' || *field == '\t') field++;
+    return *field == '2';
+}
+
 static long page_size(void) { return sysconf(_SC_PAGESIZE); }
 
 void stallmon_perf_event_close(stallmon_perf_event *event) {
@@ -103,9 +127,13 @@ void stallmon_perf_event_close(stallmon_perf_event *event) {
     stallmon_perf_event_init(event);
 }
 
-int stallmon_perf_event_open(stallmon_perf_event *event, pid_t tid, uint64_t period_ns) {
+int stallmon_perf_event_open(stallmon_perf_event *event, pid_t tid, uint64_t period_ns, int forced) {
     stallmon_perf_event_init(event);
     if (atomic_load_explicit(&refused_errno, memory_order_acquire) != 0) return -1;
+    if (!forced && filtered_by_seccomp() != 0) {
+        refuse(STALLMON_PERF_STEP_SECCOMP, EPERM);
+        return -1;
+    }
     struct perf_event_attr attributes;
     memset(&attributes, 0, sizeof attributes);
     attributes.size = sizeof attributes;
@@ -258,7 +286,8 @@ void stallmon_perf_event_init(stallmon_perf_event *event) {
     event->descriptor = -1;
 }
 void stallmon_perf_event_close(stallmon_perf_event *event) { stallmon_perf_event_init(event); }
-int stallmon_perf_event_open(stallmon_perf_event *event, pid_t tid, uint64_t period_ns) {
+int stallmon_perf_event_open(stallmon_perf_event *event, pid_t tid, uint64_t period_ns, int forced) {
+    (void)forced;
     (void)tid;
     (void)period_ns;
     stallmon_perf_event_init(event);

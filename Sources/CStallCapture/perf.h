@@ -20,8 +20,9 @@ typedef struct {
 
 void stallmon_perf_event_init(stallmon_perf_event *event);
 /// Opens a task-clock event on thread `tid` of this process and maps its ring: 0, or -1 (the
-/// kernel's refusal is kept, stallmon_perf_refusal; a thread that exited is no refusal).
-int stallmon_perf_event_open(stallmon_perf_event *event, pid_t tid, uint64_t period_ns);
+/// kernel's refusal is kept, stallmon_perf_refusal; a thread that exited is no refusal). Under a
+/// seccomp filter the call is made only when `forced` (the service asked for perf events alone).
+int stallmon_perf_event_open(stallmon_perf_event *event, pid_t tid, uint64_t period_ns, int forced);
 void stallmon_perf_event_close(stallmon_perf_event *event);
 /// The newest record of the event's ring, unwound into `out`, waiting up to `timeout_ns` for one:
 /// 0, or -1 with `out->status` STALLMON_SAMPLE_TIMEOUT (the thread did not run on a CPU).

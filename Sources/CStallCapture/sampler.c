@@ -676,13 +676,15 @@ void stallmon_perf_close_thread(int index, pid_t tid) {
 
 /// The slot's perf event on `tid`, opened now if it has none; NULL when the kernel refuses, the
 /// thread is gone, or the slot holds as many events as it may.
-static stallmon_perf_event *perf_event_for(slot_t *slot, pid_t tid) {
+static stallmon_perf_event *perf_event_for(slot_t *slot, pid_t tid, int forced) {
     stallmon_perf_event *free_event = NULL;
     for (int i = 0; i < PERF_EVENTS_PER_SLOT; i++) {
         if (slot->perf[i].descriptor >= 0 && slot->perf[i].tid == tid) return &slot->perf[i];
         if (slot->perf[i].descriptor < 0 && free_event == NULL) free_event = &slot->perf[i];
     }
-    if (free_event == NULL || stallmon_perf_event_open(free_event, tid, slot->perf_period_ns) != 0) return NULL;
+    if (free_event == NULL || stallmon_perf_event_open(free_event, tid, slot->perf_period_ns, forced) != 0) {
+        return NULL;
+    }
     atomic_fetch_add(&perf_open_count, 1);
     return free_event;
 }
@@ -741,7 +743,7 @@ void stallmon_sample_stack(int index, pid_t tid, int signo, int max_frames, uint
             return;
         }
         if (state != 1) {
-            stallmon_perf_event *event = perf_event_for(slot, tid);
+            stallmon_perf_event *event = perf_event_for(slot, tid, (flags & STALLMON_SAMPLE_PERF_ONLY) != 0);
             if (event != NULL) {
                 out->disposition = STALLMON_DISPOSITION_OURS;
                 stallmon_perf_event_sample(event, max_frames, timeout_ns, out);

@@ -48,10 +48,10 @@ extension Serial {
             #expect(signalCounts.number("program_handled") == 0)
         }
 
-        /// Where the kernel refuses perf_event_open (a seccomp filter, as Docker's default profile
-        /// is; perf_event_paranoid 3), the monitor samples with the signal for the life of the
-        /// process and says why once.
-        @Test func aRefusedPerfEventFallsBackToTheSignalAndSaysSoOnce() throws {
+        /// Under a seccomp filter (Docker's default profile refuses perf_event_open; a unit's
+        /// SystemCallFilter= may kill the process for it), `auto` does not try the call: the monitor
+        /// samples with the signal for the life of the process and says why once.
+        @Test func underASeccompFilterTheSignalSamplesAndTheLogSaysWhyOnce() throws {
             let run = try FixtureRun.run("perf-stall-denied", timeout: 20)
             #expect(run.exitStatus == 0, "\(run.standardError.suffix(2000))")
             let ended = try #require(run.ended.first)
@@ -59,15 +59,16 @@ extension Serial {
             #expect(ended.samplesMostlyAnswered)
             #expect(ended.frames.contains { $0["function"] as? String == "Stalls.burnCPU(milliseconds:)" })
             let refusals = run.standardError.split(separator: "\n").filter {
-                $0.contains("the kernel refused a perf event (perf_event_open: Operation not permitted)")
+                $0.contains("no perf event tried: a seccomp filter applies to the process")
             }
             #expect(refusals.count == 1, "\(run.standardError.suffix(2000))")
             #expect(refusals.first?.contains("sampled with the signal") == true)
             #expect(run.lines.filter { $0["type"] as? String == "perf-fds" }.allSatisfy { $0.number("count") == 0 })
         }
 
-        /// `stack_source` "perf" never signals: where the kernel refuses, a stall on the CPU has no
-        /// stack and says why, and the monitor installed no handler.
+        /// `stack_source` "perf" never signals, and tries the call under a seccomp filter too (the
+        /// service vouches for it): where the kernel refuses, a stall on the CPU has no stack and
+        /// says why, and the monitor installed no handler.
         @Test func stackSourcePerfNeverSignalsEvenWhenRefused() throws {
             let run = try FixtureRun.run("perf-stall-denied", arguments: ["--stack-source", "perf"], timeout: 20)
             #expect(run.exitStatus == 0)
@@ -75,6 +76,9 @@ extension Serial {
             #expect(ended.string("STALL_BACKTRACE").contains("the kernel refused a perf event"))
             let signals = try #require(run.lines.first { $0["type"] as? String == "signals" })
             #expect(signals.number("monitor_handled") == 0)
+            #expect(
+                run.standardError.contains("the kernel refused a perf event (perf_event_open: Operation not permitted)")
+            )
             #expect(run.standardError.contains("stack_source is perf: running threads get no stack"))
         }
     }

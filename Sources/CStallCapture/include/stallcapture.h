@@ -220,6 +220,8 @@ enum {
 typedef enum {
     STALLMON_PERF_STEP_OPEN = 1,  ///< perf_event_open
     STALLMON_PERF_STEP_MAP = 2,   ///< mmap of its ring
+    /// Not tried: a seccomp filter applies, and might kill the process for the call.
+    STALLMON_PERF_STEP_SECCOMP = 3,
 } stallmon_perf_step;
 
 /// The errno with which the kernel refused a perf event in this process (the process then samples

@@ -242,11 +242,20 @@ final class StallSampler {
         var step: Int32 = 0
         let error = stallmon_perf_refusal(&step)
         guard error != 0, let logger, !Self.perfRefusalLogged.exchange(true, ordering: .relaxed) else { return }
-        let call = step == Int32(STALLMON_PERF_STEP_MAP.rawValue) ? "mmap of its ring" : "perf_event_open"
         let fallback =
             stackSource == .perf
             ? "stack_source is perf: running threads get no stack"
             : "running threads are sampled with the signal from now on"
+        if step == Int32(STALLMON_PERF_STEP_SECCOMP.rawValue) {
+            logger.warning(
+                """
+                no perf event tried: a seccomp filter applies to the process, and a filter may kill it for a \
+                call it does not list; \(fallback) (set stack_source to perf where the filter allows \
+                perf_event_open)
+                """)
+            return
+        }
+        let call = step == Int32(STALLMON_PERF_STEP_MAP.rawValue) ? "mmap of its ring" : "perf_event_open"
         logger.warning(
             """
             the kernel refused a perf event (\(call): \(String(cString: strerror(error)))); \(fallback) \
