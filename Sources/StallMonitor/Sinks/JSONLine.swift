@@ -63,7 +63,11 @@ package enum JSONLine {
             line.append(UInt8(ascii: "\""))
             line.append(contentsOf: value.key.utf8)
             line.append(contentsOf: "\":\"".utf8)
-            appendEscaped(value.field.value, to: &line)
+            if value.escapedBytes == value.field.value.utf8.count {
+                line.append(contentsOf: value.field.value.utf8)  // nothing to escape: most values
+            } else {
+                appendEscaped(value.field.value, to: &line)
+            }
             line.append(UInt8(ascii: "\""))
         }
         if !truncated.isEmpty {
