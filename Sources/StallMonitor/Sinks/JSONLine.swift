@@ -154,32 +154,57 @@ package enum JSONLine {
         }
     }
 
-    static func escapedCount(_ text: some StringProtocol) -> Int {
+    static func escapedCount(_ text: Substring) -> Int {
         var count = 0
         for byte in text.utf8 { count += escapedWidth(byte) }
         return count
     }
 
-    /// `text` inside a JSON string: `"` and `\` escaped, control characters as `\n`, `\t`, … or
-    /// `\u00XX`; the rest as its UTF-8.
-    static func appendEscaped(_ text: String, to line: inout [UInt8]) {
-        let hex = Array("0123456789abcdef".utf8)
-        for byte in text.utf8 {
-            switch byte {
-            case UInt8(ascii: "\""): line.append(contentsOf: [UInt8(ascii: "\\"), UInt8(ascii: "\"")])
-            case UInt8(ascii: "\\"): line.append(contentsOf: [UInt8(ascii: "\\"), UInt8(ascii: "\\")])
-            case UInt8(ascii: "\n"): line.append(contentsOf: [UInt8(ascii: "\\"), UInt8(ascii: "n")])
-            case UInt8(ascii: "\r"): line.append(contentsOf: [UInt8(ascii: "\\"), UInt8(ascii: "r")])
-            case UInt8(ascii: "\t"): line.append(contentsOf: [UInt8(ascii: "\\"), UInt8(ascii: "t")])
-            case 0x08: line.append(contentsOf: [UInt8(ascii: "\\"), UInt8(ascii: "b")])
-            case 0x0C: line.append(contentsOf: [UInt8(ascii: "\\"), UInt8(ascii: "f")])
-            case 0..<0x20:
-                line.append(contentsOf: "\\u00".utf8)
-                line.append(hex[Int(byte >> 4)])
-                line.append(hex[Int(byte & 0xF)])
-            default: line.append(byte)
+    static func escapedCount(_ text: String) -> Int {
+        var text = text
+        return text.withUTF8 { bytes in
+            var count = bytes.count
+            for byte in bytes where byte < 0x20 || byte == UInt8(ascii: "\"") || byte == UInt8(ascii: "\\") {
+                count += escapedWidth(byte) - 1
             }
+            return count
         }
+    }
+
+    /// `text` inside a JSON string: `"` and `\` escaped, control characters as `\n`, `\t`, … or
+    /// `\u00XX`; the rest as its UTF-8, copied a run at a time.
+    static func appendEscaped(_ text: String, to line: inout [UInt8]) {
+        var text = text
+        text.withUTF8 { bytes in
+            var run = 0
+            for index in bytes.indices {
+                let byte = bytes[index]
+                guard byte < 0x20 || byte == UInt8(ascii: "\"") || byte == UInt8(ascii: "\\") else { continue }
+                if run < index { line.append(contentsOf: UnsafeBufferPointer(rebasing: bytes[run..<index])) }
+                run = index + 1
+                line.append(UInt8(ascii: "\\"))
+                switch byte {
+                case UInt8(ascii: "\""), UInt8(ascii: "\\"): line.append(byte)
+                case UInt8(ascii: "\n"): line.append(UInt8(ascii: "n"))
+                case UInt8(ascii: "\r"): line.append(UInt8(ascii: "r"))
+                case UInt8(ascii: "\t"): line.append(UInt8(ascii: "t"))
+                case 0x08: line.append(UInt8(ascii: "b"))
+                case 0x0C: line.append(UInt8(ascii: "f"))
+                default:
+                    line.append(UInt8(ascii: "u"))
+                    line.append(UInt8(ascii: "0"))
+                    line.append(UInt8(ascii: "0"))
+                    line.append(hexDigit(byte >> 4))
+                    line.append(hexDigit(byte & 0xF))
+                }
+            }
+            if run < bytes.count { line.append(contentsOf: UnsafeBufferPointer(rebasing: bytes[run...])) }
+        }
+    }
+
+    @inline(__always)
+    private static func hexDigit(_ value: UInt8) -> UInt8 {
+        value < 10 ? UInt8(ascii: "0") + value : UInt8(ascii: "a") + value - 10
     }
 
     /// `2026-11-27T05:23:45.123456Z`: 27 bytes.

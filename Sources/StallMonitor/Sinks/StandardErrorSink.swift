@@ -60,20 +60,24 @@ public struct StandardErrorSink: ReportSink {
     /// Writes the event (nothing for a kind this version does not know).
     /// - Throws: ``WriteError`` when standard error does not take it (closed, a full disk).
     public func emit(_ event: StallMonitorEvent) throws {
-        let bytes: [UInt8]
         if format == .json {
-            bytes = JSONLine.encode(
-                JournalSink.fields(for: event, syslogIdentifier: syslogIdentifier), time: JSONLine.now())
-        } else {
-            let rendered = Self.render(event)
-            guard !rendered.isEmpty else { return }
-            var text = rendered.split(separator: "\n", omittingEmptySubsequences: false)
-                .map { "\(prefix): \($0)" }.joined(separator: "\n")
-            text += "\n"
-            bytes = Array(text.utf8)
+            try writeLine(JournalSink.fields(for: event, syslogIdentifier: syslogIdentifier))
+            return
         }
-        guard !bytes.isEmpty else { return }
-        if let failure = Self.writeAll(bytes) { throw WriteError(code: failure) }
+        let rendered = Self.render(event)
+        guard !rendered.isEmpty else { return }
+        var text = rendered.split(separator: "\n", omittingEmptySubsequences: false)
+            .map { "\(prefix): \($0)" }.joined(separator: "\n")
+        text += "\n"
+        if let failure = Self.writeAll(Array(text.utf8)) { throw WriteError(code: failure) }
+    }
+
+    /// What ``emit(_:)`` does in JSON past the mapping of the event to fields: the line of
+    /// `fields`, written (the benchmark times this part alone).
+    package func writeLine(_ fields: [JournalField]) throws {
+        let line = JSONLine.encode(fields, time: JSONLine.now())
+        guard !line.isEmpty else { return }
+        if let failure = Self.writeAll(line) { throw WriteError(code: failure) }
     }
 
     /// One `write` of the whole event (more only when the kernel takes part of it); the errno when
