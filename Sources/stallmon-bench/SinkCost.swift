@@ -1,3 +1,4 @@
+import CStallCapture
 import Foundation
 import Logging
 import StallJournal
@@ -19,9 +20,12 @@ import Glibc
 /// - `logger`: `LoggerSink` through swift-log's `StreamLogHandler` into the same pipe.
 ///
 /// Each report timed alone, the sinks in turn report by report, so that the machine's noise weighs
-/// on each alike: `sink_<name>_report_us_p50` and `_p99`, and `sink_json_over_journal_ratio`, the
-/// JSON line's median over the journal entry's (at most 1: a container's reports cost no more than
-/// the journal's).
+/// on each alike: `sink_<name>_report_us_p50` and `_p99`. Most of a report's cost is the mapping
+/// from the report to the journal's fields (`sink_fields_us_*`: the backtrace and the sampled
+/// stacks as text), which the journal, the JSON line and the Logger share; past it,
+/// `sink_journal_send_us_*` (checking, encoding and sending the entry) and `sink_json_write_us_*`
+/// (encoding and writing the line), and `sink_json_over_journal_ratio`, the second's median over
+/// the first's (at most 1: a container's report costs no more than the journal's).
 enum SinkCost {
     static let names = ["journal", "json", "text", "logger"]
 
@@ -37,12 +41,22 @@ enum SinkCost {
             LoggerSink(logger: Logger(label: "bench") { StreamLogHandler.standardError(label: $0) }),
         ]
         let event = StallMonitorEvent.stallEnded(report())
-        var times = Array(repeating: [Double](), count: sinks.count)
+        let fields = JournalSink.fields(for: event, syslogIdentifier: "bench")
+        let journalSink = JournalSink(syslogIdentifier: "bench", socketPath: journal.path)
+        let jsonSink = StandardErrorSink(format: .json, syslogIdentifier: "bench")
+        // Each sink's whole report, then the journal's and the JSON line's own part: past the
+        // mapping from the event to fields, which they share.
+        let steps: [() throws -> Void] =
+            sinks.map { sink in { try sink.emit(event) } } + [
+                { try journalSink.send(fields) }, { try jsonSink.writeLine(fields) },
+                { _ = JournalSink.fields(for: event, syslogIdentifier: "bench") },
+            ]
+        var times = Array(repeating: [Double](), count: steps.count)
         var failures = 0
         for round in 0..<(reports + reports / 10) {
-            for (index, sink) in sinks.enumerated() {
+            for (index, step) in steps.enumerated() {
                 let start = DispatchTime.now().uptimeNanoseconds
-                do { try sink.emit(event) } catch { failures += 1 }
+                do { try step() } catch { failures += 1 }
                 let elapsed = Double(DispatchTime.now().uptimeNanoseconds - start) / 1e3
                 if round >= reports / 10 { times[index].append(elapsed) }  // the first tenth warms up
             }
@@ -61,9 +75,14 @@ enum SinkCost {
             add("sink_\(name)_report_us_p50", nil, Statistics.median(values) ?? .nan)
             add("sink_\(name)_report_us_p99", nil, Statistics.percentile(values, 0.99) ?? .nan)
         }
+        for (name, values) in zip(["journal_send", "json_write", "fields"], times.suffix(3)) {
+            add("sink_\(name)_us_p50", nil, Statistics.median(values) ?? .nan)
+            add("sink_\(name)_us_p99", nil, Statistics.percentile(values, 0.99) ?? .nan)
+        }
+        // Past the fields both build the same way: the line against the entry.
         add(
             "sink_json_over_journal_ratio", .atMost(1),
-            (Statistics.median(times[1]) ?? .nan) / (Statistics.median(times[0]) ?? .nan))
+            (Statistics.median(times[5]) ?? .nan) / (Statistics.median(times[4]) ?? .nan))
         return figures
     }
 
@@ -108,7 +127,8 @@ enum SinkCost {
             descriptor = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue), 0)
             var size: Int32 = 8 * 1024 * 1024
             _ = setsockopt(descriptor, SOL_SOCKET, SO_RCVBUF, &size, socklen_t(MemoryLayout<Int32>.size))
-            var timeout = timeval(tv_sec: 0, tv_usec: 100_000)
+            var timeout = timeval()
+            timeout.tv_usec = 100_000
             _ = setsockopt(descriptor, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
             var address = sockaddr_un()
             address.sun_family = sa_family_t(AF_UNIX)
