@@ -31,11 +31,13 @@ let package = Package(
                 .product(name: "InMemoryTracing", package: "swift-distributed-tracing"),
             ]
         ),
-        // EXAMPLE_TRACING=otel: swift-otel's OTLP exporter, wrapped in StallmonTracer.
+        // EXAMPLE_TRACING=otel: swift-otel's OTLP exporters, the tracer wrapped in StallmonTracer, the
+        // logging backend for the monitor's LoggerSink.
         .target(
             name: "ExampleOTel",
             dependencies: [
                 .product(name: "StallMonitorTracing", package: "stallmon"),
+                .product(name: "Logging", package: "swift-log"),
                 .product(name: "OTel", package: "swift-otel"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "Instrumentation", package: "swift-distributed-tracing"),
@@ -51,6 +53,7 @@ let package = Package(
                 .product(name: "StallMonitorNIO", package: "stallmon"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
             ]
         ),
         .executableTarget(

@@ -47,8 +47,13 @@ extension StallMonitoring {
         /// Reports waiting for the reporting thread, and events waiting in each sink's own queue
         /// (every sink but the journal's has one); beyond it reports are dropped and counted.
         public var reportQueueCapacity: Int = 64
-        /// `SYSLOG_IDENTIFIER` of the journal entries; `nil` uses the program's name.
+        /// `SYSLOG_IDENTIFIER` of the journal entries (and of the JSON lines on standard error);
+        /// `nil` uses the program's name.
         public var syslogIdentifier: String? = nil
+        /// Where the default sinks send reports: `nil` (`"auto"`) the journal while journald takes
+        /// entries, else standard error, as JSON lines unless it is a terminal. See
+        /// ``ReportDestination``.
+        public var sink: ReportDestination? = nil
         /// Run-loop modes observed in addition to the common modes.
         public var additionalModes: [String] = []
         /// Whether each stall updates the service's `STATUS=` (shown by `systemctl status`), e.g.
@@ -211,6 +216,7 @@ enum ConfigurationKey: String, CaseIterable {
     case rateLimitInterval = "rate_limit_interval_s"
     case reportQueueCapacity = "report_queue_capacity"
     case syslogIdentifier = "syslog_identifier"
+    case sink = "sink"
     case additionalModes = "additional_modes"
     case notifyStatus = "notify_status"
     case loopLatency = "loop_latency"

@@ -132,6 +132,15 @@ extension StallMonitoring.Configuration {
             }
             guard let text = value.string else { throw fail("must be a string (or null for the program's name)") }
             syslogIdentifier = text.isEmpty ? nil : text
+        case .sink:
+            let reason = "must be one of " + ReportDestination.names.map { "\"\($0)\"" }.joined(separator: ", ")
+            guard let text = value.string else { throw fail(reason) }
+            if text == "auto" {
+                sink = nil
+            } else {
+                guard let destination = ReportDestination(named: text) else { throw fail(reason) }
+                sink = destination
+            }
         case .additionalModes:
             guard let list = value.strings else {
                 throw fail("must be a list of run-loop mode names" + (value.listProblem.map { " (\($0))" } ?? ""))
@@ -228,6 +237,7 @@ extension StallMonitoring.Configuration {
         case .stackSource: return stackSource.rawValue
         case .syslogIdentifier: return syslogIdentifier ?? ProgramName.current
         case .additionalModes: return additionalModes.joined(separator: ",")
+        case .sink: return sink?.description ?? "auto"
         }
     }
 }

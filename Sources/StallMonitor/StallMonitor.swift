@@ -93,8 +93,9 @@ public final class StallMonitor: Sendable {
     ///     logger bound with swift-log's `withLogger`, else the process's default one (standard
     ///     error unless the program bootstrapped `LoggingSystem`). The monitor makes no logger of
     ///     its own.
-    ///   - sinks: Where reports go. `nil` means ``defaultSinks(_:)``: the journal while journald
-    ///     takes entries, standard error while it does not.
+    ///   - sinks: Where reports go. `nil` means ``defaultSinks(_:logger:)``: what the `sink` key
+    ///     says; by default the journal while journald takes entries, standard error (JSON lines,
+    ///     or text on a terminal) while it does not.
     ///   - metricsFactory: Where the stall and loop-latency metrics go. `nil` means the backend the
     ///     application bootstrapped (`MetricsSystem.factory`, read at each ``start(_:)``); the monitor
     ///     never bootstraps one.
@@ -112,15 +113,8 @@ public final class StallMonitor: Sendable {
         try resolved.validate()
         self.configuration = resolved
         self.logger = logger
-        self.sinks = sinks ?? Self.defaultSinks(resolved)
+        self.sinks = sinks ?? Self.defaultSinks(resolved, logger: logger)
         self.metricsFactory = metricsFactory
-    }
-
-    /// The journal, falling back to standard error for each entry that journald does not take
-    /// (it is down, not started yet, or takes nothing for 100 ms): decided per entry, so reports
-    /// return to the journal as soon as journald does.
-    public static func defaultSinks(_ configuration: Configuration) -> [any ReportSink] {
-        [JournalSink(syslogIdentifier: configuration.syslogIdentifier, fallback: StandardErrorSink())]
     }
 
     /// The longest ``stop()`` waits for queued reports to reach the sinks.

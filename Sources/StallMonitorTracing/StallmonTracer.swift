@@ -41,6 +41,7 @@ public struct StallmonTracer: Tracer {
         self.wrapped = nil
         self.wrapping = nil
         StallRequests.install(SpanTableReader())
+        LogTraceContext.install()
     }
 
     /// A tracer that registers the spans of `wrapped` with stallmon and hands everything else to it.
@@ -58,6 +59,7 @@ public struct StallmonTracer: Tracer {
         self.wrapped = recording ? wrapped : nil
         self.wrapping = recording ? wrapping() : nil
         StallRequests.install(SpanTableReader())
+        LogTraceContext.install()
     }
 
     public func startSpan<Instant: TracerInstant>(

@@ -24,6 +24,10 @@ struct Bench {
             Report.emit(table: "", figures: TracingCost.figures(scale: options.scale), json: true)
             return 0
         }
+        if options.sinksOnly {
+            Report.emit(table: "", figures: SinkCost.figures(scale: options.scale), json: true)
+            return 0
+        }
         let started = Kernel.now()
         defer { runner.removeLog() }
         if options.hummingbirdOnly {
@@ -126,10 +130,13 @@ struct Bench {
             }
         }
 
-        progress("collector: CPU and memory per journal entry, typical and the schema's worst; tracing: cost per span")
+        progress(
+            "collector: CPU and memory per journal entry, typical and the schema's worst; tracing: cost per span; "
+                + "sinks: cost per report")
         let figures =
             Figures.compute(rounds: rounds, memory: memory, firstStall: firstStall, instructions: instructions)
             + CollectorCost.figures(scale: options.scale) + TracingCost.figures(scale: options.scale)
+            + SinkCost.figures(scale: options.scale)
         let elapsed = Double(Kernel.now() - started) / 1e9
         var table = Report.table(
             figures: figures, rounds: rounds, memory: memory, instructions: instructions, plan: plan, options: options,

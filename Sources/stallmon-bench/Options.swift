@@ -10,6 +10,8 @@ struct Options: Sendable {
     var collectorOnly = false
     /// Whether only what `StallmonTracer` adds to a span and the pool hook to a job is measured.
     var tracingOnly = false
+    /// Whether only what a report costs each sink is measured.
+    var sinksOnly = false
     /// Whether the children run their loop with CFRunLoopRun() rather than RunLoop.main.run().
     var cfRunLoop = false
     /// Whether the SwiftNIO benchmark runs (wrk against StallmonNIOServer), and whether only it does.
@@ -37,6 +39,8 @@ struct Options: Sendable {
           --callgrind      Counts instructions per busy pass under valgrind (default when installed).
           --no-callgrind   Skips the instruction counts.
           --collector-only Measures the collector's and the flame graph's cost per journal entry alone.
+          --sinks-only     Measures what a report costs each sink (journal, JSON and text lines, a
+                           Logger) alone.
           --cf-run-loop    Runs the loops with CFRunLoopRun() instead of RunLoop.main.run(), which
                            leaves and re-enters the loop after every source it handles.
           --no-nio         Skips the SwiftNIO benchmark (wrk against StallmonNIOServer, which must
@@ -77,6 +81,7 @@ struct Options: Sendable {
             case "--json": json = true
             case "--collector-only": collectorOnly = true
             case "--tracing-only": tracingOnly = true
+            case "--sinks-only": sinksOnly = true
             case "--callgrind": callgrind = true
             case "--no-callgrind": callgrind = false
             case "--cf-run-loop": cfRunLoop = true

@@ -33,12 +33,24 @@ package final class FrameworkService: Sendable {
 
     /// Starts the service with stallmon configured by `environment` (`STALLMON_*`), under a syslog
     /// identifier of its own, on a free loopback port, and waits until it listens.
-    package init(_ kind: Kind, binary: URL, environment: [String: String]) throws {
+    /// - Parameter inContainer: Whether it runs as in a container: in a mount namespace of its own
+    ///   whose `/run` is an empty tmpfs, so that no journald socket is there (needs root and
+    ///   util-linux's `unshare`; ``canRunInContainer``).
+    package init(_ kind: Kind, binary: URL, environment: [String: String], inContainer: Bool = false) throws {
         self.kind = kind
         identifier = "stallmon-\(kind.rawValue.prefix(4).lowercased())-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
         let process = Process()
-        process.executableURL = binary
-        process.arguments = []
+        if inContainer {
+            // unshare and sh exec the service: its pid is the process's.
+            process.executableURL = URL(fileURLWithPath: "/usr/bin/unshare")
+            process.arguments = [
+                "--mount", "--propagation", "private", "/bin/sh", "-c",
+                "mount -t tmpfs -o mode=0755 tmpfs /run && exec \"$0\"", binary.path,
+            ]
+        } else {
+            process.executableURL = binary
+            process.arguments = []
+        }
         process.environment = ProcessInfo.processInfo.environment.merging(
             environment.merging(["STALLMON_SYSLOG_IDENTIFIER": identifier, "PORT": "0"]) { $1 }
         ) { $1 }
@@ -55,6 +67,11 @@ package final class FrameworkService: Sendable {
             throw Failure(description: "\(kind) did not start (exit \(result.status)): \(result.errors.suffix(3000))")
         }
         self.port = port
+    }
+
+    /// Whether ``init(_:binary:environment:inContainer:)`` can run a service as in a container here.
+    package static var canRunInContainer: Bool {
+        geteuid() == 0 && FileManager.default.isExecutableFile(atPath: "/usr/bin/unshare")
     }
 
     package var processID: Int32 { running.process.processIdentifier }

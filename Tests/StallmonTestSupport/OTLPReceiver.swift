@@ -5,7 +5,7 @@ import Glibc
 #endif
 
 /// An OTLP/HTTP receiver on loopback: python3's HTTP server, which keeps each JSON body POSTed to
-/// `/v1/traces` and answers 200. Stopped (by pid) when the test is done with it.
+/// `/v1/traces` or `/v1/logs` and answers 200. Stopped (by pid) when the test is done with it.
 package final class OTLPReceiver: @unchecked Sendable {
     private static let script = """
         import http.server, sys
@@ -13,7 +13,7 @@ package final class OTLPReceiver: @unchecked Sendable {
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get('Content-Length', 0)))
-                if self.path == '/v1/traces':
+                if self.path in ('/v1/traces', '/v1/logs'):
                     out.write(body.replace(b'\\n', b' ') + b'\\n'); out.flush()
                 self.send_response(200); self.send_header('Content-Type', 'application/json'); self.end_headers()
                 self.wfile.write(b'{}')
@@ -58,6 +58,30 @@ package final class OTLPReceiver: @unchecked Sendable {
             return resources.flatMap { ($0["scopeSpans"] as? [[String: Any]] ?? []) }
                 .flatMap { $0["spans"] as? [[String: Any]] ?? [] }
         }
+    }
+
+    /// The log records of every export so far, as OTLP/JSON objects
+    /// (`resourceLogs[].scopeLogs[].logRecords[]`).
+    package func logRecords() -> [[String: Any]] {
+        guard let text = try? String(contentsOf: file, encoding: .utf8) else { return [] }
+        return text.split(separator: "\n").flatMap { line -> [[String: Any]] in
+            guard let export = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any] else {
+                return []
+            }
+            let resources = export["resourceLogs"] as? [[String: Any]] ?? []
+            return resources.flatMap { ($0["scopeLogs"] as? [[String: Any]] ?? []) }
+                .flatMap { $0["logRecords"] as? [[String: Any]] ?? [] }
+        }
+    }
+
+    /// Waits up to `timeout` seconds for a log record `matching`.
+    package func logRecord(timeout: Double = 10, matching: ([String: Any]) -> Bool) -> [String: Any]? {
+        let deadline = Date().addingTimeInterval(timeout)
+        repeat {
+            if let record = logRecords().first(where: matching) { return record }
+            usleep(100_000)
+        } while Date() < deadline
+        return nil
     }
 
     /// Waits up to `timeout` seconds for a span `matching`.

@@ -57,6 +57,19 @@ public enum ServiceEnvironment {
         ProcessInfo.processInfo.environment["EXAMPLE_PRINT_REPORTS"] == "1"
     }
 
+    /// `EXAMPLE_SINK`: where the monitor's default sinks send reports (`journal`, `json`, `text`,
+    /// `logger`), set in code as a service would (`configuration.sink`); unset, `STALLMON_SINK` or
+    /// the monitor's choice.
+    public static var sink: String? {
+        ProcessInfo.processInfo.environment["EXAMPLE_SINK"]
+    }
+
+    /// `EXAMPLE_STDERR_CHATTER=N`: a line of the service's own on standard error every N ms
+    /// (``StandardErrorChatter``), so that a test sees the reports' lines beside others.
+    public static var standardErrorChatter: Int? {
+        ProcessInfo.processInfo.environment["EXAMPLE_STDERR_CHATTER"].flatMap(Int.init).flatMap { $0 > 0 ? $0 : nil }
+    }
+
     /// The `ms` a stalling route asks for: 1 to 10,000, else 100.
     public static func milliseconds(_ value: Int?) -> Int {
         guard let value, (1...10_000).contains(value) else { return 100 }

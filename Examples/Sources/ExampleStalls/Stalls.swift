@@ -49,6 +49,16 @@ public func spinInHandler(milliseconds: Int) -> StallAnswer {
     return StallAnswer(handler: "spinInHandler(milliseconds:)", start: start)
 }
 
+/// Spins on the CPU for `milliseconds` at the bottom of `depth` nested calls of itself, so that the
+/// stalled stack is that deep.
+@inline(never)
+public func spinAtDepth(_ depth: Int, milliseconds: Int) -> StallAnswer {
+    guard depth > 1 else { return spinInHandler(milliseconds: milliseconds) }
+    let answer = spinAtDepth(depth - 1, milliseconds: milliseconds)
+    keep(UInt64(depth))  // work after the call: no tail call
+    return answer
+}
+
 /// Blocks in `usleep` (`clock_nanosleep`) for `milliseconds` inside an async route handler.
 @inline(never)
 public func sleepInHandler(milliseconds: Int) -> StallAnswer {

@@ -8,6 +8,7 @@ import ExampleOTel
 //   GET /lock?ms=N          waits N ms for a mutex another thread holds
 //   GET /main-actor?ms=N    hops to the main actor and spins there N ms
 //   GET /child-cpu?ms=N     spins N ms in a `Task {}` the handler makes and awaits
+//   GET /deep?ms=N&depth=D  spins N ms at the bottom of D nested calls (1 to 200, default 100)
 //
 // It listens on 127.0.0.1:$PORT (8080; 0 picks a free port) and prints `{"event":"listening","port":N}`
 // once it does. STALLMON_* variables configure the monitor (config/README.md). SIGTERM shuts it down.
@@ -19,13 +20,18 @@ import ExampleOTel
 //   EXAMPLE_DENY_IO_URING=1    with io_uring_setup(2) failing (a seccomp filter), as valgrind needs
 //   EXAMPLE_TRACING=stallmon|memory|otel  with TracingMiddleware and StallmonTracer (ExampleTracing.swift);
 //                              `memory` serves the finished spans at GET /spans; `otel` wraps swift-otel's
-//                              backend, which exports them over OTLP (OTEL_EXPORTER_OTLP_* say where)
+//                              backend, which exports them over OTLP (OTEL_EXPORTER_OTLP_* say where),
+//                              and logs each stall report through swift-otel's logging backend too: an
+//                              OTLP log record linked to the stalled span
+//   EXAMPLE_SINK=json|text|journal|logger   where the monitor's default sinks send reports (`sink`)
+//   EXAMPLE_STDERR_CHATTER=N   a line of the service's own on standard error every N ms
 //   EXAMPLE_BACKGROUND_STALL_MS=N    a stall of the service's own, in no request, 1 s after start
 //   EXAMPLE_MAIN_RUN_LOOP=1    (with EXAMPLE_STALLMON=off) with the main thread in RunLoop.main rather
 //                              than dispatch_main(), which valgrind cannot run
 import ExampleStalls
 import Foundation
 import Hummingbird
+import Logging
 import NIOCore
 import ServiceLifecycle
 import StallMonitorNIO
@@ -36,12 +42,13 @@ struct HummingbirdService {
     static func main() async throws {
         if ServiceEnvironment.denyIOUring, let failure = IOUringDenial.install() { fatalError(failure) }
         if ServiceEnvironment.mainRunLoop, !MainRunLoop.install() { fatalError("cannot set the async main's drain") }
-        // EXAMPLE_STALLMON=off skips the two lines of stallmon (the benchmark's unmonitored server).
-        let stallmon = ServiceEnvironment.stallmon ? try StallMonitor(sinks: PrintingSink.sinks) : nil
-        try stallmon?.startService()  // main actor, cooperative pool, NIO singleton
         // EXAMPLE_TRACING: InstrumentationSystem.bootstrap(StallmonTracer()), so that stalls name their requests.
         let otel = try ExampleOTel.bootstrap(ExampleTracing.mode)
         let traced = otel != nil || ExampleTracing.bootstrap()
+        // EXAMPLE_STALLMON=off skips stallmon (the benchmark's unmonitored server).
+        let stallmon = ServiceEnvironment.stallmon ? try makeMonitor(otel) : nil
+        try stallmon?.startService()  // main actor, cooperative pool, NIO singleton
+        StandardErrorChatter.start(every: ServiceEnvironment.standardErrorChatter)
         BackgroundStall.start()
 
         let app = Application(
@@ -55,14 +62,32 @@ struct HummingbirdService {
             // The exporter runs beside the application; SIGTERM stops both, the exporter last.
             let group = ServiceGroup(
                 configuration: .init(
-                    services: [
-                        .init(service: otel), .init(service: app, successTerminationBehavior: .gracefullyShutdownGroup),
+                    services: otel.services.map { .init(service: $0) } + [
+                        .init(service: app, successTerminationBehavior: .gracefullyShutdownGroup)
                     ],
                     gracefulShutdownSignals: [.sigterm], logger: app.logger))
             try await group.run()
         } else {
             try await app.runService()
         }
+    }
+
+    /// The monitor as the README adopts it, its configuration from `STALLMON_*`; EXAMPLE_SINK sets
+    /// where the default sinks send reports, and with swift-otel each report is also an OTLP log record.
+    static func makeMonitor(_ otel: ExampleOTel.Backends?) throws -> StallMonitor {
+        if let sinks = PrintingSink.sinks { return try StallMonitor(sinks: sinks) }
+        var configuration = try StallMonitor.Configuration.fromEnvironment()
+        if let name = ServiceEnvironment.sink {
+            guard let sink = StallMonitor.Configuration.ReportDestination(named: name) else {
+                fatalError("EXAMPLE_SINK=\(name): not journal, json, text or logger")
+            }
+            configuration.sink = sink
+        }
+        var sinks = StallMonitor.defaultSinks(configuration)
+        if let otel {
+            sinks.append(LoggerSink(logger: Logger(label: "stallmon", factory: otel.logHandlers)))
+        }
+        return try StallMonitor(configuration: configuration, sinks: sinks)
     }
 
     static func buildRouter(traced: Bool) -> Router<BasicRequestContext> {
@@ -80,6 +105,13 @@ struct HummingbirdService {
         }
         router.get("lock") { request, _ in
             waitForLockInHandler(milliseconds: milliseconds(request)).json
+        }
+        router.get("deep") { request, _ in
+            let depth = request.uri.queryParameters.get("depth", as: Int.self)
+            return spinAtDepth(
+                depth.flatMap { (1...200).contains($0) ? $0 : nil } ?? 100, milliseconds: milliseconds(request)
+            )
+            .json
         }
         router.get("child-cpu") { request, _ in
             // In a task of its own, made by the handler's: it serves the handler's request.

@@ -57,6 +57,13 @@ public struct JournalSink: ReportSink {
         }
     }
 
+    /// What ``emit(_:)`` does past the mapping of the event to fields, without a fallback: checks
+    /// the fields and sends them (the benchmark times this part alone).
+    package func send(_ fields: [JournalField]) throws {
+        try JournalWriter.validate(fields)
+        try connection.send(JournalConnection.encode(fields))
+    }
+
     /// The journal fields of an event: the one mapping from reports to the schema; none for a kind
     /// this version does not know.
     package static func fields(for event: StallMonitorEvent, syslogIdentifier: String) -> [JournalField] {

@@ -1,28 +1,89 @@
+import StallJournal
+
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Darwin)
 import Darwin
 #endif
 
-/// Writes reports to standard error in a readable form: the fallback where no journal exists.
+/// Writes reports to standard error: as one JSON object a line, for a container's log collector,
+/// or in a readable form, for a terminal.
+///
+/// Each event is one `write`, so that lines of other writers never land inside it: on a pipe (a
+/// container's standard error) the kernel keeps a write whole up to `PIPE_BUF` (4 KiB) always, and a
+/// longer one whole while the pipe has room for it (64 KiB unless resized), which a reading collector
+/// leaves.
 public struct StandardErrorSink: ReportSink {
-    private let prefix: String
+    /// How events are written.
+    public struct Format: Sendable, Hashable, CustomStringConvertible {
+        private enum Value: String, Sendable, Hashable {
+            case text, json
+        }
 
-    /// - Parameter prefix: Starts every line, e.g. the program's name.
-    public init(prefix: String? = nil) {
-        self.prefix = prefix ?? "stallmon[\(getpid())]"
+        private let value: Value
+
+        private init(_ value: Value) {
+            self.value = value
+        }
+
+        /// The message line, then details and the backtrace indented, every line prefixed.
+        public static let text = Self(.text)
+        /// One JSON object a line with every field of the journal entry, named as the journal
+        /// names them (`MESSAGE` as `message`), with `time` (RFC 3339, microseconds) and `level`
+        /// (syslog's name); at most 16 KiB a line (what was cut is named in `truncated`).
+        public static let json = Self(.json)
+
+        /// `text` or `json`.
+        public var description: String { value.rawValue }
     }
 
-    /// Writes the event's lines (none for a kind this version does not know).
-    /// - Throws: ``WriteError`` when standard error does not take them (closed, a full disk).
+    private let format: Format
+    private let prefix: String
+    private let syslogIdentifier: String
+
+    /// - Parameters:
+    ///   - format: ``Format/text`` or ``Format/json``.
+    ///   - prefix: Starts every line of the text, e.g. the program's name.
+    ///   - syslogIdentifier: `SYSLOG_IDENTIFIER` of the JSON lines; `nil` uses the program's name.
+    public init(format: Format = .text, prefix: String? = nil, syslogIdentifier: String? = nil) {
+        self.format = format
+        self.prefix = prefix ?? "stallmon[\(getpid())]"
+        self.syslogIdentifier = FieldLimits.identifier(syslogIdentifier ?? ProgramName.current)
+    }
+
+    /// The format the default sinks write when journald takes no entry: the text on a terminal, so
+    /// that a person reads it, and JSON lines everywhere else (a container's log collector).
+    public static var automaticFormat: Format {
+        isatty(STDERR_FILENO) == 1 ? .text : .json
+    }
+
+    /// Writes the event (nothing for a kind this version does not know).
+    /// - Throws: ``WriteError`` when standard error does not take it (closed, a full disk).
     public func emit(_ event: StallMonitorEvent) throws {
+        if format == .json {
+            try writeLine(JournalSink.fields(for: event, syslogIdentifier: syslogIdentifier))
+            return
+        }
         let rendered = Self.render(event)
         guard !rendered.isEmpty else { return }
         var text = rendered.split(separator: "\n", omittingEmptySubsequences: false)
             .map { "\(prefix): \($0)" }.joined(separator: "\n")
         text += "\n"
-        // One write per event so that lines of concurrent writers do not interleave.
-        let failure = text.withUTF8 { bytes -> Int32? in
+        if let failure = Self.writeAll(Array(text.utf8)) { throw WriteError(code: failure) }
+    }
+
+    /// What ``emit(_:)`` does in JSON past the mapping of the event to fields: the line of
+    /// `fields`, written (the benchmark times this part alone).
+    package func writeLine(_ fields: [JournalField]) throws {
+        let line = JSONLine.encode(fields, time: JSONLine.now())
+        guard !line.isEmpty else { return }
+        if let failure = Self.writeAll(line) { throw WriteError(code: failure) }
+    }
+
+    /// One `write` of the whole event (more only when the kernel takes part of it); the errno when
+    /// standard error takes none.
+    private static func writeAll(_ bytes: [UInt8]) -> Int32? {
+        bytes.withUnsafeBufferPointer { bytes -> Int32? in
             var offset = 0
             while offset < bytes.count {
                 let written = write(STDERR_FILENO, bytes.baseAddress! + offset, bytes.count - offset)
@@ -32,7 +93,6 @@ public struct StandardErrorSink: ReportSink {
             }
             return nil
         }
-        if let failure { throw WriteError(code: failure) }
     }
 
     /// Standard error did not take an event; `code` is the errno of `write`.
