@@ -54,7 +54,8 @@ public struct StallRecord: Sendable, Hashable {
     /// wrote none. Its frame numbers refer to the lines of ``backtrace`` as written (clamped).
     public var sampledStacks = SampledStacks()
 
-    /// How the backtrace was taken: `signal` (the sampling signal's handler copied the running
+    /// How the backtrace was taken: `perf` (a perf event on the running thread: the kernel copied its
+    /// registers and stack top, no signal was sent), `signal` (the sampling signal's handler copied the running
     /// thread's registers and stack top, and the watchdog unwound the copy), `kernel` (blocked in a system call, unwound in place from the registers the kernel
     /// shows), `previous` (samples that got no stack of their own, counted unanswered: the latest
     /// stack taken earlier in the stall); empty when there is no stack.

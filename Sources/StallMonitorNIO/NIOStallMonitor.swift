@@ -59,7 +59,7 @@ public final class NIOStallMonitor: Sendable {
         try resolved.validate()
         self.configuration = resolved
         self.logger = logger
-        self.sinks = sinks ?? StallMonitor.defaultSinks(resolved)
+        self.sinks = sinks ?? StallMonitor.defaultSinks(resolved, logger: logger)
         self.metricsFactory = metricsFactory
     }
 
