@@ -250,13 +250,13 @@ static int unwind_record(const unsigned char *record, size_t length, int max_fra
     return 0;
 }
 
-int stallmon_perf_event_sample(stallmon_perf_event *event, int max_frames, uint64_t timeout_ns, stallmon_sample *out) {
-    static _Thread_local unsigned char record[PERF_STACK_WINDOW + 1024];
+int stallmon_perf_event_sample(stallmon_perf_event *event, unsigned char *record, size_t capacity, int max_frames,
+                               uint64_t timeout_ns, stallmon_sample *out) {
     out->source = STALLMON_STACK_PERF;
     uint64_t deadline = stallmon_now_ns() + timeout_ns;
     out->requested_ns = stallmon_now_ns();
     for (;;) {
-        size_t length = newest_record(event, record, sizeof record);
+        size_t length = newest_record(event, record, capacity);
         if (length > 0) {
             if (event->first_period) {
                 // The stall's first stack is in: from now on one a sample interval.
@@ -294,8 +294,11 @@ int stallmon_perf_event_open(stallmon_perf_event *event, pid_t tid, uint64_t per
     refuse(STALLMON_PERF_STEP_OPEN, EOPNOTSUPP);  // only x86-64's registers are mapped so far
     return -1;
 }
-int stallmon_perf_event_sample(stallmon_perf_event *event, int max_frames, uint64_t timeout_ns, stallmon_sample *out) {
+int stallmon_perf_event_sample(stallmon_perf_event *event, unsigned char *record, size_t capacity, int max_frames,
+                               uint64_t timeout_ns, stallmon_sample *out) {
     (void)event;
+    (void)record;
+    (void)capacity;
     (void)max_frames;
     (void)timeout_ns;
     out->status = STALLMON_SAMPLE_TIMEOUT;

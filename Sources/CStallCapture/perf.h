@@ -24,9 +24,14 @@ void stallmon_perf_event_init(stallmon_perf_event *event);
 /// seccomp filter the call is made only when `forced` (the service asked for perf events alone).
 int stallmon_perf_event_open(stallmon_perf_event *event, pid_t tid, uint64_t period_ns, int forced);
 void stallmon_perf_event_close(stallmon_perf_event *event);
-/// The newest record of the event's ring, unwound into `out`, waiting up to `timeout_ns` for one:
-/// 0, or -1 with `out->status` STALLMON_SAMPLE_TIMEOUT (the thread did not run on a CPU).
-int stallmon_perf_event_sample(stallmon_perf_event *event, int max_frames, uint64_t timeout_ns, stallmon_sample *out);
+/// The largest record an event writes: its header, ids, time, registers and stack window.
+enum { STALLMON_PERF_RECORD_CAPACITY = 32 * 1024 + 1024 };
+
+/// The newest record of the event's ring, copied into `record` (`capacity` bytes, the caller's:
+/// one a watchdog) and unwound into `out`, waiting up to `timeout_ns` for one: 0, or -1 with
+/// `out->status` STALLMON_SAMPLE_TIMEOUT (the thread did not run on a CPU).
+int stallmon_perf_event_sample(stallmon_perf_event *event, unsigned char *record, size_t capacity, int max_frames,
+                               uint64_t timeout_ns, stallmon_sample *out);
 
 #endif
 #endif

@@ -111,8 +111,8 @@ typedef struct {
     stallmon_captured_registers registers;
     uintptr_t stack_limit;
     ssize_t stack_length;
-    unsigned char stack[STACK_WINDOW];
     sem_t done;
+    int prepared;  // its semaphore and perf events are set up (at its first claim)
     // The latest stack unwound from the kernel's view, owned by the watchdog: while the thread
     // has not run since, its stack has not changed.
     struct {
@@ -129,6 +129,9 @@ typedef struct {
     // Perf events on stalled threads (perf.c), owned by the watchdog.
     stallmon_perf_event perf[PERF_EVENTS_PER_SLOT];
     uint64_t perf_period_ns;
+    // The large buffers last: a slot no monitor claimed stays untouched, zero pages in no one's RSS.
+    unsigned char stack[STACK_WINDOW];
+    unsigned char perf_record[STALLMON_PERF_RECORD_CAPACITY];  // the newest record, copied out of its ring
 } slot_t;
 
 static slot_t slots[SLOT_COUNT];
@@ -235,19 +238,27 @@ void stallmon_sampler_set_test_delay(uint64_t nanoseconds) {
     atomic_store_explicit(&test_handler_delay_ns, nanoseconds, memory_order_relaxed);
 }
 
+// A child of fork() inherits the descriptors and rings of the parent's perf events, which sample the
+// parent's threads: it lets them go.
+static void sampler_child(void) {
+    if (atomic_load(&slots_initialized) != 2) return;
+    for (int i = 0; i < SLOT_COUNT; i++) {
+        if (!slots[i].prepared) continue;
+        for (int j = 0; j < PERF_EVENTS_PER_SLOT; j++) {
+            if (slots[i].perf[j].descriptor >= 0) stallmon_perf_event_close(&slots[i].perf[j]);
+        }
+    }
+    atomic_store(&perf_open_count, 0);
+}
+
 static void initialize_slots(void) {
     int expected = 0;
     if (atomic_load(&slots_initialized) == 2) return;
     if (atomic_compare_exchange_strong(&slots_initialized, &expected, 1)) {
-        for (int i = 0; i < SLOT_COUNT; i++) {
-            atomic_init(&slots[i].word, slot_word(0, SLOT_FREE));
-            atomic_init(&slots[i].target, 0);
-            atomic_init(&slots[i].broken, 0);
-            sem_init(&slots[i].done, 0, 0);
-            for (int j = 0; j < PERF_EVENTS_PER_SLOT; j++) stallmon_perf_event_init(&slots[i].perf[j]);
-            slots[i].perf_period_ns = 20000000;
-        }
+        // The slots' words, targets and flags start as the zeros of static storage (SLOT_FREE);
+        // each slot's semaphore and perf events are set up at its first claim.
         stallmon_unwind_register_fork_handlers();
+        pthread_atfork(NULL, NULL, sampler_child);
         atomic_store(&slots_initialized, 2);
     } else {
         while (atomic_load(&slots_initialized) != 2) sched_yield();
@@ -331,6 +342,12 @@ int stallmon_sampler_slot_claim(void) {
         if (atomic_compare_exchange_strong(&slots[i].word, &expected,
                                            slot_word(expected >> 8, SLOT_IDLE))) {
             slots[i].generation = expected >> 8;
+            if (!slots[i].prepared) {
+                sem_init(&slots[i].done, 0, 0);
+                for (int j = 0; j < PERF_EVENTS_PER_SLOT; j++) stallmon_perf_event_init(&slots[i].perf[j]);
+                slots[i].perf_period_ns = 20000000;
+                slots[i].prepared = 1;
+            }
             return i;
         }
     }
@@ -746,7 +763,8 @@ void stallmon_sample_stack(int index, pid_t tid, int signo, int max_frames, uint
             stallmon_perf_event *event = perf_event_for(slot, tid, (flags & STALLMON_SAMPLE_PERF_ONLY) != 0);
             if (event != NULL) {
                 out->disposition = STALLMON_DISPOSITION_OURS;
-                stallmon_perf_event_sample(event, max_frames, timeout_ns, out);
+                stallmon_perf_event_sample(event, slot->perf_record, sizeof slot->perf_record, max_frames, timeout_ns,
+                                           out);
                 return;
             }
             if (flags & STALLMON_SAMPLE_PERF_ONLY) {

@@ -74,9 +74,9 @@ package enum SamplingSignal {
     private static func install(
         _ configuration: StallMonitor.Configuration, preferringUnblockedBy thread: ThreadInspector?, logger: Logger
     ) throws(StallMonitorError) -> Int32? {
-        let mainThread = ThreadInspector(threadID: getpid())
+        let programBlocks = programBlockedSignals()
         if let signal = configuration.signal {
-            if mainThread.blocks(signal) {
+            if programBlocks(signal) {
                 throw StallMonitorError.signalUnavailable(
                     signal, reason: "the program blocks it on its main thread (it reads it with signalfd or sigwait)")
             }
@@ -87,7 +87,7 @@ package enum SamplingSignal {
             return signal
         }
         let candidates = Array(stride(from: stallmon_sigrtmax() - 4, through: stallmon_sigrtmin() + 4, by: -1))
-            .filter { !mainThread.blocks($0) }
+            .filter { !programBlocks($0) }
         let preferred = thread.map { thread in candidates.filter { !thread.blocks($0) } + candidates } ?? candidates
         var refusal: Int32 = 0
         guard
@@ -112,6 +112,18 @@ package enum SamplingSignal {
             return nil
         }
         return signal
+    }
+
+    /// Whether the program blocks a signal on its main thread: blocked in two readings of its mask
+    /// a millisecond apart, when the first shows any blocked. (Foundation blocks every signal on a
+    /// thread around each `pthread_create` it makes: a reading at that moment is no choice of the
+    /// program's.)
+    private static func programBlockedSignals() -> (Int32) -> Bool {
+        let mainThread = ThreadInspector(threadID: getpid())
+        guard let first = mainThread.blockedSignals(), first != 0 else { return { _ in false } }
+        usleep(1000)
+        let mask = first & (mainThread.blockedSignals() ?? first)
+        return { signal in signal > 0 && signal <= 64 && mask & (1 << UInt64(signal - 1)) != 0 }
     }
 
     private static func reason(_ rc: Int32) -> String {
