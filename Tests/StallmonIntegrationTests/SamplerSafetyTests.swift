@@ -41,10 +41,7 @@ extension Serial {
         }
 
         @Test func sampleRequestToAThreadThatNeverAnswersTimesOut() throws {
-            let signal = stallmon_sigrtmax() - 4
-            #expect(stallmon_sampler_install(signal) == 0)
-            let slot = stallmon_sampler_slot_claim()
-            try #require(slot >= 0)
+            let (signal, slot) = try claimSampler()
             defer { stallmon_sampler_slot_release(slot) }
 
             let blocked = BlockedThread(signal: signal)
@@ -103,10 +100,7 @@ extension Serial {
         /// thread A that runs after A's request timed out (here made late on purpose, between its
         /// checks and its claim) never answers the next request, made for thread B.
         @Test func aLateHandlerNeverAnswersAnotherThreadsRequest() throws {
-            let signal = stallmon_sigrtmax() - 4
-            #expect(stallmon_sampler_install(signal) == 0)
-            let slot = stallmon_sampler_slot_claim()
-            try #require(slot >= 0)
+            let (signal, slot) = try claimSampler()
             defer { stallmon_sampler_slot_release(slot) }
             let first = SpinningThread(signal: signal)
             let second = SpinningThread(signal: signal)
@@ -132,10 +126,7 @@ extension Serial {
         /// one, however often the watchdog turns to another thread and back. (Reset per target,
         /// the count let one more real-time signal queue up on the blocked thread per visit.)
         @Test func aThreadThatBlocksTheSignalNeverHasMoreThanOneQueued() throws {
-            let signal = stallmon_sigrtmax() - 4
-            #expect(stallmon_sampler_install(signal) == 0)
-            let slot = stallmon_sampler_slot_claim()
-            try #require(slot >= 0)
+            let (signal, slot) = try claimSampler()
             defer { stallmon_sampler_slot_release(slot) }
             let blocked = BlockedThread(signal: signal)
             let answering = SpinningThread(signal: signal)
@@ -202,6 +193,15 @@ extension Serial {
             #expect(ended.frames.contains { $0["function"] as? String == "Stalls.burnCPU(milliseconds:)" })
         }
     }
+}
+
+/// The sampling handler installed on SIGRTMAX-4, and a sampler slot the caller releases.
+private func claimSampler() throws -> (signal: Int32, slot: Int32) {
+    let signal = stallmon_sigrtmax() - 4
+    #expect(stallmon_sampler_install(signal) == 0)
+    let slot = stallmon_sampler_slot_claim()
+    try #require(slot >= 0)
+    return (signal, slot)
 }
 
 /// Signals queued for this process's user (`SigQ` of /proc/self/status).
