@@ -16,11 +16,15 @@ struct FleetTests {
     }
 
     /// A stall entry of `machine`, as journal-remote keeps it: its host, machine, boot and times.
+    /// An hour ago, in microseconds of the wall clock: the entries lie inside the collector's longest
+    /// window, which is all a cold start reads back (`cold_start_entries`).
+    static let recently = UInt64(Date().timeIntervalSince1970 * 1e6) - 3_600_000_000
+
     static func entry(
         machine: String, host: String, monotonic: UInt64, boot: String = FleetTests.boot,
         fingerprint: String = "aaaaaaaaaaaaaaaa", cursor: String = "c"
     ) -> JournalEntry {
-        var entry = Entries.entry(fingerprint: fingerprint, time: 1_000_000_000 + monotonic, cursor: cursor)
+        var entry = Entries.entry(fingerprint: fingerprint, time: recently + monotonic, cursor: cursor)
         entry.fields["_MACHINE_ID"] = machine
         entry.fields["_HOSTNAME"] = host
         entry.bootID = boot
