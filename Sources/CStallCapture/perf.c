@@ -12,8 +12,8 @@
 // stall ends (stallmon_perf_close_thread): no descriptor is held while no stall lasts. A slot (one
 // watchdog) holds at most PERF_EVENTS_PER_SLOT events at once; each is one descriptor and a ring of
 // 1 + PERF_DATA_PAGES pages. The first overflow comes after PERF_FIRST_PERIOD_NS of the thread's
-// CPU time, so that the stall's first sample has a stack at once; then the period is the sample
-// interval.
+// CPU time, so that the stall's first sample has a stack at once; then the period is half the
+// sample interval.
 //
 // Where the kernel refuses (perf_event_paranoid 3, the default of Debian's and Ubuntu's kernels
 // for unprivileged users; a ring that cannot be mapped), the process falls back to the signal path
@@ -50,6 +50,7 @@ enum {
     PERF_STACK_WINDOW = 32 * 1024,  // as the signal path's copy
     PERF_DATA_PAGES = 16,           // 64 KiB: the newest record and the start of the next
     PERF_FIRST_PERIOD_NS = 100 * 1000,
+    PERF_LATER_WAIT_NS = 2 * 1000 * 1000,
 };
 
 static _Atomic int refused_errno;  // 0 while the kernel has not refused
@@ -168,7 +169,9 @@ int stallmon_perf_event_open(stallmon_perf_event *event, pid_t tid, uint64_t per
     event->descriptor = descriptor;
     event->ring = ring;
     event->tid = tid;
-    event->period_ns = period_ns;
+    // Half a sample interval of CPU time (1 ms at least): a thread that shares its CPU still leaves
+    // a record between two samples, and the watchdog seldom has to wait for one.
+    event->period_ns = period_ns / 2 > 1000000 ? period_ns / 2 : 1000000;
     event->first_period = 1;
     return 0;
 }
@@ -253,6 +256,11 @@ static int unwind_record(const unsigned char *record, size_t length, int max_fra
 int stallmon_perf_event_sample(stallmon_perf_event *event, unsigned char *record, size_t capacity, int max_frames,
                                uint64_t timeout_ns, stallmon_sample *out) {
     out->source = STALLMON_STACK_PERF;
+    // The stall's first record comes after 100 µs of the thread's CPU time: for it the watchdog
+    // waits the whole timeout. Later, a thread that left no record since the last sample has hardly
+    // run: the watchdog waits a little (it also has the stall's end to notice), and the sample goes
+    // unanswered.
+    if (!event->first_period && timeout_ns > PERF_LATER_WAIT_NS) timeout_ns = PERF_LATER_WAIT_NS;
     uint64_t deadline = stallmon_now_ns() + timeout_ns;
     out->requested_ns = stallmon_now_ns();
     for (;;) {
