@@ -145,8 +145,12 @@ final class StallSampler {
         if blockedReason != nil {
             flags = Int32(STALLMON_SAMPLE_SPARE_SYSCALLS | STALLMON_SAMPLE_NO_SIGNAL)
         }
+        // A perf event cannot read which Swift task the thread runs, which names the stall's request
+        // where the pool's records do not (a main-actor job): while request spans are in use and
+        // the stall's request is not known yet, its first two samples are the signal's, in auto.
+        let wantsTask = stall.request == nil && stall.requestLooks < 2 && stallmon_request_used() != 0
         switch stackSource {
-        case .auto: flags |= Int32(STALLMON_SAMPLE_PERF)
+        case .auto: if !wantsTask { flags |= Int32(STALLMON_SAMPLE_PERF) }
         case .perf: flags |= Int32(STALLMON_SAMPLE_PERF_ONLY)
         case .signal: break
         }
