@@ -184,19 +184,24 @@ static size_t newest_record(stallmon_perf_event *event, unsigned char *record, s
     uint64_t tail = meta->data_tail;
     const unsigned char *data = (const unsigned char *)event->ring + page_size();
     uint64_t size = (uint64_t)PERF_DATA_PAGES * (uint64_t)page_size();
+    // Find the newest sample by the headers alone, then copy that one record.
+    uint64_t newest = 0;
     size_t found = 0;
     while (tail < head) {
         struct perf_event_header header;
         for (size_t i = 0; i < sizeof header; i++) ((unsigned char *)&header)[i] = data[(tail + i) % size];
         if (header.size < sizeof header || tail + header.size > head) break;
         if (header.type == PERF_RECORD_SAMPLE && header.size <= capacity) {
-            uint64_t start = tail % size;
-            uint64_t first = size - start < header.size ? size - start : header.size;
-            memcpy(record, data + start, first);
-            memcpy(record + first, data, header.size - first);
+            newest = tail;
             found = header.size;
         }
         tail += header.size;
+    }
+    if (found > 0) {
+        uint64_t start = newest % size;
+        uint64_t first = size - start < found ? size - start : found;
+        memcpy(record, data + start, first);
+        memcpy(record + first, data, found - first);
     }
     __atomic_store_n(&meta->data_tail, head, __ATOMIC_RELEASE);
     return found;
