@@ -44,7 +44,12 @@ enum StallWorkloads {
     /// `cpu_pct`, the watchdog thread's CPU time over the stall as a share of it, and `samples`.
     static func startLongStall(_ request: ChildRequest) throws {
         let sink = TimingSink(recording: true)
-        let installed = try InstalledVariant(.stallmon, sinks: [sink])
+        var configuration = StallMonitor.Configuration()
+        // `--stack-source signal` measures the signal path where perf events are allowed.
+        if let source = request.parameters["stack-source"].flatMap(StallMonitor.Configuration.StackSource.init) {
+            configuration.stackSource = source
+        }
+        let installed = try InstalledVariant(.stallmon, configuration: configuration, sinks: [sink])
         let length = UInt64(request.double("seconds", default: 5) * 1e9)
         Timers.after(request.double("settle", default: 0.5)) {
             let watchdog = installed.watchdogThreadID
