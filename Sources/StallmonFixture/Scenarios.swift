@@ -368,7 +368,7 @@ enum Scenarios {
             // itself, counting. The main run loop stalls 600 ms on the CPU; the perf event
             // descriptors are counted before, during and after the stall. perf-stall-denied installs
             // a seccomp filter that refuses perf_event_open first (EPERM, as Docker's default profile).
-            if name == "perf-stall-denied" { PerfDenial.install() }
+            if name == "perf-stall-denied" { DeniedCall.perfEventOpen.install() }
             ProgramSignals.install(sparing: SignalTakeover.samplingSignal)
             try monitor.start()
             let mainThread = getpid()  // the main thread's id is the process's

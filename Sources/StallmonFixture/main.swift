@@ -113,8 +113,8 @@ func finish(after seconds: Double) {
 }
 
 switch options.denyMembarrier {
-case "before": MembarrierDenial.install()
-case "after": DispatchQueue.main.async { MembarrierDenial.install() }  // once the loop runs, after start()
+case "before": DeniedCall.membarrier.install()
+case "after": DispatchQueue.main.async { DeniedCall.membarrier.install() }  // once the loop runs, after start()
 default: break
 }
 try Scenarios.run(options.scenario, monitor: monitor, options: options)
