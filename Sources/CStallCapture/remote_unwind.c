@@ -62,6 +62,21 @@ static void note_memory_file(int descriptor) {
 
 int stallmon_memory_descriptor(void) { return atomic_load_explicit(&memory_descriptor, memory_order_acquire); }
 
+/// Opens this process's /proc/self/mem and puts it under the number `descriptor` where there is
+/// one (readers keep the number), else under a number of its own: the descriptor, or -1 when it
+/// cannot be opened (nothing changes then).
+static int install_memory_file(int descriptor) {
+    int opened = open("/proc/self/mem", O_RDONLY | O_CLOEXEC);
+    if (opened < 0) return -1;
+    note_memory_file(opened);
+    if (descriptor >= 0 && dup3(opened, descriptor, O_CLOEXEC) == descriptor) {
+        close(opened);
+        return descriptor;
+    }
+    atomic_store_explicit(&memory_descriptor, opened, memory_order_release);
+    return opened;
+}
+
 int stallmon_memory_open(void) {
     pthread_mutex_lock(&memory_lock);
     int descriptor = atomic_load_explicit(&memory_descriptor, memory_order_acquire);
@@ -69,20 +84,7 @@ int stallmon_memory_open(void) {
     // A program that closed every descriptor (a daemon's closefrom) may have reused the number.
     int current = descriptor >= 0 && fstat(descriptor, &status) == 0 && status.st_dev == memory_device &&
                   status.st_ino == memory_inode;
-    if (!current) {
-        int opened = open("/proc/self/mem", O_RDONLY | O_CLOEXEC);
-        if (opened >= 0) {
-            note_memory_file(opened);
-            if (descriptor >= 0 && dup3(opened, descriptor, O_CLOEXEC) == descriptor) {
-                close(opened);
-            } else {
-                atomic_store_explicit(&memory_descriptor, opened, memory_order_release);
-                descriptor = opened;
-            }
-        } else {
-            descriptor = -1;
-        }
-    }
+    if (!current) descriptor = install_memory_file(descriptor);
     pthread_mutex_unlock(&memory_lock);
     return descriptor;
 }
@@ -93,17 +95,9 @@ void stallmon_memory_reopen_in_child(void) {
     pthread_mutex_init(&memory_lock, NULL);
     int descriptor = atomic_load_explicit(&memory_descriptor, memory_order_relaxed);
     if (descriptor < 0) return;
-    int opened = open("/proc/self/mem", O_RDONLY | O_CLOEXEC);
-    if (opened < 0) {
+    if (install_memory_file(descriptor) < 0) {
         atomic_store_explicit(&memory_descriptor, -1, memory_order_release);
         close(descriptor);
-        return;
-    }
-    note_memory_file(opened);
-    if (dup3(opened, descriptor, O_CLOEXEC) == descriptor) {
-        close(opened);
-    } else {
-        atomic_store_explicit(&memory_descriptor, opened, memory_order_release);
     }
 }
 
