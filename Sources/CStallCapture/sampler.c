@@ -18,7 +18,10 @@
 // compare-and-swap on the same word, so a handler that runs late finds nothing to write into, and
 // a later request (another generation, perhaps for another thread) is never answered by it. Signals
 // sent and taken are counted per thread: a thread that has not taken its last signal (it blocks the
-// signal, or is stopped) gets no new one, so real-time signals never pile up in its queue.
+// signal, or is stopped) gets no new one, so real-time signals never pile up in its queue. The
+// kernel is asked before that refusal stands: a signal no longer pending for the thread (its
+// SigPnd) went elsewhere, to a handler the program put in and took out again or to a sanitizer
+// that keeps one per number, and is not waited for again: the thread is signalled afresh.
 //
 // A signal handler ends some system calls with EINTR whatever SA_RESTART says (nanosleep, poll,
 // epoll_wait, select, timed waits: signal(7)). So a thread that /proc/self/task/<tid>/syscall shows
@@ -407,19 +410,23 @@ static int thread_exists(pid_t tid) {
     return access(path, F_OK) == 0;
 }
 
+static int signal_still_pending(pid_t tid, int signo);
+
 /// The thread's entry in the slot's table of signals, or -1 when it has not taken its last signal
 /// (or no entry can be had: every one is held by a live thread with a signal pending).
-static int signal_entry(slot_t *slot, pid_t tid, int *pending) {
+static int signal_entry(slot_t *slot, pid_t tid, int signo, int *pending) {
     *pending = 0;
     for (int i = 0; i < SIGNALLED_COUNT; i++) {
         signalled_t *entry = &slot->signalled[i];
         if (atomic_load(&entry->tid) != tid) continue;
         if (atomic_load(&entry->sent) > atomic_load_explicit(&entry->taken, memory_order_acquire)) {
-            if (thread_exists(tid)) {
+            if (thread_exists(tid) && signal_still_pending(tid, signo) != 0) {
                 *pending = 1;
                 return -1;
             }
-            // A thread that exited with the signal pending took it with it; the id is new.
+            // A thread that exited with the signal pending took it with it (the id is new), and
+            // a signal the thread no longer has pending was taken by something else: the entry
+            // starts again.
             atomic_store(&entry->taken, atomic_load(&entry->sent));
         }
         return i;
@@ -474,6 +481,21 @@ static int read_thread_file(pid_t tid, const char *name, char *buffer, size_t si
     if (count <= 0) return -1;
     buffer[count] = 0;
     return 0;
+}
+
+/// Whether signal `signo` is pending for thread `tid` (its bit in SigPnd, the thread's own queue,
+/// where rt_tgsigqueueinfo puts it): 1 or 0, or -1 when that cannot be read (then it is taken as
+/// pending: no signal is added to a queue that cannot be seen).
+static int signal_still_pending(pid_t tid, int signo) {
+    char text[4096];
+    if (read_thread_file(tid, "status", text, sizeof text) != 0) return -1;
+    static const char field[] = "\nSigPnd:";
+    const char *found = strstr(text, field);
+    if (found == NULL) return -1;
+    char *end;
+    unsigned long long mask = strtoull(found + sizeof field - 1, &end, 16);
+    if (end == found + sizeof field - 1) return -1;
+    return (mask >> (signo - 1)) & 1ULL ? 1 : 0;
 }
 
 /// `view` gets the system call, its six arguments, sp and pc. Returns 1 when the thread sits in a
@@ -805,7 +827,7 @@ void stallmon_sample_stack(int index, pid_t tid, int signo, int max_frames, uint
         return;
     }
     int pending = 0;
-    int entry = signal_entry(slot, tid, &pending);
+    int entry = signal_entry(slot, tid, signo, &pending);
     if (entry < 0) {
         // The thread has not taken its last signal: it blocks the signal, is stopped, or has not
         // run since. Another would only wait in its queue beside the first.

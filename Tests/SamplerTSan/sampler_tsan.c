@@ -110,7 +110,10 @@ int main(void) {
     // ThreadSanitizer holds one pending signal per number and thread while it defers delivery, so
     // about half the samples two watchdogs ask of one thread at once time out under it; without it
     // every running thread answers (the blocked one, a third of the visits, never does).
-    int passed = (answered >= 600) + (results[0].frames > 2 && results[1].frames > 2) + (failed == 0);
+    // Each watchdog is answered by the threads the other was answered by: a signal lost in the
+    // sanitizer's deferral is not waited for again (the kernel's SigPnd no longer has it).
+    int passed = (answered >= 600 && results[0].answered >= 300 && results[1].answered >= 300) +
+                 (results[0].frames > 2 && results[1].frames > 2) + (failed == 0);
     printf("samples answered %d of %d, deepest %d frames, %d children of fork exited, %d failed\n", answered,
            results[0].rounds + results[1].rounds, results[0].frames > results[1].frames ? results[0].frames : results[1].frames,
            forks, failed);

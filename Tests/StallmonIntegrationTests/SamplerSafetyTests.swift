@@ -148,6 +148,31 @@ extension Serial {
             #expect(answered == 1000)
         }
 
+        /// A signal the thread no longer has pending (something else took it: here the thread
+        /// itself, with sigtimedwait) is not waited for again: the kernel's SigPnd is asked before a
+        /// thread is refused a new signal. (Taken as still pending, it kept the thread unsampled by
+        /// that slot for good; a sanitizer that keeps one deferred signal per number did the same.)
+        @Test func aSignalTakenByAnotherHandDoesNotSilenceTheThreadForGood() throws {
+            let (signal, slot) = try claimSampler()
+            defer { stallmon_sampler_slot_release(slot) }
+            let thread = SignalTakingThread(signal: signal)
+            defer { thread.finish() }
+
+            var sample = stallmon_sample()
+            stallmon_sample_thread(slot, thread.threadID, signal, 64, 20_000_000, &sample)
+            #expect(sample.status == Int32(STALLMON_SAMPLE_TIMEOUT.rawValue))
+            #expect(thread.takeThePendingSignalAndRun() == signal, "the signal was not pending")
+
+            var answered = 0
+            for _ in 0..<20 {
+                stallmon_sample_thread(slot, thread.threadID, signal, 64, 1_000_000_000, &sample)
+                if sample.status == Int32(STALLMON_SAMPLE_OK.rawValue) && sample.sampled_tid == thread.threadID {
+                    answered += 1
+                }
+            }
+            #expect(answered == 20, "\(answered) of 20 samples answered after the signal was taken elsewhere")
+        }
+
         /// The handler runs on the thread's alternate signal stack where it has one, and the two
         /// sampling signals (a real-time one for loops, SIGPROF for the pool) block each other while
         /// it runs, so that one handler never nests inside the other.
@@ -237,6 +262,52 @@ final class SpinningThread: @unchecked Sendable {
     var threadID: pid_t { tid }
 
     func finish() { done.store(true, ordering: .relaxed) }
+}
+
+/// A thread that blocks `signal`, then on request takes the one pending for it with sigtimedwait
+/// (so no handler runs), unblocks it and spins until finished.
+final class SignalTakingThread: @unchecked Sendable {
+    private let ready = DispatchSemaphore(value: 0)
+    private let take = DispatchSemaphore(value: 0)
+    private let taken = DispatchSemaphore(value: 0)
+    private let done = Atomic<Bool>(false)
+    private var tid: pid_t = 0
+    private var takenSignal: Int32 = 0
+
+    init(signal: Int32) {
+        let thread = Thread { [self] in
+            var set = sigset_t()
+            sigemptyset(&set)
+            sigaddset(&set, signal)
+            pthread_sigmask(SIG_BLOCK, &set, nil)
+            tid = stallmon_gettid()
+            ready.signal()
+            take.wait()
+            var timeout = timespec(tv_sec: 1, tv_nsec: 0)
+            takenSignal = sigtimedwait(&set, nil, &timeout)
+            pthread_sigmask(SIG_UNBLOCK, &set, nil)
+            taken.signal()
+            var hash: UInt64 = 0
+            while !done.load(ordering: .relaxed) { hash = (hash ^ 1) &* 0x100_0000_01b3 }
+            if hash == 42 { print("") }
+        }
+        thread.start()
+        ready.wait()
+    }
+
+    var threadID: pid_t { tid }
+
+    /// The signal sigtimedwait took (-1 when none was pending within a second).
+    func takeThePendingSignalAndRun() -> Int32 {
+        take.signal()
+        taken.wait()
+        return takenSignal
+    }
+
+    func finish() {
+        take.signal()
+        done.store(true, ordering: .relaxed)
+    }
 }
 
 /// A thread that parks in a system call with `signal` blocked or unblocked (threads of the test
