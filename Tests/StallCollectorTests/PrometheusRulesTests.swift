@@ -215,14 +215,9 @@ struct PrometheusRulesTests {
 
     /// promtool: the rules are valid and pass their unit tests, the scrape example is a valid
     /// configuration, and every dashboard expression parses (checked as a recording rule each, the
-    /// Grafana variables replaced by values). Required where `REQUIRE_TEST_TOOLS=1` (CI).
-    @Test func promtoolChecksAndTestsTheRules() throws {
-        guard let promtool = ExternalTool.find("promtool") else {
-            #expect(
-                ProcessInfo.processInfo.environment["REQUIRE_TEST_TOOLS"] != "1",
-                "promtool is missing (apt-get install prometheus)")
-            return
-        }
+    /// Grafana variables replaced by values). Skipped without promtool, but where `REQUIRE_TEST_TOOLS=1` (CI).
+    @Test(.requires(.promtool)) func promtoolChecksAndTestsTheRules() throws {
+        let promtool = try ExternalTool.required(.promtool)
         for arguments in [
             ["check", "rules", "stallmon.rules.yml"], ["test", "rules", "stallmon.rules.test.yml"],
             ["check", "config", "prometheus.yml"],

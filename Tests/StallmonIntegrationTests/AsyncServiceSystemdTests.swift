@@ -11,7 +11,7 @@ import Glibc
 /// monitored with `start(.asyncMain)` it keeps its watchdog fed; started as a run-loop service
 /// would be, the monitor warns and feeds nothing, so systemd restarts it.
 extension Serial {
-    @Suite(.enabled(if: SystemdNamespace.isSupported, "needs root, systemd, unshare and nsenter"))
+    @Suite(.requires(.systemd))
     struct AsyncServiceSystemdTests {
         static func installService(
             _ systemd: SystemdNamespace, name: String, scenario: String, arguments: String = ""

@@ -20,10 +20,6 @@ extension Serial {
         static var rfc3339: Regex<Substring> { #/^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z$/# }
         static var chatter: Regex<Substring> { #/^example chatter \d+ x{200}$/# }
 
-        static func binary() -> URL? {
-            guard FrameworkService.canRunInContainer else { return nil }
-            return FrameworkServiceTests.binary(.hummingbird)
-        }
 
         /// A service's standard error, line by line: stallmon's JSON objects, the service's own
         /// chatter lines, and any other line (which must hold no part of a report).
@@ -71,8 +67,9 @@ extension Serial {
         /// RFC 3339 with microseconds and syslog's level; the service's own lines, written from a
         /// thread of its own every millisecond meanwhile, are all whole; and nothing reaches the
         /// host's journal.
-        @Test func inAContainerEachStallIsOneJSONLineOnStandardErrorWithTheJournalsFields() throws {
-            guard let binary = Self.binary() else { return }
+        @Test(.requires(.example(.hummingbird), .container)) func inAContainerEachStallIsOneJSONLineOnStandardErrorWithTheJournalsFields() throws {
+            try #require(FrameworkService.canRunInContainer, "\(TestRequirement.container) is missing")
+            let binary = try FrameworkService.requiredBinary(.hummingbird)
             let service = try FrameworkService(
                 .hummingbird, binary: binary,
                 environment: FrameworkServiceTests.environment.merging([
@@ -141,8 +138,9 @@ extension Serial {
 
         /// A stall 100 frames deep (`max_frames` 128) is one line within 16 KiB, its backtrace and
         /// stacks bounded as in the journal.
-        @Test func aHundredFrameStackStaysOneLineWithinTheLimit() throws {
-            guard let binary = Self.binary() else { return }
+        @Test(.requires(.example(.hummingbird), .container)) func aHundredFrameStackStaysOneLineWithinTheLimit() throws {
+            try #require(FrameworkService.canRunInContainer, "\(TestRequirement.container) is missing")
+            let binary = try FrameworkService.requiredBinary(.hummingbird)
             let service = try FrameworkService(
                 .hummingbird, binary: binary,
                 environment: FrameworkServiceTests.environment.merging(["STALLMON_MAX_FRAMES": "128"]) { $1 },
@@ -167,8 +165,8 @@ extension Serial.ContainerSinkTests {
     /// to a receiver on loopback, and reports as JSON lines (EXAMPLE_SINK=json): the stall's log
     /// record carries the stalled server span's trace and span IDs as its own `traceId` and
     /// `spanId`, its body is the report's message, and its attributes its duration, loop and frame.
-    @Test func withSwiftOTelTheStallsLogRecordIsLinkedToTheStalledSpan() throws {
-        guard let binary = Serial.FrameworkServiceTests.binary(.hummingbird) else { return }
+    @Test(.requires(.example(.hummingbird))) func withSwiftOTelTheStallsLogRecordIsLinkedToTheStalledSpan() throws {
+        let binary = try FrameworkService.requiredBinary(.hummingbird)
         let receiver = try OTLPReceiver()
         defer { receiver.stop() }
         let service = try FrameworkService(

@@ -98,10 +98,6 @@ struct FleetTests {
     struct RemoteDirectory {
         let path = NSTemporaryDirectory() + "stallmon-fleet-\(getpid())-\(UInt32.random(in: .min ... .max))"
 
-        static var isSupported: Bool {
-            FileManager.default.isExecutableFile(atPath: "/lib/systemd/systemd-journal-remote")
-        }
-
         /// Appends `entries` to `remote-NAME.journal`.
         func append(_ entries: [JournalEntry], file name: String) throws {
             var export = ""
@@ -117,7 +113,7 @@ struct FleetTests {
             }
             try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
             let process = Process()
-            process.executableURL = URL(fileURLWithPath: "/lib/systemd/systemd-journal-remote")
+            process.executableURL = URL(fileURLWithPath: try ExternalTool.required(.journalRemote))
             process.arguments = ["--output=\(path)/remote-\(name).journal", "--split-mode=none", "-"]
             let input = Pipe()
             process.standardInput = input
@@ -135,7 +131,7 @@ struct FleetTests {
     /// Host b's entries reach the central host after host a's later ones (its uploader was down):
     /// one journal over both files sorts them before the position a's entries reached. Read from
     /// one position per machine, across restarts, every stall counts once.
-    @Test(.enabled(if: RemoteDirectory.isSupported)) func lateEntriesOfAnotherHostAreCountedAcrossRestarts() throws {
+    @Test(.requires(.journalRemote)) func lateEntriesOfAnotherHostAreCountedAcrossRestarts() throws {
         let remote = RemoteDirectory()
         defer { remote.remove() }
         let state = remote.path + "/state"
@@ -175,7 +171,7 @@ struct FleetTests {
 
     /// A state saved when one cursor stood for every machine resumes after it, for the machines
     /// the journal held then; a machine that appears later is read from its beginning.
-    @Test(.enabled(if: RemoteDirectory.isSupported)) func stateWithOneCursorResumesAfterIt() throws {
+    @Test(.requires(.journalRemote)) func stateWithOneCursorResumesAfterIt() throws {
         let remote = RemoteDirectory()
         defer { remote.remove() }
         let (a, b) = (Self.machine(0), Self.machine(1))
@@ -206,7 +202,7 @@ struct FleetTests {
 
     /// `stallmon report --directory` over journal-remote's files: one row for a fingerprint of
     /// three hosts, `--host` by name or machine id, and clear errors for what it cannot read.
-    @Test(.enabled(if: RemoteDirectory.isSupported)) func reportReadsDirectoriesAndCountsHosts() throws {
+    @Test(.requires(.journalRemote)) func reportReadsDirectoriesAndCountsHosts() throws {
         let remote = RemoteDirectory()
         defer { remote.remove() }
         for number in 0..<3 {

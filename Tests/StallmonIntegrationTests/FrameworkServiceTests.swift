@@ -69,26 +69,15 @@ extension Serial {
             "STALLMON_COOPERATIVE_POOL_THRESHOLD_MS": "100",
         ]
 
-        /// The example's binary, or `nil` when it has not been built (an issue where `REQUIRE_TEST_TOOLS=1`).
-        static func binary(_ kind: FrameworkService.Kind) -> URL? {
-            guard let binary = FrameworkService.binary(kind) else {
-                #expect(
-                    ProcessInfo.processInfo.environment["REQUIRE_TEST_TOOLS"] != "1",
-                    "Examples/.build/debug/\(kind) is missing (swift build --package-path Examples)")
-                return nil
-            }
-            return binary
-        }
-
-        @Test func hummingbirdHandlerStallsAreEachReportedOnceAndIdleWakesNoWatchdogOfItsOwn() throws {
+        @Test(.requires(.example(.hummingbird))) func hummingbirdHandlerStallsAreEachReportedOnceAndIdleWakesNoWatchdogOfItsOwn() throws {
             try checkStalls(of: .hummingbird, [Self.cpu, Self.sleep, Self.lock, Self.mainActor])
         }
 
-        @Test func vaporHandlerStallsAreEachReportedOnceAndIdleWakesNoWatchdogOfItsOwn() throws {
+        @Test(.requires(.example(.vapor))) func vaporHandlerStallsAreEachReportedOnceAndIdleWakesNoWatchdogOfItsOwn() throws {
             try checkStalls(of: .vapor, [Self.cpu, Self.sleep, Self.lock, Self.mainActor, Self.syncHandler])
         }
 
-        @Test func grpcHandlerStallsAreEachReportedOnceAndIdleWakesNoWatchdogOfItsOwn() throws {
+        @Test(.requires(.example(.grpc))) func grpcHandlerStallsAreEachReportedOnceAndIdleWakesNoWatchdogOfItsOwn() throws {
             let grpc = [
                 Stall(request: "Cpu", function: Self.cpu.function, loop: .pool),
                 Stall(request: "Sleep", function: Self.sleep.function, loop: .pool, syscalls: Self.sleep.syscalls),
@@ -102,10 +91,10 @@ extension Serial {
         /// part. The service keeps them either way: the async handler runs inside a tick of a
         /// singleton loop, and its stall is that loop's, reported once (the pool, whose hook NIO's
         /// replaces, goes unwatched).
-        @Test(arguments: ["before", "after"])
+        @Test(.requires(.example(.vapor)), arguments: ["before", "after"])
         func vaporWithNIOAsTheGlobalExecutorReportsAnAsyncHandlerStallOnItsEventLoopOnce(takeover: String) throws {
             try #require(Journald.host.ensureRunning(), "journald is not running and cannot be started")
-            guard let binary = Self.binary(.vapor) else { return }
+            let binary = try FrameworkService.requiredBinary(.vapor)
             let service = try FrameworkService(
                 .vapor, binary: binary, environment: Self.environment.merging(["EXAMPLE_NIO_TAKEOVER": takeover]) { $1 }
             )
@@ -129,7 +118,7 @@ extension Serial {
         /// Makes each stall once, in order, and checks its reports; then 10 s of idle.
         func checkStalls(of kind: FrameworkService.Kind, _ stalls: [Stall]) throws {
             try #require(Journald.host.ensureRunning(), "journald is not running and cannot be started")
-            guard let binary = Self.binary(kind) else { return }
+            let binary = try FrameworkService.requiredBinary(kind)
             let service = try FrameworkService(kind, binary: binary, environment: Self.environment)
             defer { service.stop() }
             let answers = try stalls.map { stall in

@@ -111,9 +111,35 @@ extension Serial.HostileWriterTests {
 
     /// Identifiers, frames and a route holding ESC, BEL, CR, NUL, tab, DEL, the 8-bit CSI and
     /// U+202E reached `stallmon.prom` (and node_exporter's `/metrics`) as raw bytes. Every label
-    /// value is now printable, each such character shown as `\u{1B}`; promtool passes the file,
-    /// node_exporter serves it without a scrape error, and neither holds a control byte.
-    @Test func controlCharactersNeverReachTheTextfileOrTheScrape() throws {
+    /// value is now printable, each such character shown as `\u{1B}`.
+    @Test func controlCharactersNeverReachTheTextfile() throws {
+        try Self.withHostileTextfile { _, text in
+            #expect(Self.controls(in: text).isEmpty, "\(Self.controls(in: text))")
+            let shown = #"\\u{1B}[2J\\u{7}\\u{D}\\u{0}\\u{9}\\u{7F}\\u{9B}31m\\u{202E}\\u{2066}\\u{61C}"#
+            #expect(text.contains(#"stallmon_stalls_total{unit="(evil\#(shown)) (uid 65534)"} 1"#), "\(text)")
+            #expect(text.contains(#"frame="Evil.run\#(shown)() (Evil.swift:1)""#))
+            #expect(text.contains(#"endpoint="GET /evil/\#(shown)""#))
+            #expect(text.contains(#"stallmon_stalls_total{unit="(back\\\\u{1B}) (uid 65534)"} 1"#), "\(text)")
+            #expect(text.contains(#"stallmon_stalls_total{unit="(back\\u{1B}) (uid 65534)"} 1"#))
+            #expect(text.contains(#"stallmon_stalls_total{unit="(unit\\x2dname) (uid 65534)"} 1"#))
+        }
+    }
+
+    /// The same textfile passes `promtool check metrics`, and node_exporter's textfile collector
+    /// serves it without a scrape error and with no control byte.
+    @Test(.requires(.promtool, .nodeExporter)) func theHostileTextfilePassesPromtoolAndNodeExportersScrape() throws {
+        let promtool = try ExternalTool.required(.promtool)
+        let exporter = try ExternalTool.required(.nodeExporter)
+        try Self.withHostileTextfile { scratch, _ in
+            let check = try ExternalTool.run("/bin/sh", ["-c", "\(promtool) check metrics < \(scratch.metrics)"])
+            #expect(check.status == 0, "\(check.output)")
+            try Self.scrape(scratch, with: exporter)
+        }
+    }
+
+    /// Writes the hostile entries to a journal of their own, runs stallmond over it until the
+    /// textfile has them, and hands `body` the daemon's directory and the textfile's text.
+    static func withHostileTextfile(_ body: (Daemon, String) throws -> Void) throws {
         let journal = Journald.namespaced()
         defer { journal.remove() }
         try #require(journal.ensureRunning(), "cannot start journald for namespace \(journal.name)")
@@ -137,25 +163,7 @@ extension Serial.HostileWriterTests {
         #expect(scratch.wait(#"stallmon_stalls_total{unit="(api) (uid 65534)"}"#, toBe: 1), "\(scratch.text)")
         #expect(daemon.terminate().status == 0)
         let bytes = try Data(contentsOf: URL(fileURLWithPath: scratch.metrics))
-        let text = String(decoding: bytes, as: UTF8.self)
-        #expect(Self.controls(in: text).isEmpty, "\(Self.controls(in: text))")
-        let shown = #"\\u{1B}[2J\\u{7}\\u{D}\\u{0}\\u{9}\\u{7F}\\u{9B}31m\\u{202E}\\u{2066}\\u{61C}"#
-        #expect(text.contains(#"stallmon_stalls_total{unit="(evil\#(shown)) (uid 65534)"} 1"#), "\(text)")
-        #expect(text.contains(#"frame="Evil.run\#(shown)() (Evil.swift:1)""#))
-        #expect(text.contains(#"endpoint="GET /evil/\#(shown)""#))
-        #expect(text.contains(#"stallmon_stalls_total{unit="(back\\\\u{1B}) (uid 65534)"} 1"#), "\(text)")
-        #expect(text.contains(#"stallmon_stalls_total{unit="(back\\u{1B}) (uid 65534)"} 1"#))
-        #expect(text.contains(#"stallmon_stalls_total{unit="(unit\\x2dname) (uid 65534)"} 1"#))
-
-        guard let promtool = ExternalTool.find("promtool") else {
-            #expect(
-                ProcessInfo.processInfo.environment["REQUIRE_TEST_TOOLS"] != "1",
-                "promtool is missing (apt-get install prometheus)")
-            return
-        }
-        let check = try ExternalTool.run("/bin/sh", ["-c", "\(promtool) check metrics < \(scratch.metrics)"])
-        #expect(check.status == 0, "\(check.output)")
-        try Self.scrape(scratch)
+        try body(scratch, String(decoding: bytes, as: UTF8.self))
     }
 
     /// The characters of `text` that no label value may hold, as code points: below U+0020 (but
@@ -171,15 +179,8 @@ extension Serial.HostileWriterTests {
     }
 
     /// node_exporter's textfile collector reads the file; its `/metrics` has the series, no scrape
-    /// error and no control character. (Skipped where node_exporter is not installed, unless
-    /// `REQUIRE_TEST_TOOLS=1`.)
-    static func scrape(_ scratch: Daemon) throws {
-        guard let exporter = ExternalTool.find("prometheus-node-exporter") ?? ExternalTool.find("node_exporter") else {
-            #expect(
-                ProcessInfo.processInfo.environment["REQUIRE_TEST_TOOLS"] != "1",
-                "node_exporter is missing (apt-get install prometheus-node-exporter)")
-            return
-        }
+    /// error and no control character.
+    static func scrape(_ scratch: Daemon, with exporter: String) throws {
         let port = 19_000 + Int(getpid() % 1000)
         let process = Process()
         process.executableURL = URL(fileURLWithPath: exporter)

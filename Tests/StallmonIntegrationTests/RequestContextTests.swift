@@ -19,10 +19,10 @@ extension Serial {
         /// one, a main-actor hop and a `Task {}` the handler makes, on Hummingbird and on Vapor
         /// (whose async handler runs in a task of its own, made by the middleware's task: it
         /// inherits the request, and so does the task it makes).
-        @Test(arguments: [FrameworkService.Kind.hummingbird, .vapor])
+        @Test(.requires(.example(.hummingbird), .example(.vapor)), arguments: [FrameworkService.Kind.hummingbird, .vapor])
         func aStallInsideARequestNamesItsRouteMethodAndTrace(kind: FrameworkService.Kind) throws {
             try #require(Journald.host.ensureRunning(), "journald is not running and cannot be started")
-            guard let binary = FrameworkServiceTests.binary(kind) else { return }
+            let binary = try FrameworkService.requiredBinary(kind)
             let service = try FrameworkService(
                 kind, binary: binary, environment: Self.environment.merging(["EXAMPLE_TRACING": "stallmon"]) { $1 })
             defer { service.stop() }
@@ -58,10 +58,10 @@ extension Serial {
         /// A stall outside any request (the service's own task, made by `main()`, with no span)
         /// carries no request fields, though the tracer is bootstrapped and requests come and go;
         /// and none carries any when no tracer is.
-        @Test(arguments: [true, false])
+        @Test(.requires(.example(.hummingbird)), arguments: [true, false])
         func aStallOutsideAnyRequestCarriesNoRequestFields(traced: Bool) throws {
             try #require(Journald.host.ensureRunning(), "journald is not running and cannot be started")
-            guard let binary = FrameworkServiceTests.binary(.hummingbird) else { return }
+            let binary = try FrameworkService.requiredBinary(.hummingbird)
             var environment = Self.environment
             if traced {
                 environment["EXAMPLE_TRACING"] = "stallmon"
@@ -85,10 +85,10 @@ extension Serial {
         /// (swift-distributed-tracing's InMemoryTracer here), carries a `stall` event with the
         /// stall's ID, duration, thread and frame, and `stallmon.stalled`; a span without a stall
         /// carries neither.
-        @Test(arguments: [FrameworkService.Kind.hummingbird, .vapor])
+        @Test(.requires(.example(.hummingbird), .example(.vapor)), arguments: [FrameworkService.Kind.hummingbird, .vapor])
         func theStalledSpanCarriesAStallEvent(kind: FrameworkService.Kind) throws {
             try #require(Journald.host.ensureRunning(), "journald is not running and cannot be started")
-            guard let binary = FrameworkServiceTests.binary(kind) else { return }
+            let binary = try FrameworkService.requiredBinary(kind)
             let service = try FrameworkService(
                 kind, binary: binary, environment: Self.environment.merging(["EXAMPLE_TRACING": "memory"]) { $1 })
             defer { service.stop() }
@@ -122,9 +122,9 @@ extension Serial.RequestContextTests {
     /// a receiver on loopback: the report's trace and span IDs are those of the exported server
     /// span, in the header's trace, and that span carries the `stall` event with the report's
     /// stall ID and the stall's true duration.
-    @Test func withSwiftOTelTheExportedSpanIsTheReportsAndCarriesTheStall() throws {
+    @Test(.requires(.example(.hummingbird))) func withSwiftOTelTheExportedSpanIsTheReportsAndCarriesTheStall() throws {
         try #require(Journald.host.ensureRunning(), "journald is not running and cannot be started")
-        guard let binary = Serial.FrameworkServiceTests.binary(.hummingbird) else { return }
+        let binary = try FrameworkService.requiredBinary(.hummingbird)
         let receiver = try OTLPReceiver()
         defer { receiver.stop() }
         let service = try FrameworkService(

@@ -1,4 +1,5 @@
 import CStallCapture
+import CoreFoundation
 import Foundation
 import StallmonTestSupport
 import Synchronization
@@ -283,7 +284,8 @@ final class SignalTakingThread: @unchecked Sendable {
             tid = stallmon_gettid()
             ready.signal()
             take.wait()
-            var timeout = timespec(tv_sec: 1, tv_nsec: 0)
+            var timeout = timespec()
+            timeout.tv_sec = 1
             takenSignal = sigtimedwait(&set, nil, &timeout)
             pthread_sigmask(SIG_UNBLOCK, &set, nil)
             taken.signal()

@@ -10,7 +10,7 @@ import Glibc
 /// The units, the watchdog and stallmond under a real systemd (PID 1 of a private PID and mount
 /// namespace), driven with systemctl and read back from that systemd's own journal.
 extension Serial {
-    @Suite(.enabled(if: SystemdNamespace.isSupported, "needs root, systemd, unshare and nsenter"))
+    @Suite(.requires(.systemd))
     struct SystemdTests {
         static var buildDirectory: String {
             URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().path
