@@ -94,7 +94,7 @@ def write(graphs, out):
     lines = [
         "# The public API",
         "",
-        "Every public declaration of the four library products, one line each: its path, kind and",
+        "Every public declaration of the five library products, one line each: its path, kind and",
         "declaration, and the first sentence of its doc comment (the full comments are in the sources and",
         "in the DocC documentation, `Sources/StallMonitor/StallMonitor.docc`). Everything else the package",
         "shares between its own targets (the collector, the CLI, the daemon, the benchmark, the test",
