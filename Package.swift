@@ -14,6 +14,8 @@ let package = Package(
         .library(name: "StallMonitorServiceLifecycle", targets: ["StallMonitorServiceLifecycle"]),
         // For services traced with swift-distributed-tracing: stalls name their requests.
         .library(name: "StallMonitorTracing", targets: ["StallMonitorTracing"]),
+        // For a service's own tests: fail a test on any stall, and collect reports in memory.
+        .library(name: "StallMonitorTestKit", targets: ["StallMonitorTestKit"]),
         .executable(name: "stallmon", targets: ["stallmon"]),
         .executable(name: "stallmond", targets: ["stallmond"]),
     ],
@@ -101,6 +103,15 @@ let package = Package(
                 .product(name: "Instrumentation", package: "swift-distributed-tracing"),
             ]
         ),
+        // withStallDetection and CollectingSink, for the tests of a service and of this package.
+        .target(
+            name: "StallMonitorTestKit",
+            dependencies: [
+                "StallMonitor",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "CoreMetrics", package: "swift-metrics"),
+            ]
+        ),
         // The collector's logic: journal following, aggregation, state, metrics, digest.
         .target(
             name: "StallCollector",
@@ -125,6 +136,7 @@ let package = Package(
             dependencies: [
                 "StallCollector",
                 "StallMonitor",
+                "StallMonitorTestKit",
                 "StallJournal",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
@@ -195,6 +207,7 @@ let package = Package(
             name: "StallMonitorPortableTests",
             dependencies: [
                 "StallMonitor", "StallJournal", "StallMonitorNIO", "StallMonitorServiceLifecycle",
+                "StallMonitorTestKit",
                 .product(name: "NIOCore", package: "swift-nio"), .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ]
@@ -215,7 +228,7 @@ let package = Package(
             name: "StallMonitorTests",
             dependencies: [
                 "StallMonitor", "StallJournal", "CStallCapture", "StallmonFixtureKit", "StallmonTestSupport",
-                .product(name: "MetricsTestKit", package: "swift-metrics"),
+                "StallMonitorTestKit", .product(name: "MetricsTestKit", package: "swift-metrics"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "InMemoryLogging", package: "swift-log"),
             ]

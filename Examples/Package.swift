@@ -94,6 +94,7 @@ let package = Package(
                 .product(name: "UnixSignals", package: "swift-service-lifecycle"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "StallMonitorTracing", package: "stallmon"),
+                .product(name: "StallMonitorTestKit", package: "stallmon"),
                 .product(name: "Tracing", package: "swift-distributed-tracing"),
                 .product(name: "OTel", package: "swift-otel"),
             ]

@@ -24,6 +24,7 @@ PRODUCTS = {
     "StallMonitorNIO": ["StallMonitorNIO", "StallMonitorNIO@StallMonitor"],
     "StallMonitorServiceLifecycle": ["StallMonitorServiceLifecycle"],
     "StallMonitorTracing": ["StallMonitorTracing"],
+    "StallMonitorTestKit": ["StallMonitorTestKit"],
 }
 # What each product is for, the line under its heading.
 PURPOSE = {
@@ -32,6 +33,7 @@ PURPOSE = {
     "StallMonitorNIO": "SwiftNIO event loops: `startService()` for async servers, and `NIOStallMonitor` for a group.",
     "StallMonitorServiceLifecycle": "The monitor as a `Service` of a swift-service-lifecycle `ServiceGroup`.",
     "StallMonitorTracing": "`StallmonTracer`: spans of swift-distributed-tracing that tell the monitor which request a thread serves.",
+    "StallMonitorTestKit": "For a service's own tests: `withStallDetection` fails a test on a stall of the pool; `CollectingSink` keeps reports in memory.",
 }
 KIND = {
     "swift.class": "class", "swift.struct": "struct", "swift.enum": "enum", "swift.protocol": "protocol",
@@ -94,7 +96,7 @@ def write(graphs, out):
     lines = [
         "# The public API",
         "",
-        "Every public declaration of the five library products, one line each: its path, kind and",
+        "Every public declaration of the six library products, one line each: its path, kind and",
         "declaration, and the first sentence of its doc comment (the full comments are in the sources and",
         "in the DocC documentation, `Sources/StallMonitor/StallMonitor.docc`). Everything else the package",
         "shares between its own targets (the collector, the CLI, the daemon, the benchmark, the test",

@@ -29,7 +29,7 @@ esac
 
 manifests=$(mktemp -d)
 trap 'rm -rf "$manifests"' EXIT
-python3 - "$manifests" README.md Examples/README.md Sources/StallMonitor/StallMonitor.docc/*.md <<'PY'
+python3 - "$manifests" README.md Examples/README.md Sources/*/*.docc/*.md <<'PY'
 import os, re, sys
 
 manifests, sources = sys.argv[1], sys.argv[2:]

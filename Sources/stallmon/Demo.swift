@@ -4,6 +4,7 @@ import Foundation
 import Logging
 import StallJournal
 import StallMonitor
+import StallMonitorTestKit
 
 #if canImport(Glibc)
 import Glibc

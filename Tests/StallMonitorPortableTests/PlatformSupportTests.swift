@@ -4,6 +4,7 @@ import NIOPosix
 import StallJournal
 import StallMonitorNIO
 import StallMonitorServiceLifecycle
+import StallMonitorTestKit
 import Synchronization
 import Testing
 

@@ -2,6 +2,7 @@ import CStallCapture
 import CoreFoundation
 import Foundation
 import MetricsTestKit
+import StallMonitorTestKit
 import StallmonFixtureKit
 import StallmonTestSupport
 import Synchronization

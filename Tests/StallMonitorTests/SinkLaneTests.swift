@@ -4,6 +4,7 @@ import InMemoryLogging
 import Logging
 import MetricsTestKit
 import StallJournal
+import StallMonitorTestKit
 import StallmonTestSupport
 import Synchronization
 import Testing

@@ -1,5 +1,6 @@
 import Foundation
 import StallMonitor
+import StallMonitorTestKit
 import StallmonTestSupport
 import Testing
 

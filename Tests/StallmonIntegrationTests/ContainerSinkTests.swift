@@ -20,7 +20,6 @@ extension Serial {
         static var rfc3339: Regex<Substring> { #/^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z$/# }
         static var chatter: Regex<Substring> { #/^example chatter \d+ x{200}$/# }
 
-
         /// A service's standard error, line by line: stallmon's JSON objects, the service's own
         /// chatter lines, and any other line (which must hold no part of a report).
         struct StandardError {
@@ -67,7 +66,8 @@ extension Serial {
         /// RFC 3339 with microseconds and syslog's level; the service's own lines, written from a
         /// thread of its own every millisecond meanwhile, are all whole; and nothing reaches the
         /// host's journal.
-        @Test(.requires(.example(.hummingbird), .container)) func inAContainerEachStallIsOneJSONLineOnStandardErrorWithTheJournalsFields() throws {
+        @Test(.requires(.example(.hummingbird), .container))
+        func inAContainerEachStallIsOneJSONLineOnStandardErrorWithTheJournalsFields() throws {
             try #require(FrameworkService.canRunInContainer, "\(TestRequirement.container) is missing")
             let binary = try FrameworkService.requiredBinary(.hummingbird)
             let service = try FrameworkService(
@@ -138,7 +138,8 @@ extension Serial {
 
         /// A stall 100 frames deep (`max_frames` 128) is one line within 16 KiB, its backtrace and
         /// stacks bounded as in the journal.
-        @Test(.requires(.example(.hummingbird), .container)) func aHundredFrameStackStaysOneLineWithinTheLimit() throws {
+        @Test(.requires(.example(.hummingbird), .container)) func aHundredFrameStackStaysOneLineWithinTheLimit() throws
+        {
             try #require(FrameworkService.canRunInContainer, "\(TestRequirement.container) is missing")
             let binary = try FrameworkService.requiredBinary(.hummingbird)
             let service = try FrameworkService(

@@ -69,15 +69,20 @@ extension Serial {
             "STALLMON_COOPERATIVE_POOL_THRESHOLD_MS": "100",
         ]
 
-        @Test(.requires(.example(.hummingbird))) func hummingbirdHandlerStallsAreEachReportedOnceAndIdleWakesNoWatchdogOfItsOwn() throws {
+        @Test(.requires(.example(.hummingbird)))
+        func hummingbirdHandlerStallsAreEachReportedOnceAndIdleWakesNoWatchdogOfItsOwn() throws {
             try checkStalls(of: .hummingbird, [Self.cpu, Self.sleep, Self.lock, Self.mainActor])
         }
 
-        @Test(.requires(.example(.vapor))) func vaporHandlerStallsAreEachReportedOnceAndIdleWakesNoWatchdogOfItsOwn() throws {
+        @Test(.requires(.example(.vapor))) func vaporHandlerStallsAreEachReportedOnceAndIdleWakesNoWatchdogOfItsOwn()
+            throws
+        {
             try checkStalls(of: .vapor, [Self.cpu, Self.sleep, Self.lock, Self.mainActor, Self.syncHandler])
         }
 
-        @Test(.requires(.example(.grpc))) func grpcHandlerStallsAreEachReportedOnceAndIdleWakesNoWatchdogOfItsOwn() throws {
+        @Test(.requires(.example(.grpc))) func grpcHandlerStallsAreEachReportedOnceAndIdleWakesNoWatchdogOfItsOwn()
+            throws
+        {
             let grpc = [
                 Stall(request: "Cpu", function: Self.cpu.function, loop: .pool),
                 Stall(request: "Sleep", function: Self.sleep.function, loop: .pool, syscalls: Self.sleep.syscalls),

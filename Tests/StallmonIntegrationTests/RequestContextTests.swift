@@ -19,7 +19,8 @@ extension Serial {
         /// one, a main-actor hop and a `Task {}` the handler makes, on Hummingbird and on Vapor
         /// (whose async handler runs in a task of its own, made by the middleware's task: it
         /// inherits the request, and so does the task it makes).
-        @Test(.requires(.example(.hummingbird), .example(.vapor)), arguments: [FrameworkService.Kind.hummingbird, .vapor])
+        @Test(
+            .requires(.example(.hummingbird), .example(.vapor)), arguments: [FrameworkService.Kind.hummingbird, .vapor])
         func aStallInsideARequestNamesItsRouteMethodAndTrace(kind: FrameworkService.Kind) throws {
             try #require(Journald.host.ensureRunning(), "journald is not running and cannot be started")
             let binary = try FrameworkService.requiredBinary(kind)
@@ -85,7 +86,8 @@ extension Serial {
         /// (swift-distributed-tracing's InMemoryTracer here), carries a `stall` event with the
         /// stall's ID, duration, thread and frame, and `stallmon.stalled`; a span without a stall
         /// carries neither.
-        @Test(.requires(.example(.hummingbird), .example(.vapor)), arguments: [FrameworkService.Kind.hummingbird, .vapor])
+        @Test(
+            .requires(.example(.hummingbird), .example(.vapor)), arguments: [FrameworkService.Kind.hummingbird, .vapor])
         func theStalledSpanCarriesAStallEvent(kind: FrameworkService.Kind) throws {
             try #require(Journald.host.ensureRunning(), "journald is not running and cannot be started")
             let binary = try FrameworkService.requiredBinary(kind)

@@ -19,7 +19,7 @@ import Glibc
 /// (a profiler's): the sampler checks its disposition before every sample and sends nothing once it
 /// is taken. A thread blocked in a system call is never signalled; its stack is unwound in place
 /// from the kernel's view.
-final class CooperativePoolSession: @unchecked Sendable {
+package final class CooperativePoolSession: @unchecked Sendable {
     private let session: WatchdogSession
     private let logger: Logger
 
@@ -50,7 +50,7 @@ final class CooperativePoolSession: @unchecked Sendable {
     ///     warning), e.g. that the event loops they run on are watched.
     /// - Throws: ``StallMonitorError`` when the hook cannot be set now (someone else's is set, or
     ///   the runtime has none) or no sampler slot is free.
-    init?(
+    package init?(
         configuration monitorConfiguration: StallMonitor.Configuration, sinks: [any ReportSink], logger: Logger,
         metricsFactory: any MetricsFactory, atFirstSuspension firstSuspension: Bool = false, coverage: String
     ) throws(StallMonitorError) {
@@ -164,7 +164,7 @@ final class CooperativePoolSession: @unchecked Sendable {
 
     /// Clears the hook, stops the watchdog (a stall in progress gets its ended report) and waits
     /// until every report is out.
-    func stop() {
+    package func stop() {
         Self.pending.withLock { pending in
             if pending === self { pending = nil }
             stallmon_pool_uninstall()
@@ -172,6 +172,10 @@ final class CooperativePoolSession: @unchecked Sendable {
         session.stop()
         Self.watching.store(false, ordering: .releasing)
     }
+
+    /// Whether the calling thread runs a job the pool's hook timed (one enqueued after the hook was
+    /// set); not a job that started before, nor one that runs elsewhere than on the pool.
+    package static var callerRunsATimedJob: Bool { stallmon_pool_job_of_thread(stallmon_gettid()) != 0 }
 
     var statistics: StallMonitor.Statistics { session.statistics }
 

@@ -1,5 +1,3 @@
-import Synchronization
-
 /// Receives what a ``StallMonitor`` reports, never on a monitored thread. A ``JournalSink`` runs on
 /// the process's reporting thread (`stallmon-report`), which every monitor shares; every other sink
 /// has, per monitored loop, a queue of ``StallMonitor/Configuration/reportQueueCapacity`` events
@@ -136,21 +134,4 @@ public struct MonitorDescription: Sendable, Hashable {
         return "monitoring \(loopName) (tid \(threadID)): threshold \(configuration.threshold.milliseconds) ms, "
             + "sample interval \(configuration.sampleInterval.milliseconds) ms, signal \(signalName)"
     }
-}
-
-/// Collects events in memory, for tests and for programs that act on stalls themselves.
-public final class CollectingSink: ReportSink, Sendable {
-    private let collected = Mutex<[StallMonitorEvent]>([])
-    private let onEvent: (@Sendable (StallMonitorEvent) -> Void)?
-
-    public init(onEvent: (@Sendable (StallMonitorEvent) -> Void)? = nil) {
-        self.onEvent = onEvent
-    }
-
-    public func emit(_ event: StallMonitorEvent) {
-        collected.withLock { $0.append(event) }
-        onEvent?(event)
-    }
-
-    public var events: [StallMonitorEvent] { collected.withLock { $0 } }
 }
