@@ -28,7 +28,8 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-distributed-tracing.git", from: "1.7.2"),
     ],
     targets: [
-        // libsystemd: journald (sd_journal_sendv) and service notification (sd_notify).
+        // libsystemd: reading the journal (sd_journal) and service notification (sd_notify). Entries
+        // are written in journald's native protocol (StallJournal's JournalConnection).
         .systemLibrary(
             name: "CSystemd",
             pkgConfig: "libsystemd",

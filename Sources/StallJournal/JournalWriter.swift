@@ -1,25 +1,24 @@
-#if STALLMON_LINUX
-import CSystemd
-#endif
-
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Darwin)
 import Darwin
 #endif
 
-/// Sends structured entries to the systemd journal.
-///
-/// The corresponding C function is `sd_journal_sendv` (`sd_journal_send` is variadic and cannot be
-/// called from Swift). There is no journal but on Linux: elsewhere ``isAvailable`` is false and
-/// ``send(_:)`` throws `ENOSYS`.
+/// Sends structured entries to the systemd journal, in journald's native protocol over a datagram
+/// socket of its own: the writer the monitor's journal sink uses too. A send waits at most
+/// ``sendTimeout`` for room in journald's queue, where libsystemd's `sd_journal_sendv` would wait
+/// without limit while journald takes nothing. There is no journal but on Linux: elsewhere
+/// ``isAvailable`` is false and ``send(_:)`` throws `ENOSYS`.
 public struct JournalWriter: Sendable {
-    /// Where ``isAvailable`` looks for journald. ``send(_:)`` always goes to libsystemd's own
-    /// choice, `/run/systemd/journal/socket`.
-    public var socketPath: String
+    /// journald's native socket, where ``isAvailable`` looks and ``send(_:)`` sends.
+    public let socketPath: String
+    /// How long one send may wait for journald to take the entry.
+    public static let sendTimeout: Duration = .seconds(1)
+    private let connection: JournalConnection
 
     public init(socketPath: String = "/run/systemd/journal/socket") {
         self.socketPath = socketPath
+        connection = JournalConnection(path: socketPath, timeout: Self.sendTimeout)
     }
 
     /// Whether journald listens on ``socketPath``: a datagram socket connects to it.
@@ -80,30 +79,16 @@ public struct JournalWriter: Sendable {
     }
 
     /// Sends one entry, after ``validate(_:)``.
-    /// - Throws: ``SystemdError`` from `sd_journal_sendv`, or ``JournalDecodingError`` for a bad
-    ///   field name or an over-long value.
+    /// - Throws: ``SystemdError`` naming the call that failed (`ETIMEDOUT` when journald took
+    ///   nothing within ``sendTimeout``), or ``JournalDecodingError`` for a bad field name or an
+    ///   over-long value.
     public func send(_ fields: [JournalField]) throws {
         try Self.validate(fields)
         guard !fields.isEmpty else { return }
-        #if STALLMON_LINUX
-        // All fields in one buffer; each iovec points at its NAME=value slice.
-        var buffer = [UInt8]()
-        var ranges = [Range<Int>]()
-        ranges.reserveCapacity(fields.count)
-        for field in fields {
-            let start = buffer.count
-            buffer.append(contentsOf: field.name.utf8)
-            buffer.append(UInt8(ascii: "="))
-            buffer.append(contentsOf: field.value.utf8)
-            ranges.append(start..<buffer.count)
+        do {
+            try connection.send(JournalConnection.encode(fields))
+        } catch {
+            throw SystemdError(function: error.call, errno: error.code)
         }
-        let result = buffer.withUnsafeMutableBytes { bytes in
-            let vectors = ranges.map { iovec(iov_base: bytes.baseAddress! + $0.lowerBound, iov_len: $0.count) }
-            return vectors.withUnsafeBufferPointer { sd_journal_sendv($0.baseAddress, Int32($0.count)) }
-        }
-        try SystemdError.check("sd_journal_sendv", result)
-        #else
-        throw SystemdError(function: "sd_journal_sendv", errno: ENOSYS)
-        #endif
     }
 }

@@ -83,19 +83,3 @@ public struct SuppressionRecord: Sendable, Hashable {
         rateLimitIntervalMicroseconds = try reader.microseconds(Field.rateLimitIntervalMicroseconds)
     }
 }
-
-/// Field names of the monitor's start and stop entries (MESSAGE_ID ``MessageID/monitorLifecycle``).
-public enum MonitorField {
-    /// `started` or `stopped`.
-    public static let event = "STALLMON_EVENT"
-    /// Every configuration value, `key=value` separated by spaces.
-    public static let configuration = "STALLMON_CONFIGURATION"
-    public static let thresholdMicroseconds = "STALLMON_THRESHOLD_USEC"
-    public static let sampleIntervalMicroseconds = "STALLMON_SAMPLE_INTERVAL_USEC"
-    public static let signal = "STALLMON_SIGNAL"
-    public static let stalls = "STALLMON_STALLS"
-    public static let suppressed = "STALLMON_SUPPRESSED"
-    public static let dropped = "STALLMON_DROPPED"
-    /// Reports a sink failed to deliver (journald down with no fallback, standard error closed).
-    public static let lost = "STALLMON_LOST"
-}

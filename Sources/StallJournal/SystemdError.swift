@@ -7,7 +7,7 @@ import Darwin
 /// A libsystemd call that failed. libsystemd returns `-errno`; ``check(_:_:)`` turns that
 /// convention into this error in one place.
 public struct SystemdError: Error, Sendable, Hashable, CustomStringConvertible {
-    /// The C function that failed, e.g. `sd_journal_sendv`.
+    /// The C function that failed, e.g. `sd_journal_open` or `send`.
     public var function: String
     /// The positive errno value.
     public var errno: Int32

@@ -3,7 +3,7 @@ import StallJournal
 /// Writes reports to the systemd journal as structured entries (see `StallRecord` for the fields).
 ///
 /// Each entry goes over a socket of the sink's own in journald's native protocol, and one send
-/// waits at most `sendTimeout` for journald (see ``JournalConnection``). An entry journald does
+/// waits at most `sendTimeout` for journald (see `JournalConnection` in StallJournal). An entry journald does
 /// not take goes to `fallback` when there is one (the default sinks fall back to standard error),
 /// and counts as lost otherwise. Every entry tries the journal first, so reports return to it as
 /// soon as journald listens again, whether or not it listened when the sink was made.
@@ -83,22 +83,22 @@ public struct JournalSink: ReportSink {
         }
         switch (event.kind, event.monitor, event.statistics) {
         case (.started, let description?, _):
-            return lifecycleFields(
-                description, syslogIdentifier: syslogIdentifier, event: "started",
-                message: "stallmon started: " + description.message)
+            return lifecycleRecord(
+                description, syslogIdentifier: syslogIdentifier, event: .started,
+                message: "stallmon started: " + description.message
+            ).fields
         case (.stopped, let description?, let statistics?):
-            var fields = lifecycleFields(
-                description, syslogIdentifier: syslogIdentifier, event: "stopped",
+            var record = lifecycleRecord(
+                description, syslogIdentifier: syslogIdentifier, event: .stopped,
                 message:
                     "stallmon stopped monitoring \(Self.monitored(description.loop)): "
                     + "\(statistics.stalls) stalls, \(statistics.suppressedReports) reports suppressed, "
                     + "\(statistics.droppedReports) dropped, \(statistics.lostReports) lost"
             )
-            fields.append(JournalField(MonitorField.stalls, String(statistics.stalls)))
-            fields.append(JournalField(MonitorField.suppressed, String(statistics.suppressedReports)))
-            fields.append(JournalField(MonitorField.dropped, String(statistics.droppedReports)))
-            fields.append(JournalField(MonitorField.lost, String(statistics.lostReports)))
-            return fields
+            record.counts = MonitorRecord.Counts(
+                stalls: statistics.stalls, suppressed: statistics.suppressedReports,
+                dropped: statistics.droppedReports, lost: statistics.lostReports)
+            return record.fields
         default:
             return []
         }
@@ -111,23 +111,16 @@ public struct JournalSink: ReportSink {
             : loop == MonitorDescription.cooperativePoolLoop ? "the cooperative pool" : "thread \(loop)"
     }
 
-    private static func lifecycleFields(
-        _ description: MonitorDescription, syslogIdentifier: String, event: String, message: String
-    ) -> [JournalField] {
+    private static func lifecycleRecord(
+        _ description: MonitorDescription, syslogIdentifier: String, event: MonitorRecord.Event, message: String
+    ) -> MonitorRecord {
         let configuration = description.configuration
-        return [
-            JournalField("MESSAGE_ID", MessageID.monitorLifecycle),
-            JournalField("MESSAGE", message),
-            JournalField("PRIORITY", String(Priority.info)),
-            JournalField("SYSLOG_IDENTIFIER", syslogIdentifier),
-            JournalField(MonitorField.event, event),
-            JournalField(StallRecord.Field.loop, description.loop),
-            JournalField(StallRecord.Field.threadID, String(description.threadID)),
-            JournalField(MonitorField.thresholdMicroseconds, String(configuration.threshold.microseconds)),
-            JournalField(MonitorField.sampleIntervalMicroseconds, String(configuration.sampleInterval.microseconds)),
-            JournalField(MonitorField.signal, description.signal.map(SignalName.name(of:)) ?? "none"),
-            JournalField(MonitorField.configuration, configuration.summary),
-        ]
+        return MonitorRecord(
+            event: event, message: message, loop: description.loop, threadID: description.threadID,
+            thresholdMicroseconds: configuration.threshold.microseconds,
+            sampleIntervalMicroseconds: configuration.sampleInterval.microseconds,
+            signal: description.signal.map(SignalName.name(of:)) ?? "none", configuration: configuration.summary,
+            syslogIdentifier: syslogIdentifier)
     }
 }
 
@@ -137,7 +130,6 @@ enum Priority {
     static let error = 3
     static let warning = 4
     static let notice = 5
-    static let info = 6
 }
 
 extension StallRecord {

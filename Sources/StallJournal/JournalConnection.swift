@@ -1,10 +1,11 @@
-#if STALLMON_LINUX
-import StallJournal
-import Synchronization
-
 #if canImport(Glibc)
 import Glibc
+#elseif canImport(Darwin)
+import Darwin
 #endif
+
+#if STALLMON_LINUX
+import Synchronization
 
 /// A datagram socket of our own to journald, speaking its native protocol, with every send bounded.
 ///
@@ -14,14 +15,17 @@ import Glibc
 /// send waits at most `timeout` for room; after a send timed out, the connection refuses sends at
 /// once for `backoff`, so a backlog of reports costs one timeout, not one each. A journald that
 /// restarted on a new socket is found again on the next send.
-final class JournalConnection: Sendable {
+///
+/// The one writer of journal entries: ``JournalWriter`` (stallmond, the CLI) and the monitor's
+/// `JournalSink` send through it.
+package final class JournalConnection: Sendable {
     /// Why an entry did not reach journald.
-    struct Failure: Error, CustomStringConvertible {
+    package struct Failure: Error, CustomStringConvertible {
         /// The errno of the failed call; `ETIMEDOUT` when journald took nothing within the timeout.
-        var code: Int32
-        var call: String
+        package var code: Int32
+        package var call: String
 
-        var description: String {
+        package var description: String {
             code == ETIMEDOUT ? "journald took no entry within the send timeout" : "\(call): \(Self.message(code))"
         }
 
@@ -30,7 +34,7 @@ final class JournalConnection: Sendable {
         }
     }
 
-    let path: String
+    package let path: String
     private let timeout: UInt64
     private let backoff: UInt64
     private let state = Mutex<State>(State())
@@ -45,10 +49,16 @@ final class JournalConnection: Sendable {
     ///   - path: journald's native socket.
     ///   - timeout: How long one send may wait for room in the socket's queue.
     ///   - backoff: How long sends fail at once after one timed out.
-    init(path: String, timeout: Duration, backoff: Duration = .seconds(1)) {
+    package init(path: String, timeout: Duration, backoff: Duration = .seconds(1)) {
         self.path = path
-        self.timeout = UInt64(max(0, timeout.nanoseconds))
-        self.backoff = UInt64(max(0, backoff.nanoseconds))
+        self.timeout = Self.nanoseconds(timeout)
+        self.backoff = Self.nanoseconds(backoff)
+    }
+
+    private static func nanoseconds(_ duration: Duration) -> UInt64 {
+        let (seconds, attoseconds) = duration.components
+        guard seconds >= 0, attoseconds >= 0 else { return 0 }
+        return UInt64(clamping: seconds) &* 1_000_000_000 &+ UInt64(attoseconds / 1_000_000_000)
     }
 
     deinit {
@@ -57,7 +67,7 @@ final class JournalConnection: Sendable {
 
     /// Sends one entry in the native format (see ``encode(_:)``).
     /// - Throws: ``Failure`` when journald does not take it.
-    func send(_ datagram: [UInt8]) throws(Failure) {
+    package func send(_ datagram: [UInt8]) throws(Failure) {
         try state.withLock { (state: inout State) throws(Failure) in
             let start = MonotonicClock.now()
             guard start >= state.refuseUntil else { throw Failure(code: ETIMEDOUT, call: "send") }
@@ -119,7 +129,7 @@ final class JournalConnection: Sendable {
 
     /// journald's native format: `NAME=value\n` per field, or, for a value holding a newline,
     /// `NAME\n`, its length as 64-bit little-endian, the value and `\n`.
-    static func encode(_ fields: [JournalField]) -> [UInt8] {
+    package static func encode(_ fields: [JournalField]) -> [UInt8] {
         var datagram: [UInt8] = []
         for field in fields {
             datagram.append(contentsOf: field.name.utf8)
@@ -137,25 +147,25 @@ final class JournalConnection: Sendable {
     }
 }
 #else
-import StallJournal
-
-/// No journald here: every send fails, so a ``JournalSink`` hands each entry to its fallback (the
-/// default sinks' standard error) or counts it as lost.
-final class JournalConnection: Sendable {
-    struct Failure: Error, CustomStringConvertible {
-        var description: String { "there is no journald on this platform" }
+/// No journald here: every send fails, so a `JournalSink` hands each entry to its fallback (the
+/// default sinks' standard error) or counts it as lost, and ``JournalWriter`` throws `ENOSYS`.
+package final class JournalConnection: Sendable {
+    package struct Failure: Error, CustomStringConvertible {
+        package var code: Int32 { ENOSYS }
+        package var call: String { "send" }
+        package var description: String { "there is no journald on this platform" }
     }
 
-    let path: String
+    package let path: String
 
-    init(path: String, timeout: Duration) {
+    package init(path: String, timeout: Duration, backoff: Duration = .seconds(1)) {
         self.path = path
     }
 
-    func send(_ datagram: [UInt8]) throws(Failure) {
+    package func send(_ datagram: [UInt8]) throws(Failure) {
         throw Failure()
     }
 
-    static func encode(_ fields: [JournalField]) -> [UInt8] { [] }
+    package static func encode(_ fields: [JournalField]) -> [UInt8] { [] }
 }
 #endif  // STALLMON_LINUX
