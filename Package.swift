@@ -18,6 +18,8 @@ let package = Package(
         .library(name: "StallMonitorTestKit", targets: ["StallMonitorTestKit"]),
         .executable(name: "stallmon", targets: ["stallmon"]),
         .executable(name: "stallmond", targets: ["stallmond"]),
+        // What `stallmond` runs in its place: install both, in one directory, and start `stallmond`.
+        .executable(name: "stallmond-daemon", targets: ["stallmond-daemon"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
@@ -122,8 +124,16 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
+        // stallmond: SIGHUP blocked a few tenths of a millisecond after exec, then the daemon in its
+        // place (Sources/stallmond/stallmond.c says why). Static and without the Swift runtime, which
+        // a C executable would otherwise link: its loading is what delays the daemon's first instruction.
         .executableTarget(
             name: "stallmond",
+            linkerSettings: [.unsafeFlags(["-static-executable", "-nostartfiles"], .when(platforms: [.linux]))]
+        ),
+        // The collector daemon.
+        .executableTarget(
+            name: "stallmond-daemon",
             dependencies: [
                 "StallCollector",
                 "StallMonitor",
@@ -261,14 +271,16 @@ let package = Package(
             ]
         ),
         // Child processes: the fixtures, the NIO server, the CLI and the daemon, a real journald, a
-        // real systemd; the suites that run them run one at a time (`Serial`).
+        // real systemd; the suites that run them run one at a time (`Serial`). Not `stallmond`, which
+        // `swift build` builds with everything else: as a dependency its C module changed where
+        // `timespec` comes from for these sources (CoreFoundation), and MemberImportVisibility refused it.
         .testTarget(
             name: "StallmonIntegrationTests",
             dependencies: [
                 "StallConfiguration", "StallMonitor", "StallJournal", "StallCollector", "CStallCapture",
                 "StallmonFixtureKit", "StallmonTestSupport",
                 "StallmonFixture", "StallmonAsyncFixture", "StallmonNIOServer", "StallmonServiceFixture", "stallmon",
-                "stallmond",
+                "stallmond-daemon",
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),

@@ -75,6 +75,7 @@ rm -f /tmp/$TAG-*.pid
 
 log "central: systemd-journal-remote (HTTP, socket-activated) and stallmond"
 "$NS" --name "$CENTRAL" copy "$BUILD/stallmond" /usr/local/bin/stallmond 0755
+"$NS" --name "$CENTRAL" copy "$BUILD/stallmond-daemon" /usr/local/bin/stallmond-daemon 0755
 "$NS" --name "$CENTRAL" copy "$BUILD/stallmon" /usr/local/bin/stallmon 0755
 # The shipped unit listens for HTTPS; the test has no certificates.
 "$NS" --name "$CENTRAL" install-unit - systemd-journal-remote.service.d/http.conf <<'EOF'

@@ -12,7 +12,8 @@
 #   --dry-run       print what would be done, change nothing
 #
 # What goes where ($DESTDIR in front of each):
-#   $PREFIX/bin/stallmon, $PREFIX/bin/stallmond          swift build -c release products
+#   $PREFIX/bin/stallmon, $PREFIX/bin/stallmond          swift build -c release products;
+#   $PREFIX/bin/stallmond-daemon                          stallmond runs it from its own directory
 #   $PREFIX/lib/systemd/system/stallmond.service         (override: $SYSTEMD_UNIT_DIR) the unit;
 #                                                         its /usr/local/bin paths become $PREFIX/bin
 #   $PREFIX/share/stallmon/stallmon-monitored.conf       drop-in template for monitored services
@@ -66,7 +67,7 @@ DESTDIR=${DESTDIR%/}
 SYSTEMD_UNIT_DIR=${SYSTEMD_UNIT_DIR:-$PREFIX/lib/systemd/system}
 CATALOG_DIR=${CATALOG_DIR:-/usr/lib/systemd/catalog}
 SCRATCH_PATH=${SCRATCH_PATH:-$ROOT/.build}
-readonly PRODUCTS=(stallmon stallmond)
+readonly PRODUCTS=(stallmon stallmond stallmond-daemon)
 
 cd "$ROOT"
 

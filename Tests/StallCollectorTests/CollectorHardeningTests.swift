@@ -195,7 +195,7 @@ struct CollectorHardeningTests {
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let scratch = directory + "/build"
         try FileManager.default.createDirectory(atPath: scratch + "/release", withIntermediateDirectories: true)
-        for name in ["stallmon", "stallmond"] {
+        for name in ["stallmon", "stallmond", "stallmond-daemon"] {
             try FileManager.default.copyItem(
                 atPath: Executable(name: name).url.path, toPath: scratch + "/release/" + name)
         }

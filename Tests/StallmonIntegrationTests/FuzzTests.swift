@@ -8,7 +8,7 @@ import Testing
 @testable import StallConfiguration
 @testable import StallMonitor
 @testable import stallmon
-@testable import stallmond
+@testable import stallmond_daemon
 
 #if canImport(Glibc)
 import Glibc

@@ -32,7 +32,7 @@ extension Serial {
 
         static func installExecutables(_ systemd: SystemdNamespace) throws {
             if try systemd.run(["test", "-x", "/usr/local/bin/stallmon"]).status == 0 { return }
-            for name in ["StallmonFixture", "stallmond", "stallmon"] {
+            for name in ["StallmonFixture", "stallmond", "stallmond-daemon", "stallmon"] {
                 let data = try Data(contentsOf: URL(fileURLWithPath: buildDirectory).appendingPathComponent(name))
                 try systemd.copy(data, to: "/usr/local/bin/\(name)", mode: 0o755)
             }

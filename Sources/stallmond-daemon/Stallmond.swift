@@ -34,14 +34,20 @@ struct Stallmond: ParsableCommand {
     var checkConfig = false
 
     /// A SIGHUP's default action ends the process, and `systemctl reload` may send one at any
-    /// moment after exec: it is ignored before anything else runs, and served (a reload) from the
-    /// main loop once the daemon runs.
+    /// moment after exec: `stallmond` (Sources/stallmond) blocks it before it runs this program, a
+    /// dispatch source reads it from here on, and it is served (a reload) from the main loop once
+    /// the daemon runs, one that came while it started included.
     static func main() {
+        // Blocked already when started by `stallmond`; started without it, from here on.
+        var hangUp = sigset_t()
+        sigemptyset(&hangUp)
+        sigaddset(&hangUp, SIGHUP)
+        pthread_sigmask(SIG_BLOCK, &hangUp, nil)
         _ = hangUps
         main(nil)
     }
 
-    /// Caught from the first instruction of ``main()`` on.
+    /// Read from the first instruction of ``main()`` on; pending, not lost, before.
     static let hangUps = HangUpRelay()
 
     func run() throws {
@@ -162,15 +168,19 @@ final class Daemon {
     }
 }
 
-/// SIGHUP, caught from the moment this is made and served on the main queue: a SIGHUP that
-/// comes before ``serve(_:)`` is served once the main loop runs (its default action would end the
-/// process). Confined to the main queue once made.
+/// SIGHUP, read from the moment this is made and served on the main queue: a SIGHUP that comes
+/// before ``serve(_:)`` is served once the main loop runs. Confined to the main queue once made.
+///
+/// - Important: SIGHUP stays blocked in every thread. libdispatch reads it through a signalfd,
+///   which also sees a SIGHUP pending since before main(); `signal(SIGHUP, SIG_IGN)` would
+///   discard that one (setting SIG_IGN flushes a pending signal), and unblocking SIGHUP before
+///   libdispatch installs its own handler (on its manager thread, some time after `resume()`)
+///   would let the default action end the process.
 final class HangUpRelay: @unchecked Sendable {
     private let source: any DispatchSourceSignal
     private var reload: (() -> Void)?
 
     init() {
-        signal(SIGHUP, SIG_IGN)
         source = DispatchSource.makeSignalSource(signal: SIGHUP, queue: .main)
         source.setEventHandler { [unowned self] in reload?() }
         source.resume()
