@@ -43,6 +43,9 @@ struct Stallmond: ParsableCommand {
         sigemptyset(&hangUp)
         sigaddset(&hangUp, SIGHUP)
         pthread_sigmask(SIG_BLOCK, &hangUp, nil)
+        // The kernel names the process after the file it runs, cut at 15 bytes (`stallmond-daemo`):
+        // the journal's _COMM, `killall` and `top` know it as stallmond.
+        Thread.current.name = "stallmond"
         _ = hangUps
         main(nil)
     }
