@@ -32,7 +32,7 @@ skip() { echo "fleet-test: skipped: $*" >&2; exit 77; }
 [[ -x /lib/systemd/systemd-journal-remote && -x /lib/systemd/systemd-journal-upload ]] ||
     skip "needs systemd-journal-remote (apt-get install systemd-journal-remote)"
 command -v ip >/dev/null || skip "needs iproute2"
-for program in StallmonFixture stallmond stallmon; do
+for program in StallmonFixture stallmond stallmond-daemon stallmon; do
     [[ -x $BUILD/$program ]] || { echo "fleet-test: $BUILD/$program is not built" >&2; exit 1; }
 done
 
