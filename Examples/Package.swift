@@ -43,8 +43,26 @@ let package = Package(
                 .product(name: "Instrumentation", package: "swift-distributed-tracing"),
             ]
         ),
+        // The examples a user reads: README's two lines, a few routes that stall on request.
         .executableTarget(
             name: "HummingbirdService",
+            dependencies: [
+                "ExampleStalls",
+                .product(name: "StallMonitorNIO", package: "stallmon"),
+                .product(name: "Hummingbird", package: "hummingbird"),
+            ]
+        ),
+        .executableTarget(
+            name: "VaporService",
+            dependencies: [
+                "ExampleStalls",
+                .product(name: "StallMonitorNIO", package: "stallmon"),
+                .product(name: "Vapor", package: "vapor"),
+            ]
+        ),
+        // The same services with what the tests and the benchmark switch on with EXAMPLE_* variables.
+        .executableTarget(
+            name: "HummingbirdFixture",
             dependencies: [
                 "ExampleStalls",
                 "ExampleOTel",
@@ -57,7 +75,7 @@ let package = Package(
             ]
         ),
         .executableTarget(
-            name: "VaporService",
+            name: "VaporFixture",
             dependencies: [
                 "ExampleStalls",
                 .product(name: "StallMonitorNIO", package: "stallmon"),

@@ -4,19 +4,20 @@ import Foundation
 import Glibc
 #endif
 
-/// The Hummingbird part: the example service `Examples/Sources/HummingbirdService` on its defaults
-/// (`MultiThreadedEventLoopGroup.singleton`, async handlers on the cooperative pool), monitored by
-/// `startService()` against the same binary with `EXAMPLE_STALLMON=off`, both up at once, wrk on
-/// `/hello` alternating between them; stallmon's watchdog wakeups under that load and idle; and the
-/// detection latency and duration error of stalls in an async handler (the cooperative pool). The
-/// benchmark runs the service as a child process and never links Hummingbird.
+/// The Hummingbird part: `Examples/Sources/HummingbirdFixture` (the example service with the
+/// benchmark's switches) on its defaults (`MultiThreadedEventLoopGroup.singleton`, async handlers on
+/// the cooperative pool), monitored by `startService()` against the same binary with
+/// `EXAMPLE_STALLMON=off`, both up at once, wrk on `/hello` alternating between them; stallmon's
+/// watchdog wakeups under that load and idle; and the detection latency and duration error of stalls
+/// in an async handler (the cooperative pool). The benchmark runs the service as a child process and
+/// never links Hummingbird.
 struct HummingbirdBench {
     let service: String
     let wrk: String
     let plan: HummingbirdPlan
     let progress: (String) -> Void
 
-    static let executableName = "HummingbirdService"
+    static let executableName = "HummingbirdFixture"
     /// The threads of stallmon's watchdogs: the event loops', the pool's and the main actor's.
     static let watchdogThreads: Set<String> = ["stallmon-nio", "stallmon-pool", "stallmon-watch"]
 
@@ -278,8 +279,8 @@ extension Bench {
         guard options.hummingbird else { return nil }
         guard let service = try HummingbirdBench.executablePath(explicit: options.hummingbirdPath) else {
             progress(
-                "stallmon-bench: no Hummingbird figures: Examples/.build/{release,debug}/HummingbirdService is missing "
-                    + "(swift build -c release --package-path Examples --product HummingbirdService, or --hummingbird PATH)"
+                "stallmon-bench: no Hummingbird figures: Examples/.build/{release,debug}/HummingbirdFixture is missing "
+                    + "(swift build -c release --package-path Examples --product HummingbirdFixture, or --hummingbird PATH)"
             )
             return nil
         }

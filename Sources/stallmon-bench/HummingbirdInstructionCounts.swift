@@ -4,7 +4,7 @@ import Foundation
 import Glibc
 #endif
 
-/// Instructions per `/hello` request of the whole HummingbirdService process, unmonitored
+/// Instructions per `/hello` request of the whole HummingbirdFixture process, unmonitored
 /// (`EXAMPLE_STALLMON=off`) and monitored by `startService()`, counted by callgrind: each variant
 /// runs twice, answering different numbers of requests on one keep-alive connection, and the
 /// difference cancels start-up and shutdown. A request runs on an event loop and on a pool thread,

@@ -36,7 +36,7 @@ struct InstructionCounts: Sendable {
     /// and its event loop thread alone.
     var nioPerRequest: [Variant: Double] = [:]
     var nioLoopPerRequest: [Variant: Double] = [:]
-    /// Per `/hello` request of HummingbirdService, the whole process, each repeat's
+    /// Per `/hello` request of HummingbirdFixture, the whole process, each repeat's
     /// (``HummingbirdInstructionCounts``).
     var hummingbirdPerRequest: [Variant: [Double]] = [:]
 

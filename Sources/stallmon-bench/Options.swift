@@ -17,7 +17,7 @@ struct Options: Sendable {
     /// Whether the SwiftNIO benchmark runs (wrk against StallmonNIOServer), and whether only it does.
     var nio = true
     var nioOnly = false
-    /// Whether the Hummingbird benchmark runs (wrk against Examples' HummingbirdService), from which
+    /// Whether the Hummingbird benchmark runs (wrk against Examples' HummingbirdFixture), from which
     /// executable (`nil`: the Examples package's build), and whether only it does.
     var hummingbird = true
     var hummingbirdPath: String?
@@ -48,8 +48,8 @@ struct Options: Sendable {
                            StallmonNIOServer).
           --nio-only       Runs the SwiftNIO benchmark alone.
           --hummingbird PATH
-                           The HummingbirdService executable of the Hummingbird benchmark (default:
-                           Examples/.build/release/HummingbirdService, else .../debug/..., under the
+                           The HummingbirdFixture executable of the Hummingbird benchmark (default:
+                           Examples/.build/release/HummingbirdFixture, else .../debug/..., under the
                            current directory or the repository; skipped with a note when absent).
           --no-hummingbird Skips the Hummingbird benchmark.
           --hummingbird-only

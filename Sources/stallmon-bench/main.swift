@@ -6,7 +6,7 @@
 //
 // Children are this executable again: /proc/self/exe --child VARIANT WORKLOAD [--NAME VALUE]...
 // The SwiftNIO part runs StallmonNIOServer, found next to this executable, under wrk (NIOBench.swift);
-// the Hummingbird part runs the example service Examples/.build/*/HummingbirdService (HummingbirdBench.swift).
+// the Hummingbird part runs the example service Examples/.build/*/HummingbirdFixture (HummingbirdBench.swift).
 // STALLMON_BENCH_DEBUG=1 makes the stall children print their latencies, duration errors and
 // memory growth to standard error.
 

@@ -66,12 +66,12 @@ extension Serial {
         /// RFC 3339 with microseconds and syslog's level; the service's own lines, written from a
         /// thread of its own every millisecond meanwhile, are all whole; and nothing reaches the
         /// host's journal.
-        @Test(.requires(.example(.hummingbird), .container))
+        @Test(.requires(.example(.hummingbirdFixture), .container))
         func inAContainerEachStallIsOneJSONLineOnStandardErrorWithTheJournalsFields() throws {
             try #require(FrameworkService.canRunInContainer, "\(TestRequirement.container) is missing")
-            let binary = try FrameworkService.requiredBinary(.hummingbird)
+            let binary = try FrameworkService.requiredBinary(.hummingbirdFixture)
             let service = try FrameworkService(
-                .hummingbird, binary: binary,
+                .hummingbirdFixture, binary: binary,
                 environment: FrameworkServiceTests.environment.merging([
                     "EXAMPLE_TRACING": "stallmon", "EXAMPLE_STDERR_CHATTER": "1",
                 ]) { $1 }, inContainer: true)
@@ -138,12 +138,13 @@ extension Serial {
 
         /// A stall 100 frames deep (`max_frames` 128) is one line within 16 KiB, its backtrace and
         /// stacks bounded as in the journal.
-        @Test(.requires(.example(.hummingbird), .container)) func aHundredFrameStackStaysOneLineWithinTheLimit() throws
+        @Test(.requires(.example(.hummingbirdFixture), .container)) func aHundredFrameStackStaysOneLineWithinTheLimit()
+            throws
         {
             try #require(FrameworkService.canRunInContainer, "\(TestRequirement.container) is missing")
-            let binary = try FrameworkService.requiredBinary(.hummingbird)
+            let binary = try FrameworkService.requiredBinary(.hummingbirdFixture)
             let service = try FrameworkService(
-                .hummingbird, binary: binary,
+                .hummingbirdFixture, binary: binary,
                 environment: FrameworkServiceTests.environment.merging(["STALLMON_MAX_FRAMES": "128"]) { $1 },
                 inContainer: true)
             defer { service.stop() }
@@ -166,12 +167,14 @@ extension Serial.ContainerSinkTests {
     /// to a receiver on loopback, and reports as JSON lines (EXAMPLE_SINK=json): the stall's log
     /// record carries the stalled server span's trace and span IDs as its own `traceId` and
     /// `spanId`, its body is the report's message, and its attributes its duration, loop and frame.
-    @Test(.requires(.example(.hummingbird))) func withSwiftOTelTheStallsLogRecordIsLinkedToTheStalledSpan() throws {
-        let binary = try FrameworkService.requiredBinary(.hummingbird)
+    @Test(.requires(.example(.hummingbirdFixture))) func withSwiftOTelTheStallsLogRecordIsLinkedToTheStalledSpan()
+        throws
+    {
+        let binary = try FrameworkService.requiredBinary(.hummingbirdFixture)
         let receiver = try OTLPReceiver()
         defer { receiver.stop() }
         let service = try FrameworkService(
-            .hummingbird, binary: binary,
+            .hummingbirdFixture, binary: binary,
             environment: Serial.FrameworkServiceTests.environment.merging([
                 "EXAMPLE_TRACING": "otel", "EXAMPLE_SINK": "json",
                 "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:\(receiver.port)/v1/traces",

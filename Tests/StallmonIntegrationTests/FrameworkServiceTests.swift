@@ -96,12 +96,13 @@ extension Serial {
         /// part. The service keeps them either way: the async handler runs inside a tick of a
         /// singleton loop, and its stall is that loop's, reported once (the pool, whose hook NIO's
         /// replaces, goes unwatched).
-        @Test(.requires(.example(.vapor)), arguments: ["before", "after"])
+        @Test(.requires(.example(.vaporFixture)), arguments: ["before", "after"])
         func vaporWithNIOAsTheGlobalExecutorReportsAnAsyncHandlerStallOnItsEventLoopOnce(takeover: String) throws {
             try #require(Journald.host.ensureRunning(), "journald is not running and cannot be started")
-            let binary = try FrameworkService.requiredBinary(.vapor)
+            let binary = try FrameworkService.requiredBinary(.vaporFixture)
             let service = try FrameworkService(
-                .vapor, binary: binary, environment: Self.environment.merging(["EXAMPLE_NIO_TAKEOVER": takeover]) { $1 }
+                .vaporFixture, binary: binary,
+                environment: Self.environment.merging(["EXAMPLE_NIO_TAKEOVER": takeover]) { $1 }
             )
             defer { service.stop() }
             let line = try #require(service.lines.first { $0["event"] as? String == "nio-takeover" })

@@ -20,7 +20,8 @@ extension Serial {
         /// (whose async handler runs in a task of its own, made by the middleware's task: it
         /// inherits the request, and so does the task it makes).
         @Test(
-            .requires(.example(.hummingbird), .example(.vapor)), arguments: [FrameworkService.Kind.hummingbird, .vapor])
+            .requires(.example(.hummingbirdFixture), .example(.vaporFixture)),
+            arguments: [FrameworkService.Kind.hummingbirdFixture, .vaporFixture])
         func aStallInsideARequestNamesItsRouteMethodAndTrace(kind: FrameworkService.Kind) throws {
             try #require(Journald.host.ensureRunning(), "journald is not running and cannot be started")
             let binary = try FrameworkService.requiredBinary(kind)
@@ -59,16 +60,16 @@ extension Serial {
         /// A stall outside any request (the service's own task, made by `main()`, with no span)
         /// carries no request fields, though the tracer is bootstrapped and requests come and go;
         /// and none carries any when no tracer is.
-        @Test(.requires(.example(.hummingbird)), arguments: [true, false])
+        @Test(.requires(.example(.hummingbirdFixture)), arguments: [true, false])
         func aStallOutsideAnyRequestCarriesNoRequestFields(traced: Bool) throws {
             try #require(Journald.host.ensureRunning(), "journald is not running and cannot be started")
-            let binary = try FrameworkService.requiredBinary(.hummingbird)
+            let binary = try FrameworkService.requiredBinary(.hummingbirdFixture)
             var environment = Self.environment
             if traced {
                 environment["EXAMPLE_TRACING"] = "stallmon"
                 environment["EXAMPLE_BACKGROUND_STALL_MS"] = "300"
             }
-            let service = try FrameworkService(.hummingbird, binary: binary, environment: environment)
+            let service = try FrameworkService(.hummingbirdFixture, binary: binary, environment: environment)
             defer { service.stop() }
             if traced {
                 for _ in 0..<10 { _ = try service.get("/hello", headers: ["traceparent": Self.traceparent]) }
@@ -87,7 +88,8 @@ extension Serial {
         /// stall's ID, duration, thread and frame, and `stallmon.stalled`; a span without a stall
         /// carries neither.
         @Test(
-            .requires(.example(.hummingbird), .example(.vapor)), arguments: [FrameworkService.Kind.hummingbird, .vapor])
+            .requires(.example(.hummingbirdFixture), .example(.vaporFixture)),
+            arguments: [FrameworkService.Kind.hummingbirdFixture, .vaporFixture])
         func theStalledSpanCarriesAStallEvent(kind: FrameworkService.Kind) throws {
             try #require(Journald.host.ensureRunning(), "journald is not running and cannot be started")
             let binary = try FrameworkService.requiredBinary(kind)
@@ -124,13 +126,15 @@ extension Serial.RequestContextTests {
     /// a receiver on loopback: the report's trace and span IDs are those of the exported server
     /// span, in the header's trace, and that span carries the `stall` event with the report's
     /// stall ID and the stall's true duration.
-    @Test(.requires(.example(.hummingbird))) func withSwiftOTelTheExportedSpanIsTheReportsAndCarriesTheStall() throws {
+    @Test(.requires(.example(.hummingbirdFixture))) func withSwiftOTelTheExportedSpanIsTheReportsAndCarriesTheStall()
+        throws
+    {
         try #require(Journald.host.ensureRunning(), "journald is not running and cannot be started")
-        let binary = try FrameworkService.requiredBinary(.hummingbird)
+        let binary = try FrameworkService.requiredBinary(.hummingbirdFixture)
         let receiver = try OTLPReceiver()
         defer { receiver.stop() }
         let service = try FrameworkService(
-            .hummingbird, binary: binary,
+            .hummingbirdFixture, binary: binary,
             environment: Self.environment.merging([
                 "EXAMPLE_TRACING": "otel",
                 "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:\(receiver.port)/v1/traces",

@@ -6,13 +6,17 @@ import Glibc
 #endif
 
 /// One of the example services (Examples/: Hummingbird, Vapor, gRPC on their defaults, adopting
-/// stallmon as the README shows) as a child process, built by `swift build --package-path Examples`.
+/// stallmon as the README shows), or one of their fixtures (the same service with the EXAMPLE_*
+/// switches the tests and the benchmark need), as a child process, built by `swift build
+/// --package-path Examples`.
 /// Driven by curl over loopback; its reports read back from the journal under its own identifier.
 package final class FrameworkService: Sendable {
     package enum Kind: String, Sendable, CaseIterable, CustomStringConvertible {
         case hummingbird = "HummingbirdService"
         case vapor = "VaporService"
         case grpc = "GRPCService"
+        case hummingbirdFixture = "HummingbirdFixture"
+        case vaporFixture = "VaporFixture"
 
         package var description: String { rawValue }
     }

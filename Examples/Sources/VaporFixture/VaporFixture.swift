@@ -1,0 +1,101 @@
+// VaporService (the example a user reads) with what the tests need beside it, switched by
+// EXAMPLE_* variables: the same service on Vapor 4's defaults (MultiThreadedEventLoopGroup.singleton;
+// async handlers on Swift's cooperative pool, synchronous ones on the event loop), monitored by
+// stallmon. Its routes stall on request:
+//
+//   GET /hello              hello
+//   GET /cpu?ms=N           spins N ms on the CPU in an async handler
+//   GET /sleep?ms=N         blocks N ms in usleep in an async handler
+//   GET /lock?ms=N          waits N ms for a mutex another thread holds
+//   GET /main-actor?ms=N    hops to the main actor and spins there N ms
+//   GET /child-cpu?ms=N     spins N ms in a `Task {}` the handler makes and awaits
+//   GET /sync-cpu?ms=N      spins N ms in a synchronous handler, on the event loop
+//
+// It listens on 127.0.0.1:$PORT (8080; 0 picks a free port) and prints `{"event":"listening","port":N}`
+// once it does. STALLMON_* variables configure the monitor (config/README.md).
+// EXAMPLE_NIO_TAKEOVER=before|after installs NIO's singleton event loops as Swift Concurrency's
+// global executor before or after stallmon starts (as Vapor's template did in 2024), and prints
+// `{"event":"nio-takeover","when":…,"installed":true|false}`. EXAMPLE_TRACING=stallmon|memory adds
+// TracingMiddleware with StallmonTracer (ExampleTracing.swift; `memory` serves the finished spans at
+// GET /spans; the synchronous handler then runs in the middleware's task). SIGTERM shuts it down.
+import ExampleStalls
+import NIOCore
+import NIOPosix
+import StallMonitorNIO
+import Vapor
+
+@main
+enum VaporFixture {
+    static func main() async throws {
+        var env = try Environment.detect()
+        try LoggingSystem.bootstrap(from: &env)
+        if ServiceEnvironment.nioTakeover == "before" { takeOverConcurrency() }
+        let stallmon = try StallMonitor()
+        try stallmon.startService()  // main actor, cooperative pool, NIO singleton
+        if ServiceEnvironment.nioTakeover == "after" { takeOverConcurrency() }
+        // EXAMPLE_TRACING: InstrumentationSystem.bootstrap(StallmonTracer()), so that stalls name their requests.
+        let traced = ExampleTracing.bootstrap()
+
+        let app = try await Application.make(env)
+        app.http.server.configuration.hostname = "127.0.0.1"
+        app.http.server.configuration.port = ServiceEnvironment.port
+        if traced {
+            app.middleware.use(TracingMiddleware())
+            app.get("spans") { _ in ExampleTracing.finishedSpansJSON() }
+        }
+        routes(app)
+        // The server `execute()` starts, made here before anything else can make another.
+        let server = app.http.server.shared
+        let listening = Task { await announcePort(server) }
+        try await app.execute()
+        listening.cancel()
+        try await app.asyncShutdown()
+    }
+
+    static func routes(_ app: Application) {
+        app.get("hello") { _ async in "hello" }
+        app.get("cpu") { request async in
+            spinInHandler(milliseconds: milliseconds(request)).json
+        }
+        app.get("sleep") { request async in
+            sleepInHandler(milliseconds: milliseconds(request)).json
+        }
+        app.get("lock") { request async in
+            waitForLockInHandler(milliseconds: milliseconds(request)).json
+        }
+        app.get("child-cpu") { request async in
+            // In a task of its own, made by the handler's: it serves the handler's request.
+            await Task { spinInHandler(milliseconds: milliseconds(request)) }.value.json
+        }
+        app.get("main-actor") { request async in
+            await spinOnMainActor(milliseconds: milliseconds(request)).json
+        }
+        // Synchronous: Vapor runs it on the request's event loop.
+        app.get("sync-cpu") { (request: Request) -> String in
+            spinOnEventLoop(milliseconds: milliseconds(request)).json
+        }
+    }
+
+    static func milliseconds(_ request: Request) -> Int {
+        ServiceEnvironment.milliseconds(request.query["ms"])
+    }
+
+    /// NIO's singleton event loops as the global executor: async jobs then run inside their ticks.
+    static func takeOverConcurrency() {
+        let installed = NIOSingletons.unsafeTryInstallSingletonPosixEventLoopGroupAsConcurrencyGlobalExecutor()
+        ServiceOutput.line([
+            "event": "nio-takeover", "when": ServiceEnvironment.nioTakeover ?? "", "installed": installed,
+        ])
+    }
+
+    /// Vapor binds in `execute()`, which returns only at shutdown: print the port once it is bound.
+    static func announcePort(_ server: HTTPServer) async {
+        while !Task.isCancelled {
+            if let port = server.localAddress?.port {
+                ServiceOutput.listening(port: port)
+                return
+            }
+            try? await Task.sleep(for: .milliseconds(20))
+        }
+    }
+}
