@@ -88,28 +88,20 @@ package final class CooperativePoolSession: @unchecked Sendable {
                 """,
                 metadata: ["stallmon.priorities": "\(missing.map(String.init).joined(separator: ","))"])
         }
-        let slot: Int32
-        do {
-            slot = try WatchdogSession.claimSlot()
+        // The pool's choice never throws: the configured signal does not apply to it.
+        let signal = try? SamplingSignal.choose(configuration, for: .cooperativePool, logger: logger)
+        do throws(StallMonitorError) {
+            // Pool threads come and go; the pool counts as running (jobs ran to learn its queues).
+            (session, _) = try WatchdogSession.make(
+                loops: [.init(name: CooperativePoolBackend.loopName, threadID: Int(getpid()))],
+                configuration: configuration, signal: signal, sinks: sinks, metricsFactory: metricsFactory,
+                logger: logger
+            ) { engine, _, reporters in (CooperativePoolBackend(engine: engine, reporter: reporters[0]), []) }
         } catch {
             if !atFirstSuspension { stallmon_pool_uninstall() }
             Self.watching.store(false, ordering: .releasing)
             throw error
         }
-        // The pool's choice never throws: the configured signal does not apply to it.
-        let signal = try? SamplingSignal.choose(configuration, for: .cooperativePool, logger: logger)
-        let loopName = CooperativePoolBackend.loopName
-        // Pool threads come and go; the pool counts as running (jobs ran to learn its queues).
-        let reporter = Reporter(
-            configuration: configuration, loopName: loopName, threadID: Int(getpid()), sinks: sinks,
-            seenTurning: true, metrics: StallMetrics(loop: loopName, factory: metricsFactory), logger: logger)
-        let description = MonitorDescription(
-            loop: loopName, threadID: Int(getpid()), configuration: configuration, signal: signal)
-        let engine = StallEngine(
-            configuration: configuration, signal: signal, slot: slot, interruptBlockedThreads: false, logger: nil)
-        session = WatchdogSession(
-            slot: slot, backend: CooperativePoolBackend(engine: engine, reporter: reporter),
-            reporters: [(reporter, description)], latency: [], logger: logger)
         session.start()
         logger.debug(
             "stallmon watches the cooperative pool",

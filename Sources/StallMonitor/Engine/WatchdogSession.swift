@@ -1,12 +1,14 @@
 #if STALLMON_LINUX
 import CStallCapture
+import CoreMetrics
 import Logging
 
 /// The lifecycle every monitor shares, whatever loop it watches: a sampler slot for its watchdog
 /// thread, one reporter per loop (each with its own rate limit and status), the watchdog, the
 /// `started` and `stopped` reports, and the statistics. The sessions of each kind of loop
-/// (``StallMonitor/RunLoopSession``, ``EventLoopGroupSession``, ``CooperativePoolSession``) set up
-/// what their loops need around it.
+/// (``StallMonitor/RunLoopSession``, ``EventLoopGroupSession``, ``CooperativePoolSession``) make it
+/// through one set-up, ``make(loops:configuration:signal:sinks:metricsFactory:logger:interruptBlockedThreads:engineLogger:backend:)``,
+/// and add what their loops need around it.
 final class WatchdogSession: @unchecked Sendable {
     let watchdog: Watchdog
     let reporters: [Reporter]
@@ -14,6 +16,58 @@ final class WatchdogSession: @unchecked Sendable {
     private let slot: Int32
     private let logger: Logger
     private let latency: [LoopLatencyExporter]
+
+    /// One loop a watch reports on: what its reporter and its `started` and `stopped` entries name.
+    struct Loop {
+        var name: String
+        var threadID: Int
+        var isEventLoop = false
+        /// Whether the loop counts as running from the start (a run loop is not seen running until
+        /// its first turn: its status says so until then).
+        var seenTurning = true
+    }
+
+    /// The one set-up of a watch, whatever its loops: claims a sampler slot, makes a reporter and a
+    /// description per loop and the engine, has `backend` make the backend (and the loops' latency
+    /// exporters) from them, and makes the session, not yet started. The slot goes back when
+    /// `backend` throws.
+    /// - Parameters:
+    ///   - signal: The sampling signal, `nil` when none was free.
+    ///   - interruptBlockedThreads: Whether the sampler signals a thread in a system call.
+    ///   - engineLogger: Where the sampler says, once, that the program took its signal over.
+    static func make<Backend: WatchdogBackend>(
+        loops: [Loop], configuration: StallMonitor.Configuration, signal: Int32?, sinks: [any ReportSink],
+        metricsFactory: any MetricsFactory, logger: Logger, interruptBlockedThreads: Bool = false,
+        engineLogger: Logger? = nil,
+        backend makeBackend: (_ engine: StallEngine, _ slot: Int32, _ reporters: [Reporter]) throws(StallMonitorError)
+            -> (Backend, [LoopLatencyExporter])
+    ) throws(StallMonitorError) -> (session: WatchdogSession, backend: Backend) {
+        let slot = try claimSlot()
+        let reporters = loops.map { loop in
+            let reporter = Reporter(
+                configuration: configuration, loopName: loop.name, threadID: loop.threadID, sinks: sinks,
+                seenTurning: loop.seenTurning, metrics: StallMetrics(loop: loop.name, factory: metricsFactory),
+                logger: logger)
+            let description = MonitorDescription(
+                loop: loop.name, threadID: loop.threadID, configuration: configuration, signal: signal,
+                isEventLoop: loop.isEventLoop)
+            return (reporter, description)
+        }
+        let engine = StallEngine(
+            configuration: configuration, signal: signal, slot: slot, interruptBlockedThreads: interruptBlockedThreads,
+            logger: engineLogger)
+        let backend: Backend
+        let latency: [LoopLatencyExporter]
+        do throws(StallMonitorError) {
+            (backend, latency) = try makeBackend(engine, slot, reporters.map(\.0))
+        } catch {
+            releaseSlot(slot)
+            throw error
+        }
+        let session = WatchdogSession(
+            slot: slot, backend: backend, reporters: reporters, latency: latency, logger: logger)
+        return (session, backend)
+    }
 
     /// Claims a sampler slot for a watchdog thread.
     /// Release it with ``releaseSlot(_:)`` if the session is never made.

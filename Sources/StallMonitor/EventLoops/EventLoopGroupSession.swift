@@ -37,34 +37,23 @@ package final class EventLoopGroupSession: @unchecked Sendable {
                 metadata: ["signal": "\(SignalName.name(of: signal))"]
             )
         }
-        let slot = try WatchdogSession.claimSlot()
-        let reporters = loops.map { loop, _ in
-            let reporter = Reporter(
-                configuration: configuration, loopName: loop.name, threadID: Int(loop.threadID), sinks: sinks,
-                seenTurning: true, metrics: StallMetrics(loop: loop.name, factory: factory), logger: logger)
-            let description = MonitorDescription(
-                loop: loop.name, threadID: Int(loop.threadID), configuration: configuration, signal: signal,
-                isEventLoop: true)
-            return (reporter, description)
-        }
         // Tick state whose histogram ``TickState/enableLatency()`` turned on before its thread was bound.
-        latency = loops.compactMap { loop, ticks in
+        let latency = loops.compactMap { loop, ticks in
             stallmon_ticks_latency(ticks.pointer).map {
                 LoopLatencyExporter(loop: loop.name, histogram: $0, factory: factory)
             }
         }
+        self.latency = latency
         let backend: EventLoopBackend
-        do {
-            let engine = StallEngine(
-                configuration: configuration, signal: signal, slot: slot, interruptBlockedThreads: false, logger: nil)
-            backend = try EventLoopBackend(
-                engine: engine, loops: loops, reporters: reporters.map(\.0), slot: slot, latency: latency)
-        } catch {
-            WatchdogSession.releaseSlot(slot)
-            throw error
+        (session, backend) = try WatchdogSession.make(
+            loops: loops.map { .init(name: $0.0.name, threadID: Int($0.0.threadID), isEventLoop: true) },
+            configuration: configuration, signal: signal, sinks: sinks, metricsFactory: factory, logger: logger
+        ) { (engine, slot, reporters) throws(StallMonitorError) in
+            (
+                try EventLoopBackend(engine: engine, loops: loops, reporters: reporters, slot: slot, latency: latency),
+                latency
+            )
         }
-        session = WatchdogSession(
-            slot: slot, backend: backend, reporters: reporters, latency: latency, logger: logger)
         if let reason = backend.unavailableReason {
             // A fallback that costs wakeups, not sight: every stall is still seen.
             logger.info(

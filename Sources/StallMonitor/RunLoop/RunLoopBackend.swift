@@ -53,7 +53,7 @@ final class RunLoopBackend: WatchdogBackend {
     private var firstTurn = FirstTurn.awaited
     private let notice: @Sendable (LoopNotice) -> Void
     /// Hands the loop's latency histogram to the metrics backend while the watchdog is awake anyway.
-    private let latency: LoopLatencyExporter?
+    let latency: LoopLatencyExporter?
 
     /// What the monitor tells its logger about the loop itself (not about a stall).
     enum LoopNotice: Sendable {

@@ -48,35 +48,35 @@ extension StallMonitor {
             logger = monitor.logger
             target = try Self.resolve(kind)
             let signal = try SamplingSignal.choose(configuration, for: .loop(target.threadID), logger: logger)
-            let slot = try WatchdogSession.claimSlot()
             lightDrain = kind == .asyncMain
-            let semaphore = DispatchSemaphore(value: 0)
-            do throws(StallMonitorError) {
-                try Self.installMainQueueDrain(for: kind)
-                loop = try Self.makeLoopState(waking: semaphore)
-            } catch {
-                WatchdogSession.releaseSlot(slot)
-                throw error
-            }
+            let target = target
             let loopName = target.loopName
             let metricsFactory = monitor.metricsFactory ?? MetricsSystem.factory
-            latency = Self.enableLatency(of: loop, named: loopName, configuration, factory: metricsFactory)
+            let logger = logger
+            var loop: LoopPointer?
+            (session, backend) = try WatchdogSession.make(
+                loops: [.init(name: loopName, threadID: Int(target.threadID), seenTurning: false)],
+                configuration: configuration, signal: signal, sinks: monitor.sinks, metricsFactory: metricsFactory,
+                logger: logger, interruptBlockedThreads: configuration.interruptBlockedThreads, engineLogger: logger
+            ) { (engine, slot, reporters) throws(StallMonitorError) in
+                try Self.installMainQueueDrain(for: kind)
+                let semaphore = DispatchSemaphore(value: 0)
+                let state = try Self.makeLoopState(waking: semaphore)
+                loop = state
+                let latency = Self.enableLatency(of: state, named: loopName, configuration, factory: metricsFactory)
+                let backend = RunLoopBackend(
+                    engine: engine, target: target, loop: state.pointer, semaphore: semaphore, slot: slot,
+                    reporter: reporters[0],
+                    notice: Self.noticeHandler(
+                        reporter: reporters[0], target: kind, loopName: loopName, logger: logger),
+                    latency: latency)
+                return (backend, latency.map { [$0] } ?? [])
+            }
+            self.loop = loop!
+            latency = backend.latency
             description = MonitorDescription(
                 loop: loopName, threadID: Int(target.threadID), configuration: configuration, signal: signal)
-            let reporter = Reporter(
-                configuration: configuration, loopName: loopName, threadID: Int(target.threadID), sinks: monitor.sinks,
-                metrics: StallMetrics(loop: loopName, factory: metricsFactory), logger: logger)
-            let engine = StallEngine(
-                configuration: configuration, signal: signal, slot: slot,
-                interruptBlockedThreads: configuration.interruptBlockedThreads, logger: logger)
-            backend = RunLoopBackend(
-                engine: engine, target: target, loop: loop.pointer, semaphore: semaphore, slot: slot,
-                reporter: reporter,
-                notice: Self.noticeHandler(reporter: reporter, target: kind, loopName: loopName, logger: logger),
-                latency: latency)
-            session = WatchdogSession(
-                slot: slot, backend: backend, reporters: [(reporter, description)], latency: latency.map { [$0] } ?? [],
-                logger: logger)
+            let reporter = session.reporters[0]
             observers = Self.attach(backend, to: target, lightDrain: lightDrain, configuration: configuration)
             Self.lookUpIdleWait(of: backend.source, with: reporter, logger: logger)
             session.start()
