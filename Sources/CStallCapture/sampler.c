@@ -32,18 +32,17 @@
 
 #define _GNU_SOURCE
 #include "stallcapture.h"
+#include "stallcapture_threadview.h"
 
 #if defined(STALLMON_LINUX)
 
 #include <dlfcn.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
 #include <semaphore.h>
 #include <signal.h>
 #include <stdatomic.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -403,13 +402,6 @@ static int wait_until(sem_t *semaphore, uint64_t deadline_ns) {
     }
 }
 
-/// Whether thread `tid` of this process still exists.
-static int thread_exists(pid_t tid) {
-    char path[64];
-    snprintf(path, sizeof path, "/proc/self/task/%d", (int)tid);
-    return access(path, F_OK) == 0;
-}
-
 static int signal_still_pending(pid_t tid, int signo);
 
 /// The thread's entry in the slot's table of signals, or -1 when it has not taken its last signal
@@ -420,7 +412,7 @@ static int signal_entry(slot_t *slot, pid_t tid, int signo, int *pending) {
         signalled_t *entry = &slot->signalled[i];
         if (atomic_load(&entry->tid) != tid) continue;
         if (atomic_load(&entry->sent) > atomic_load_explicit(&entry->taken, memory_order_acquire)) {
-            if (thread_exists(tid) && signal_still_pending(tid, signo) != 0) {
+            if (stallmon_thread_exists(tid) && signal_still_pending(tid, signo) != 0) {
                 *pending = 1;
                 return -1;
             }
@@ -439,7 +431,7 @@ static int signal_entry(slot_t *slot, pid_t tid, int signo, int *pending) {
             signalled_t *entry = &slot->signalled[i];
             pid_t holder = atomic_load(&entry->tid);
             int outstanding = atomic_load(&entry->sent) > atomic_load_explicit(&entry->taken, memory_order_acquire);
-            if (outstanding && (pass == 0 || holder == 0 || thread_exists(holder))) continue;
+            if (outstanding && (pass == 0 || holder == 0 || stallmon_thread_exists(holder))) continue;
             atomic_store(&entry->taken, atomic_load(&entry->sent));
             atomic_store(&entry->tid, tid);
             slot->signalled_next = i + 1;
@@ -465,75 +457,42 @@ static int interrupted_system_call(const stallmon_captured_registers *registers)
 #endif
 }
 
-// MARK: - The kernel's view of a blocked thread
-
-/// Reads a small /proc file of thread `tid` of this process into `buffer` (NUL-terminated).
-static int read_thread_file(pid_t tid, const char *name, char *buffer, size_t size) {
-    char path[64];
-    snprintf(path, sizeof path, "/proc/self/task/%d/%s", (int)tid, name);
-    int descriptor = open(path, O_RDONLY | O_CLOEXEC);
-    if (descriptor < 0) return -1;
-    ssize_t count;
-    do {
-        count = read(descriptor, buffer, size - 1);
-    } while (count < 0 && errno == EINTR);
-    close(descriptor);
-    if (count <= 0) return -1;
-    buffer[count] = 0;
-    return 0;
-}
+// MARK: - The kernel's view of a blocked thread (its /proc files, read and parsed by threadview.c)
 
 /// Whether signal `signo` is pending for thread `tid` (its bit in SigPnd, the thread's own queue,
 /// where rt_tgsigqueueinfo puts it): 1 or 0, or -1 when that cannot be read (then it is taken as
 /// pending: no signal is added to a queue that cannot be seen).
 static int signal_still_pending(pid_t tid, int signo) {
-    char text[4096];
-    if (read_thread_file(tid, "status", text, sizeof text) != 0) return -1;
-    static const char field[] = "\nSigPnd:";
-    const char *found = strstr(text, field);
-    if (found == NULL) return -1;
-    char *end;
-    unsigned long long mask = strtoull(found + sizeof field - 1, &end, 16);
-    if (end == found + sizeof field - 1) return -1;
+    uint64_t mask;
+    if (stallmon_read_status_field(tid, "SigPnd", 16, &mask) != 1) return -1;
     return (mask >> (signo - 1)) & 1ULL ? 1 : 0;
 }
 
 /// `view` gets the system call, its six arguments, sp and pc. Returns 1 when the thread sits in a
 /// system call, 0 when it runs (or blocks outside one, as in a page fault), -1 when unreadable.
 static int read_syscall_view(pid_t tid, long view[9]) {
-    char text[256];
-    if (read_thread_file(tid, "syscall", text, sizeof text) != 0) return -1;
-    if (strncmp(text, "running", 7) == 0) return 0;
-    // "nr a1 … a6 sp pc", or "-1 sp pc" when blocked outside a system call.
-    char *cursor = text;
-    view[0] = strtol(cursor, &cursor, 10);
-    if (view[0] < 0) return 0;
-    for (int i = 1; i < 9; i++) view[i] = (long)strtoull(cursor, &cursor, 0);
+    stallmon_syscall_view seen;
+    stallmon_read_syscall(tid, &seen);
+    if (seen.state != 0) return seen.state == 1 ? 0 : -1;
+    view[0] = seen.number;
+    for (int i = 0; i < 6; i++) view[1 + i] = (long)seen.args[i];
+    view[7] = (long)seen.sp;
+    view[8] = (long)seen.pc;
     return 1;
 }
 
-/// Times the thread has been put on a CPU (the third field of schedstat): while it stays the
-/// same, the thread has not run.
+/// Times the thread has been put on a CPU (schedstat): while it stays the same, the thread has not
+/// run.
 static int read_runs(pid_t tid, uint64_t *runs) {
-    char text[128];
-    if (read_thread_file(tid, "schedstat", text, sizeof text) != 0) return -1;
-    char *cursor = text;
-    strtoull(cursor, &cursor, 10);
-    strtoull(cursor, &cursor, 10);
-    char *end;
-    *runs = strtoull(cursor, &end, 10);
-    return end == cursor ? -1 : 0;
+    stallmon_schedstat schedstat;
+    if (stallmon_read_schedstat(tid, &schedstat) != 0) return -1;
+    *runs = schedstat.runs;
+    return 0;
 }
 
 /// Voluntary context switches of the thread: how often it has blocked.
 static int read_voluntary_switches(pid_t tid, uint64_t *switches) {
-    char text[4096];
-    if (read_thread_file(tid, "status", text, sizeof text) != 0) return -1;
-    static const char field[] = "\nvoluntary_ctxt_switches:";
-    const char *found = strstr(text, field);
-    if (found == NULL) return -1;
-    *switches = strtoull(found + sizeof field - 1, NULL, 10);
-    return 0;
+    return stallmon_read_status_field(tid, "voluntary_ctxt_switches", 10, switches) == 1 ? 0 : -1;
 }
 
 /// One look at the thread: its system call view, between two reads of its CPU clock. Returns 1

@@ -1,5 +1,6 @@
-// Tick counting for event loops that report the end of each tick (SwiftNIO), and the /proc view of
-// a thread's system call that tells the watchdog whether such a loop waits in epoll_wait.
+// Tick counting for event loops that report the end of each tick (SwiftNIO), and the watchdog's
+// io_uring that watches such loops' epoll descriptors. (Whether such a loop waits in epoll_wait
+// comes from the kernel's view of its thread, threadview.c.)
 //
 // The loop thread owns `sequence` and `end_ns` and is their only writer: it stores the end with a
 // relaxed store and publishes the new sequence with a release store, so a watchdog that sees the
@@ -13,7 +14,6 @@
 #if defined(STALLMON_LINUX)
 
 #include <errno.h>
-#include <fcntl.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -111,79 +111,6 @@ int stallmon_ticks_watched_end(const stallmon_ticks *ticks, uint64_t sequence, u
     if (end == 0) return 0;  // the tick ended before the loop saw the watch
     *end_ns = end;
     return 1;
-}
-
-static int parse_u64(const char **cursor, uint64_t *value) {
-    const char *p = *cursor;
-    while (*p == ' ') p++;
-    char *end = NULL;
-    errno = 0;
-    unsigned long long parsed = strtoull(p, &end, 0);
-    if (end == p || errno != 0) return 0;
-    *value = (uint64_t)parsed;
-    *cursor = end;
-    return 1;
-}
-
-void stallmon_read_syscall(pid_t tid, stallmon_syscall_view *out) {
-    memset(out, 0, sizeof *out);
-    out->state = -1;
-    char path[64];
-    char buffer[256];
-    int length = 0;
-    // "/proc/self/task/<tid>/syscall" without snprintf's locale machinery.
-    const char *prefix = "/proc/self/task/";
-    size_t used = strlen(prefix);
-    memcpy(path, prefix, used);
-    char digits[16];
-    int count = 0;
-    unsigned value = (unsigned)tid;
-    do {
-        digits[count++] = (char)('0' + value % 10);
-        value /= 10;
-    } while (value != 0 && count < (int)sizeof digits);
-    while (count > 0) path[used++] = digits[--count];
-    memcpy(path + used, "/syscall", sizeof "/syscall");
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return;
-    for (;;) {
-        ssize_t got = read(fd, buffer + length, sizeof buffer - 1 - (size_t)length);
-        if (got < 0 && errno == EINTR) continue;
-        if (got <= 0) break;
-        length += (int)got;
-        if (length >= (int)sizeof buffer - 1) break;
-    }
-    close(fd);
-    buffer[length] = 0;
-    if (length == 0) return;
-    if (strncmp(buffer, "running", 7) == 0) {
-        out->state = 1;
-        return;
-    }
-    const char *cursor = buffer;
-    uint64_t number = 0;
-    if (buffer[0] == '-') {
-        out->state = 1;  // "-1 sp pc": blocked, but not in a system call
-        return;
-    }
-    if (!parse_u64(&cursor, &number)) return;
-    out->number = (long)number;
-    for (int i = 0; i < 6; i++) {
-        if (!parse_u64(&cursor, &out->args[i])) return;
-    }
-    if (!parse_u64(&cursor, &out->sp) || !parse_u64(&cursor, &out->pc)) return;
-    out->state = 0;
-}
-
-int stallmon_syscall_is_epoll_wait(long number) {
-#if defined(__x86_64__)
-    return number == 232 || number == 281 || number == 441;
-#elif defined(__aarch64__)
-    return number == 22 || number == 441;
-#else
-    (void)number;
-    return 0;
-#endif
 }
 
 // MARK: - The watchdog's io_uring (raw system calls: no liburing needed)

@@ -15,20 +15,20 @@ struct KernelThreadView: Sendable, Hashable {
     var waitChannel: String?
 }
 
-/// Reads `/proc/self/task/<tid>/…` with plain system calls: it runs on the watchdog thread for every
-/// sample, so it avoids Foundation and keeps allocations to the strings it returns.
+/// Reads `/proc/self/task/<tid>/…` through CStallCapture's thread view (`stallcapture_threadview.h`),
+/// which reads and parses the files the C sampler reads too; only what C does not parse (`stat`'s
+/// state, `wchan`, `comm`) is parsed here. It runs on the watchdog thread for every sample, so it
+/// avoids Foundation and keeps allocations to the strings it returns.
 struct ThreadInspector: Sendable {
     let threadID: pid_t
-    private let directory: String
 
     init(threadID: pid_t) {
         self.threadID = threadID
-        self.directory = "/proc/self/task/\(threadID)/"
     }
 
     func view() -> KernelThreadView {
         var view = KernelThreadView()
-        if let stat = Self.read(directory + "stat"), let close = stat.lastIndex(of: UInt8(ascii: ")")) {
+        if let stat = read("stat"), let close = stat.lastIndex(of: UInt8(ascii: ")")) {
             // "tid (comm) S ...": comm may hold spaces and parentheses, so parse after the last ')'.
             let stateIndex = stat.index(close, offsetBy: 2)
             if stateIndex < stat.endIndex {
@@ -36,26 +36,24 @@ struct ThreadInspector: Sendable {
             }
         }
         view.syscall = syscall()
-        if let wchan = Self.read(directory + "wchan") {
+        if let wchan = read("wchan") {
             let text = String(decoding: wchan, as: UTF8.self).trimmingCharacters(in: "\n")
             if !text.isEmpty, text != "0" { view.waitChannel = text }
         }
         return view
     }
 
-    /// The signal mask of the thread (`SigBlk`), or `nil` when it cannot be read.
     /// The system call the thread is blocked in, `nil` when it runs or waits outside one.
     func syscall() -> String? {
-        guard let syscall = Self.read(directory + "syscall") else { return nil }
-        // "running", "-1 sp pc" (blocked, not in a call) or "nr arg1 … arg6 sp pc".
-        let first = syscall.split(separator: UInt8(ascii: " ")).first.map { String(decoding: $0, as: UTF8.self) }
-        guard let first, let number = Int(first.trimmingCharacters(in: "\n")), number >= 0 else { return nil }
-        return SyscallNames.name(number)
+        var view = stallmon_syscall_view()
+        stallmon_read_syscall(threadID, &view)
+        guard view.state == 0 else { return nil }
+        return SyscallNames.name(view.number)
     }
 
+    /// The signal mask of the thread (`SigBlk`), or `nil` when it cannot be read.
     func blockedSignals() -> UInt64? {
-        guard let status = Self.read(directory + "status") else { return nil }
-        return Self.hexField("SigBlk:", in: status)
+        Self.statusField("SigBlk", base: 16, of: threadID)
     }
 
     /// Whether the thread blocks `signal`.
@@ -66,55 +64,29 @@ struct ThreadInspector: Sendable {
 
     /// The thread's name (`comm`).
     func name() -> String? {
-        Self.read(directory + "comm").map { String(decoding: $0, as: UTF8.self).trimmingCharacters(in: "\n") }
+        read("comm").map { String(decoding: $0, as: UTF8.self).trimmingCharacters(in: "\n") }
     }
 
     /// The pid of a tracer (debugger, strace) attached to this process, 0 when none.
     static func tracerPID() -> Int {
-        guard let status = read("/proc/self/status") else { return 0 }
-        return field("TracerPid:", in: status).flatMap { Int($0) } ?? 0
+        statusField("TracerPid", base: 10, of: pid_t(STALLMON_WHOLE_PROCESS)).map { Int($0) } ?? 0
     }
 
-    static func hexField(_ name: String, in text: [UInt8]) -> UInt64? {
-        field(name, in: text).flatMap { UInt64($0, radix: 16) }
+    /// Field `name` of the `status` file of `thread` (a thread ID, or `STALLMON_WHOLE_PROCESS`).
+    private static func statusField(_ name: String, base: Int32, of thread: pid_t) -> UInt64? {
+        var value: UInt64 = 0
+        return stallmon_read_status_field(thread, name, base, &value) == 1 ? value : nil
     }
 
-    /// The value after `name` on its line of a `/proc/*/status` file.
-    private static func field(_ name: String, in text: [UInt8]) -> String? {
-        guard let range = firstRange(of: Array(name.utf8), in: text) else { return nil }
-        let value = text[range.upperBound...].drop { $0 == UInt8(ascii: "\t") || $0 == UInt8(ascii: " ") }
-            .prefix { $0 != UInt8(ascii: "\n") }
-        return String(decoding: value, as: UTF8.self)
-    }
-
-    private static func firstRange(of needle: [UInt8], in haystack: [UInt8]) -> Range<Int>? {
-        guard needle.count <= haystack.count else { return nil }
-        var index = 0
-        while index + needle.count <= haystack.count {
-            if haystack[index] == needle[0], Array(haystack[index..<index + needle.count]) == needle {
-                return index..<index + needle.count
-            }
-            index += 1
-        }
-        return nil
-    }
-
-    /// Reads a small file in one go (proc files are generated per read).
-    static func read(_ path: String) -> [UInt8]? {
-        let descriptor = open(path, O_RDONLY | O_CLOEXEC)
-        guard descriptor >= 0 else { return nil }
-        defer { close(descriptor) }
+    /// Reads one of the thread's small files in one go (proc files are generated per read).
+    private func read(_ name: String) -> [UInt8]? {
         var buffer = [UInt8](repeating: 0, count: 4096)
-        var used = 0
-        while used < buffer.count {
-            let count = buffer.withUnsafeMutableBytes { bytes in
-                Glibc.read(descriptor, bytes.baseAddress! + used, bytes.count - used)
+        let count = buffer.withUnsafeMutableBufferPointer { bytes in
+            bytes.withMemoryRebound(to: CChar.self) { characters in
+                stallmon_thread_file_read(threadID, name, characters.baseAddress!, characters.count)
             }
-            if count < 0, errno == EINTR { continue }
-            if count <= 0 { break }
-            used += count
         }
-        return used > 0 ? Array(buffer[0..<used]) : nil
+        return count > 0 ? Array(buffer[0..<count]) : nil
     }
 }
 
@@ -135,7 +107,7 @@ final class RunQueueClock: @unchecked Sendable {
     private var descriptor: Int32 = -1
 
     func open() {
-        descriptor = Glibc.open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC)
+        descriptor = stallmon_thread_file_open(pid_t(STALLMON_THREAD_SELF), "schedstat")
     }
 
     func close() {
@@ -146,26 +118,11 @@ final class RunQueueClock: @unchecked Sendable {
     /// Nanoseconds spent runnable but not running so far; `nil` when the kernel does not say.
     func waited() -> UInt64? { Self.runQueueWait(schedstat: descriptor) }
 
-    /// The second field of an open `schedstat` file ("<on-cpu ns> <run-queue ns> <timeslices>"):
-    /// nanoseconds runnable but not running. One `pread`, no allocation.
+    /// The run-queue field of an open `schedstat` file: nanoseconds runnable but not running. One
+    /// `pread`, no allocation.
     static func runQueueWait(schedstat descriptor: Int32) -> UInt64? {
-        guard descriptor >= 0 else { return nil }
-        return withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 64) { buffer -> UInt64? in
-            let count = pread(descriptor, buffer.baseAddress, buffer.count, 0)
-            guard count > 0 else { return nil }
-            var field = 0
-            var value: UInt64 = 0
-            for byte in buffer[0..<count] {
-                if byte == UInt8(ascii: " ") || byte == UInt8(ascii: "\n") {
-                    if field == 1 { return value }
-                    field += 1
-                    value = 0
-                } else if byte >= UInt8(ascii: "0"), byte <= UInt8(ascii: "9") {
-                    value = value &* 10 &+ UInt64(byte - UInt8(ascii: "0"))
-                }
-            }
-            return field == 1 ? value : nil
-        }
+        var schedstat = stallmon_schedstat()
+        return stallmon_pread_schedstat(descriptor, &schedstat) == 0 ? schedstat.wait_ns : nil
     }
 }
 #endif  // STALLMON_LINUX
