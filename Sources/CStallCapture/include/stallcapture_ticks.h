@@ -1,9 +1,9 @@
 #ifndef STALLMON_STALLCAPTURE_TICKS_H
 #define STALLMON_STALLCAPTURE_TICKS_H
 
-// Event loops that tell us when a tick ends (SwiftNIO's metrics delegate), and the watchdog's wait
-// on their epoll descriptors. Whether such a loop is idle in epoll_wait comes from the kernel's
-// view of its thread (stallcapture_threadview.h).
+// Event loops that tell us when a tick ends (SwiftNIO's metrics delegate; ticks.c), and the
+// watchdog's wait on their epoll descriptors (watch.c). Whether such a loop is idle in epoll_wait
+// comes from the kernel's view of its thread (stallcapture_threadview.h).
 
 #include "stallcapture.h"
 
