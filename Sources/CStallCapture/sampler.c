@@ -6,9 +6,9 @@
 // registers and a bounded window of the stack into the slot (one pread of /proc/self/mem, which the
 // kernel copies from mapped memory only: an address past the stack's mapping ends the copy, never
 // faults), and posts a semaphore. The watchdog then unwinds the copy with libunwind's remote
-// interface (remote_unwind.c), over a module table read from /proc/self/maps: nothing on either
-// side calls dl_iterate_phdr or takes the dynamic loader's lock, so a thread interrupted inside
-// dlopen, dlclose or a C++ throw cannot wedge itself or the watchdog.
+// interface (remote_unwind.c), over a module table read from /proc/self/maps (modules.c): nothing
+// on either side calls dl_iterate_phdr or takes the dynamic loader's lock, so a thread interrupted
+// inside dlopen, dlclose or a C++ throw cannot wedge itself or the watchdog.
 //
 // The window starts at the interrupted sp and ends at the thread's stack top where that is known
 // before any signal (glibc places a thread's descriptor, pthread_self(), above its stack; the main
