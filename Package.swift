@@ -300,7 +300,8 @@ LinuxImplementation.apply(to: package)
 /// Linux only. Elsewhere the libraries compile to a monitor that does nothing and says so
 /// (`StallMonitor.isSupported` is false), so a service that depends on them still builds on a
 /// developer's Mac. Swift code tests `#if STALLMON_LINUX`; C code `#if STALLMON_LINUX` after
-/// including its target's header, which defines it on Linux.
+/// including its target's header, which defines it on Linux (CStallCapture's `stallmon_platform.h`,
+/// which its other headers include; CSymbolize's `symbolize.h`).
 ///
 /// `PRETEND_NON_LINUX=1` builds on Linux as on any other platform: the C headers and sources and
 /// the Swift sources take their non-Linux branches, the Linux-only dependencies and libraries drop

@@ -26,12 +26,12 @@
 #define _GNU_SOURCE
 #include "stallcapture.h"
 #include "perf.h"
+#include "stallcapture_threadview.h"
 #include "unwind.h"
 
 #if defined(STALLMON_LINUX)
 
 #include <errno.h>
-#include <fcntl.h>
 #include <poll.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -103,21 +103,10 @@ void stallmon_perf_event_init(stallmon_perf_event *event) {
 /// Whether a seccomp filter applies to this thread (the "Seccomp:" line of /proc/thread-self/status
 /// is 2), or -1 when that cannot be read.
 static int filtered_by_seccomp(void) {
-    int descriptor = open("/proc/thread-self/status", O_RDONLY | O_CLOEXEC);
-    if (descriptor < 0) return -1;
-    char text[4096];
-    ssize_t count;
-    do {
-        count = read(descriptor, text, sizeof text - 1);
-    } while (count < 0 && errno == EINTR);
-    close(descriptor);
-    if (count <= 0) return -1;
-    text[count] = 0;
-    const char *field = strstr(text, "\nSeccomp:");
-    if (field == NULL) return 0;  // a kernel without seccomp
-    field += strlen("\nSeccomp:");
-    while (*field == ' ' || *field == '\t') field++;
-    return *field == '2';
+    uint64_t mode;
+    int found = stallmon_read_status_field(STALLMON_THREAD_SELF, "Seccomp", 10, &mode);
+    if (found < 0) return -1;
+    return found == 1 && mode == 2;  // no such line: a kernel without seccomp
 }
 
 static long page_size(void) { return sysconf(_SC_PAGESIZE); }

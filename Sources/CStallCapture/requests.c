@@ -49,7 +49,7 @@ enum {
     // and the owner's slot (14 bits).
     LINK_SLOT_BITS = 14,
     LINK_SEQUENCE_BITS = STALLMON_REQUEST_SEQUENCE_BITS,
-    // The runtime's Job (see pool.c): its kind in the low byte of Flags at 32 (0: a task), and its
+    // The runtime's Job (see pool.h): its kind in the low byte of Flags at 32 (0: a task), and its
     // ID at 36 (stallmon_live_task_id: a task's, unique while it lives). Read only once verified.
     JOB_KIND_OFFSET = 32,
 };

@@ -20,9 +20,9 @@ extern void *swift_task_getCurrent(void) __attribute__((weak, swiftcall));
 void stallmon_request_inherit(void *job);
 
 /// Whether the runtime's Job layout has been checked against the runtime itself and found as this
-/// code reads it (pool.c, check_layout): 0 before the check, and for good after a mismatch. Until
-/// it is 1, nothing reads a job's or task's memory. One relaxed load: state 1 is set once, before
-/// the hook that makes anything read a job, and never again.
+/// code reads it (pool_layout.c, stallmon_pool_check_layout): 0 before the check, and for good
+/// after a mismatch. Until it is 1, nothing reads a job's or task's memory. One relaxed load:
+/// state 1 is set once, before the hook that makes anything read a job, and never again.
 extern _Atomic int stallmon_runtime_layout_state;
 static inline int stallmon_runtime_layout_verified(void) {
     return atomic_load_explicit(&stallmon_runtime_layout_state, memory_order_acquire) == 1;

@@ -6,9 +6,9 @@
 // registers and a bounded window of the stack into the slot (one pread of /proc/self/mem, which the
 // kernel copies from mapped memory only: an address past the stack's mapping ends the copy, never
 // faults), and posts a semaphore. The watchdog then unwinds the copy with libunwind's remote
-// interface (remote_unwind.c), over a module table read from /proc/self/maps: nothing on either
-// side calls dl_iterate_phdr or takes the dynamic loader's lock, so a thread interrupted inside
-// dlopen, dlclose or a C++ throw cannot wedge itself or the watchdog.
+// interface (remote_unwind.c), over a module table read from /proc/self/maps (modules.c): nothing
+// on either side calls dl_iterate_phdr or takes the dynamic loader's lock, so a thread interrupted
+// inside dlopen, dlclose or a C++ throw cannot wedge itself or the watchdog.
 //
 // The window starts at the interrupted sp and ends at the thread's stack top where that is known
 // before any signal (glibc places a thread's descriptor, pthread_self(), above its stack; the main
@@ -25,25 +25,23 @@
 //
 // A signal handler ends some system calls with EINTR whatever SA_RESTART says (nanosleep, poll,
 // epoll_wait, select, timed waits: signal(7)). So a thread that /proc/self/task/<tid>/syscall shows
-// inside a system call is not signalled: remote_unwind.c unwinds it in place from the stack
-// pointer and program counter the kernel shows. And the signal is sent only while its disposition
+// inside a system call is not signalled: blocked.c unwinds it in place (remote_unwind.c) from the
+// stack pointer and program counter the kernel shows. And the signal is sent only while its disposition
 // is still stallmon's handler, checked just before each send: a program that reset it to SIG_DFL
 // would be killed by it, one that ignores it or handles it itself would lose it or run its own code.
 
 #define _GNU_SOURCE
 #include "stallcapture.h"
+#include "stallcapture_threadview.h"
 
 #if defined(STALLMON_LINUX)
 
-#include <dlfcn.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
 #include <semaphore.h>
 #include <signal.h>
 #include <stdatomic.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -51,8 +49,10 @@
 #include <sys/syscall.h>
 #include <ucontext.h>
 
+#include "blocked.h"
 #include "perf.h"
 #include "requests.h"
+#include "sampler.h"
 #include "unwind.h"
 
 enum { SLOT_COUNT = 32 };
@@ -74,16 +74,8 @@ enum {
 static inline uint64_t slot_word(uint64_t generation, int state) { return (generation << 8) | (uint64_t)state; }
 static inline int word_state(uint64_t word) { return (int)(word & 0xff); }
 
-/// What the watchdog last saw of one thread out of blocking calls (see may_signal): its run count
-/// and voluntary context switches, read just before a look that saw it running. `tid` 0: no entry.
-typedef struct {
-    pid_t tid;
-    uint64_t runs;
-    uint64_t switches;
-} quiet_t;
-
 /// Threads of one slot with an entry of their own: the loops of a large event loop group.
-enum { QUIET_COUNT = 64, SIGNALLED_COUNT = 64 };
+enum { SIGNALLED_COUNT = 64 };
 
 /// Perf events one slot (one watchdog) holds at once: threads stalled at the same time.
 enum { PERF_EVENTS_PER_SLOT = 4 };
@@ -116,19 +108,8 @@ typedef struct {
     ssize_t stack_length;
     sem_t done;
     int prepared;  // its semaphore and perf events are set up (at its first claim)
-    // The latest stack unwound from the kernel's view, owned by the watchdog: while the thread
-    // has not run since, its stack has not changed.
-    struct {
-        int valid;
-        pid_t tid;
-        long view[9];  // system call, arguments, sp, pc
-        uint64_t runs;
-        int max_frames, count, truncated, recovered;
-        uintptr_t frames[STALLMON_MAX_FRAMES];
-    } kernel;
-    // For each thread the slot samples (the loops of a group share their watchdog's slot).
-    quiet_t quiet[QUIET_COUNT];
-    unsigned quiet_next;  // the entry a thread not yet in the table replaces
+    // The threads it samples as seen in and out of system calls (blocked.c), owned by the watchdog.
+    stallmon_blocked_state blocked;
     // Perf events on stalled threads (perf.c), owned by the watchdog.
     stallmon_perf_event perf[PERF_EVENTS_PER_SLOT];
     uint64_t perf_period_ns;
@@ -139,7 +120,6 @@ typedef struct {
 
 static slot_t slots[SLOT_COUNT];
 static _Atomic int slots_initialized;
-static _Atomic int installed_signals[65];
 static _Atomic uint64_t test_handler_delay_ns;
 static _Atomic uint64_t handler_runs;
 static _Atomic int perf_open_count;
@@ -188,7 +168,7 @@ static void note_taken(signalled_t *entry, uint64_t generation) {
     }
 }
 
-static void sample_handler(int signo, siginfo_t *info, void *context) {
+void stallmon_sample_handler(int signo, siginfo_t *info, void *context) {
     (void)signo;
     int saved_errno = errno;
     atomic_fetch_add_explicit(&handler_runs, 1, memory_order_relaxed);
@@ -254,7 +234,7 @@ static void sampler_child(void) {
     atomic_store(&perf_open_count, 0);
 }
 
-static void initialize_slots(void) {
+void stallmon_sampler_initialize(void) {
     int expected = 0;
     if (atomic_load(&slots_initialized) == 2) return;
     if (atomic_compare_exchange_strong(&slots_initialized, &expected, 1)) {
@@ -268,76 +248,8 @@ static void initialize_slots(void) {
     }
 }
 
-int stallmon_signal_disposition(int signo) {
-    struct sigaction current;
-    if (sigaction(signo, NULL, &current) != 0) return -1;
-    if (current.sa_flags & SA_SIGINFO) {
-        return current.sa_sigaction == sample_handler ? STALLMON_DISPOSITION_OURS : STALLMON_DISPOSITION_FOREIGN;
-    }
-    if (current.sa_handler == SIG_DFL) return STALLMON_DISPOSITION_DEFAULT;
-    if (current.sa_handler == SIG_IGN) return STALLMON_DISPOSITION_IGNORED;
-    return STALLMON_DISPOSITION_FOREIGN;
-}
-
-int stallmon_signal_in_use(int signo) {
-    struct sigaction current;
-    if (sigaction(signo, NULL, &current) != 0) return 1;
-    if (current.sa_flags & SA_SIGINFO) return current.sa_sigaction != sample_handler;
-    return current.sa_handler != SIG_DFL;
-}
-
-/// Keeps the code of the handler mapped for the life of the process: a library that holds it,
-/// loaded with dlopen, would otherwise leave a handler pointing at unmapped code once closed.
-static void pin_image(void) {
-    Dl_info info;
-    if (dladdr((void *)sample_handler, &info) == 0 || info.dli_fname == NULL || info.dli_fname[0] == 0) return;
-    // RTLD_NOLOAD: the image already loaded, nothing new; RTLD_NODELETE: never unmapped, whatever
-    // dlclose is called later. (The main executable needs no pin; one more reference is harmless.)
-    (void)dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
-}
-
-static pthread_once_t pin_once = PTHREAD_ONCE_INIT;
-
-/// The handler's action: the sampling signals block each other while it runs (it never nests in
-/// itself), and it runs on the thread's alternate stack where the thread has one.
-static void sampling_action(struct sigaction *action) {
-    memset(action, 0, sizeof *action);
-    action->sa_sigaction = sample_handler;
-    action->sa_flags = SA_SIGINFO | SA_RESTART | SA_ONSTACK;
-    sigemptyset(&action->sa_mask);
-    sigaddset(&action->sa_mask, SIGPROF);
-    for (int signo = 1; signo <= 64; signo++) {
-        if (atomic_load(&installed_signals[signo])) sigaddset(&action->sa_mask, signo);
-    }
-}
-
-int stallmon_sampler_install(int signo) {
-    if (signo <= 0 || signo > 64) return -EINVAL;
-    initialize_slots();
-    if (atomic_load(&installed_signals[signo])) return 0;
-    if (stallmon_signal_in_use(signo)) return -EBUSY;
-    // The handler copies the stack through /proc/self/mem: open before any signal is sent.
-    if (stallmon_memory_open() < 0) return -EACCES;
-    pthread_once(&pin_once, pin_image);
-    atomic_store(&installed_signals[signo], 1);
-    struct sigaction action;
-    sampling_action(&action);
-    if (sigaction(signo, &action, NULL) != 0) {
-        int error = errno;
-        atomic_store(&installed_signals[signo], 0);
-        return -error;
-    }
-    // The signals installed before it now block this one too, while they are still ours.
-    for (int other = 1; other <= 64; other++) {
-        if (other == signo || !atomic_load(&installed_signals[other])) continue;
-        if (stallmon_signal_disposition(other) != STALLMON_DISPOSITION_OURS) continue;
-        sigaction(other, &action, NULL);
-    }
-    return 0;
-}
-
 int stallmon_sampler_slot_claim(void) {
-    initialize_slots();
+    stallmon_sampler_initialize();
     for (int i = 0; i < SLOT_COUNT; i++) {
         if (atomic_load(&slots[i].broken)) continue;
         uint64_t expected = atomic_load(&slots[i].word);
@@ -385,9 +297,7 @@ void stallmon_sampler_slot_release(int index) {
             atomic_fetch_sub(&perf_open_count, 1);
         }
     }
-    slot->kernel.valid = 0;
-    memset(slot->quiet, 0, sizeof slot->quiet);
-    slot->quiet_next = 0;
+    stallmon_blocked_forget(&slot->blocked);
     atomic_store(&slot->word, slot_word(slot->generation, SLOT_FREE));
 }
 
@@ -403,13 +313,6 @@ static int wait_until(sem_t *semaphore, uint64_t deadline_ns) {
     }
 }
 
-/// Whether thread `tid` of this process still exists.
-static int thread_exists(pid_t tid) {
-    char path[64];
-    snprintf(path, sizeof path, "/proc/self/task/%d", (int)tid);
-    return access(path, F_OK) == 0;
-}
-
 static int signal_still_pending(pid_t tid, int signo);
 
 /// The thread's entry in the slot's table of signals, or -1 when it has not taken its last signal
@@ -420,7 +323,7 @@ static int signal_entry(slot_t *slot, pid_t tid, int signo, int *pending) {
         signalled_t *entry = &slot->signalled[i];
         if (atomic_load(&entry->tid) != tid) continue;
         if (atomic_load(&entry->sent) > atomic_load_explicit(&entry->taken, memory_order_acquire)) {
-            if (thread_exists(tid) && signal_still_pending(tid, signo) != 0) {
+            if (stallmon_thread_exists(tid) && signal_still_pending(tid, signo) != 0) {
                 *pending = 1;
                 return -1;
             }
@@ -439,7 +342,7 @@ static int signal_entry(slot_t *slot, pid_t tid, int signo, int *pending) {
             signalled_t *entry = &slot->signalled[i];
             pid_t holder = atomic_load(&entry->tid);
             int outstanding = atomic_load(&entry->sent) > atomic_load_explicit(&entry->taken, memory_order_acquire);
-            if (outstanding && (pass == 0 || holder == 0 || thread_exists(holder))) continue;
+            if (outstanding && (pass == 0 || holder == 0 || stallmon_thread_exists(holder))) continue;
             atomic_store(&entry->taken, atomic_load(&entry->sent));
             atomic_store(&entry->tid, tid);
             slot->signalled_next = i + 1;
@@ -449,247 +352,20 @@ static int signal_entry(slot_t *slot, pid_t tid, int signo, int *pending) {
     return -1;
 }
 
-/// Whether the register copy shows a system call that the signal ended with EINTR: the kernel
-/// returns to the instruction after it with -EINTR in the result register (a call it restarts
-/// goes back to the instruction itself instead). The code is read through /proc/self/mem.
-static int interrupted_system_call(const stallmon_captured_registers *registers) {
-#if defined(__x86_64__)
-    if ((long long)registers->values[0] != -EINTR) return 0;  // rax
-    unsigned char code[2];
-    uintptr_t pc = registers->values[STALLMON_CAPTURED_PC];
-    if (pc < 2 || stallmon_memory_read(code, sizeof code, pc - 2) != (ssize_t)sizeof code) return 0;
-    return code[0] == 0x0f && code[1] == 0x05;  // syscall
-#else
-    (void)registers;
-    return 0;
-#endif
-}
-
-// MARK: - The kernel's view of a blocked thread
-
-/// Reads a small /proc file of thread `tid` of this process into `buffer` (NUL-terminated).
-static int read_thread_file(pid_t tid, const char *name, char *buffer, size_t size) {
-    char path[64];
-    snprintf(path, sizeof path, "/proc/self/task/%d/%s", (int)tid, name);
-    int descriptor = open(path, O_RDONLY | O_CLOEXEC);
-    if (descriptor < 0) return -1;
-    ssize_t count;
-    do {
-        count = read(descriptor, buffer, size - 1);
-    } while (count < 0 && errno == EINTR);
-    close(descriptor);
-    if (count <= 0) return -1;
-    buffer[count] = 0;
-    return 0;
-}
+// MARK: - The kernel's view of a stalled thread (its /proc files, read and parsed by threadview.c)
 
 /// Whether signal `signo` is pending for thread `tid` (its bit in SigPnd, the thread's own queue,
 /// where rt_tgsigqueueinfo puts it): 1 or 0, or -1 when that cannot be read (then it is taken as
 /// pending: no signal is added to a queue that cannot be seen).
 static int signal_still_pending(pid_t tid, int signo) {
-    char text[4096];
-    if (read_thread_file(tid, "status", text, sizeof text) != 0) return -1;
-    static const char field[] = "\nSigPnd:";
-    const char *found = strstr(text, field);
-    if (found == NULL) return -1;
-    char *end;
-    unsigned long long mask = strtoull(found + sizeof field - 1, &end, 16);
-    if (end == found + sizeof field - 1) return -1;
+    uint64_t mask;
+    if (stallmon_read_status_field(tid, "SigPnd", 16, &mask) != 1) return -1;
     return (mask >> (signo - 1)) & 1ULL ? 1 : 0;
-}
-
-/// `view` gets the system call, its six arguments, sp and pc. Returns 1 when the thread sits in a
-/// system call, 0 when it runs (or blocks outside one, as in a page fault), -1 when unreadable.
-static int read_syscall_view(pid_t tid, long view[9]) {
-    char text[256];
-    if (read_thread_file(tid, "syscall", text, sizeof text) != 0) return -1;
-    if (strncmp(text, "running", 7) == 0) return 0;
-    // "nr a1 … a6 sp pc", or "-1 sp pc" when blocked outside a system call.
-    char *cursor = text;
-    view[0] = strtol(cursor, &cursor, 10);
-    if (view[0] < 0) return 0;
-    for (int i = 1; i < 9; i++) view[i] = (long)strtoull(cursor, &cursor, 0);
-    return 1;
-}
-
-/// Times the thread has been put on a CPU (the third field of schedstat): while it stays the
-/// same, the thread has not run.
-static int read_runs(pid_t tid, uint64_t *runs) {
-    char text[128];
-    if (read_thread_file(tid, "schedstat", text, sizeof text) != 0) return -1;
-    char *cursor = text;
-    strtoull(cursor, &cursor, 10);
-    strtoull(cursor, &cursor, 10);
-    char *end;
-    *runs = strtoull(cursor, &end, 10);
-    return end == cursor ? -1 : 0;
-}
-
-/// Voluntary context switches of the thread: how often it has blocked.
-static int read_voluntary_switches(pid_t tid, uint64_t *switches) {
-    char text[4096];
-    if (read_thread_file(tid, "status", text, sizeof text) != 0) return -1;
-    static const char field[] = "\nvoluntary_ctxt_switches:";
-    const char *found = strstr(text, field);
-    if (found == NULL) return -1;
-    *switches = strtoull(found + sizeof field - 1, NULL, 10);
-    return 0;
-}
-
-/// One look at the thread: its system call view, between two reads of its CPU clock. Returns 1
-/// when the clock moved, that is when the thread was on a CPU while it was looked at.
-static int look(pid_t tid, long view[9], int *state) {
-    int64_t before = stallmon_thread_cpu_ns(tid);
-    *state = read_syscall_view(tid, view);
-    int64_t after = stallmon_thread_cpu_ns(tid);
-    return before >= 0 && after > before;
-}
-
-static void pause_microseconds(long microseconds) {
-    struct timespec pause = {.tv_sec = 0, .tv_nsec = microseconds * 1000};
-    while (nanosleep(&pause, &pause) != 0 && errno == EINTR) {}
-}
-
-/// The thread's quiet entry in the slot, or NULL.
-static quiet_t *quiet_entry(slot_t *slot, pid_t tid) {
-    if (tid <= 0) return NULL;
-    for (int i = 0; i < QUIET_COUNT; i++) {
-        if (slot->quiet[i].tid == tid) return &slot->quiet[i];
-    }
-    return NULL;
-}
-
-/// Records that the thread was seen out of blocking calls with these counts (in its entry, or in
-/// a new one that replaces the oldest).
-static void remember_quiet(slot_t *slot, pid_t tid, uint64_t runs, uint64_t switches) {
-    quiet_t *entry = quiet_entry(slot, tid);
-    if (entry == NULL) entry = &slot->quiet[slot->quiet_next++ % QUIET_COUNT];
-    *entry = (quiet_t){.tid = tid, .runs = runs, .switches = switches};
-}
-
-/// Whether a signal may go to the thread now. /proc says "running" for any runnable thread: one
-/// preempted inside a system call before it sleeps, or woken in one and waiting for a CPU, would
-/// take the signal there. So the thread is looked at with its CPU clock read around the look (up
-/// to three times, 100 µs apart), and:
-///   - on a CPU, and not switched in since the previous look that found it out of blocking calls
-///     (its schedstat run count): it never left the CPU, and is signalled;
-///   - otherwise its voluntary context switches decide: unchanged since that look, it was only
-///     preempted, and is signalled (even when no look caught it on a CPU: it may then sit
-///     preempted inside a system call's entry, the residual risk);
-///   - changed (or no such look): it is watched for 200 µs, and signalled only if it did not block
-///     again and has run since (switched in, or seen on a CPU), that is left the call it blocked
-///     in. A thread that keeps blocking in short system calls runs between them often enough for a
-///     signal to land in the next one: it is not signalled.
-/// The counters are read before each look. Returns 1 (send), 0 (do not send) or 2 (blocked in a
-/// system call now: `view`).
-static int may_signal(slot_t *slot, pid_t tid, long view[9]) {
-    quiet_t *quiet = quiet_entry(slot, tid);
-    int known = quiet != NULL;
-    // Without schedstat (no CONFIG_SCHED_INFO), runs read as 0 and only the switches decide.
-    uint64_t runs = 0, switches = 0;
-    int have_runs = 0, ran_throughout = 0, state = -1, on_cpu = 0;
-    for (int attempt = 0; attempt < 3 && !on_cpu; attempt++) {
-        if (attempt > 0) pause_microseconds(100);
-        have_runs = read_runs(tid, &runs) == 0;
-        ran_throughout = have_runs && known && runs == quiet->runs;
-        on_cpu = look(tid, view, &state);
-        if (state == 1) return 2;
-        if (state != 0) return 1;  // no /proc view: nothing more to go on
-    }
-    // Not switched in since the previous look and on a CPU now: it never left the CPU. (Runnable
-    // but not on a CPU, it may have blocked and been woken since, and wait inside a system call.)
-    if (ran_throughout && on_cpu) return 1;
-    // Preempted, or blocked and woken? The switches (in the larger status file) tell, read before
-    // one more look.
-    if (read_voluntary_switches(tid, &switches) != 0) return 1;  // cannot tell
-    on_cpu = look(tid, view, &state) || on_cpu;
-    if (state == 1) return 2;
-    if (state != 0) return 1;
-    if (known && switches == quiet->switches) {
-        quiet->runs = runs;  // only preempted since a look that saw it out of blocking calls
-        return 1;
-    }
-    // It blocked since (or there was no such look): watch it. It is out of that call once it has
-    // been switched in again, or is seen on a CPU, without blocking again.
-    pause_microseconds(200);
-    uint64_t later_runs = 0, later;
-    if (read_voluntary_switches(tid, &later) != 0 || (have_runs && read_runs(tid, &later_runs) != 0)) {
-        return read_syscall_view(tid, view) == 1 ? 2 : 0;
-    }
-    on_cpu = look(tid, view, &state);
-    if (state == 1) return 2;
-    int ran_since = have_runs && later_runs != runs;
-    if (later != switches || state != 0 || !(ran_since || on_cpu)) return 0;
-    remember_quiet(slot, tid, later_runs, later);
-    return 1;
 }
 
 void stallmon_sampler_note_running(int index, pid_t tid) {
     if (index < 0 || index >= SLOT_COUNT) return;
-    slot_t *slot = &slots[index];
-    uint64_t runs = 0, switches;
-    long view[9];
-    if (read_voluntary_switches(tid, &switches) != 0) return;
-    if (read_runs(tid, &runs) != 0) runs = 0;
-    if (read_syscall_view(tid, view) != 0) return;
-    remember_quiet(slot, tid, runs, switches);
-}
-
-/// Unwinds a thread that blocks in the system call `view` shows, from the kernel's sp and pc.
-/// The stack counts only when the thread is in the same call with the same arguments and
-/// registers after the unwind as before: its callers' frames, which the unwind read, are then the
-/// same. It is reused while the thread has not run since (same count of runs).
-static void sample_blocked(slot_t *slot, pid_t tid, const long first_view[9], int max_frames, stallmon_sample *out) {
-    long view[9];
-    memcpy(view, first_view, sizeof view);
-    out->source = STALLMON_STACK_KERNEL;
-    for (int attempt = 0; attempt < 3; attempt++) {
-        out->syscall = view[0];
-        uint64_t runs = 0;
-        int counted = read_runs(tid, &runs) == 0;
-        if (counted && slot->kernel.valid && slot->kernel.tid == tid && slot->kernel.runs == runs &&
-            slot->kernel.max_frames == max_frames && memcmp(slot->kernel.view, view, sizeof view) == 0) {
-            out->status = STALLMON_SAMPLE_OK;
-            out->reused = 1;
-            out->frame_count = slot->kernel.count;
-            out->truncated = slot->kernel.truncated;
-            out->recovered_frame_pointers = slot->kernel.recovered;
-            memcpy(out->frames, slot->kernel.frames, sizeof(uintptr_t) * (size_t)slot->kernel.count);
-            return;
-        }
-        int count = 0, truncated = 0, recovered = 0;
-        int rc = stallmon_unwind_blocked((uintptr_t)view[7], (uintptr_t)view[8], max_frames, out->frames, &count,
-                                         &truncated, &recovered);
-        long after[9];
-        int unchanged = read_syscall_view(tid, after) == 1 && memcmp(after, view, sizeof view) == 0;
-        if (unchanged) {
-            if (rc != 0) {
-                out->status = STALLMON_SAMPLE_BLOCKED_UNWIND_FAILED;
-                out->error = rc;
-                slot->kernel.valid = 0;
-                return;
-            }
-            out->status = STALLMON_SAMPLE_OK;
-            out->frame_count = count;
-            out->truncated = truncated;
-            out->recovered_frame_pointers = recovered;
-            slot->kernel.valid = counted;
-            slot->kernel.tid = tid;
-            memcpy(slot->kernel.view, view, sizeof view);
-            slot->kernel.runs = runs;
-            slot->kernel.max_frames = max_frames;
-            slot->kernel.count = count;
-            slot->kernel.truncated = truncated;
-            slot->kernel.recovered = recovered;
-            memcpy(slot->kernel.frames, out->frames, sizeof(uintptr_t) * (size_t)count);
-            return;
-        }
-        // The thread moved on while it was unwound: look again while it still blocks.
-        if (read_syscall_view(tid, view) != 1) break;
-    }
-    out->status = STALLMON_SAMPLE_BLOCKED_UNWIND_FAILED;
-    out->error = EAGAIN;
-    out->frame_count = 0;
+    stallmon_blocked_note_running(&slots[index].blocked, tid);
 }
 
 // MARK: - Perf events
@@ -744,7 +420,7 @@ static void unwind_copy(slot_t *slot, int max_frames, stallmon_sample *out) {
     out->current_task = slot->task;
     out->current_task_id = slot->task_id;
     out->stack_bytes = slot->stack_length > 0 ? (int)slot->stack_length : 0;
-    out->interrupted_syscall = interrupted_system_call(&slot->registers);
+    out->interrupted_syscall = stallmon_interrupted_system_call(&slot->registers);
     int count = 0, truncated = 0;
     int rc = stallmon_unwind_copied(&slot->registers, slot->stack, (size_t)out->stack_bytes, slot->stack_limit,
                                     max_frames, out->frames, &count, &truncated);
@@ -775,10 +451,10 @@ void stallmon_sample_stack(int index, pid_t tid, int signo, int max_frames, uint
     // call is unwound in place, as ever.
     int spare = (flags & STALLMON_SAMPLE_SPARE_SYSCALLS) != 0;
     if (flags & (STALLMON_SAMPLE_PERF | STALLMON_SAMPLE_PERF_ONLY)) {
-        int state = read_syscall_view(tid, view);
+        int state = stallmon_read_syscall_view(tid, view);
         if (state == 1 && (spare || (flags & STALLMON_SAMPLE_PERF_ONLY))) {
             out->disposition = STALLMON_DISPOSITION_OURS;
-            sample_blocked(slot, tid, view, max_frames, out);
+            stallmon_blocked_sample(&slot->blocked, tid, view, max_frames, out);
             return;
         }
         if (state != 1) {
@@ -804,16 +480,16 @@ void stallmon_sample_stack(int index, pid_t tid, int signo, int max_frames, uint
     out->disposition = (flags & STALLMON_SAMPLE_NO_SIGNAL) ? STALLMON_DISPOSITION_OURS
                                                              : stallmon_signal_disposition(signo);
     if ((flags & STALLMON_SAMPLE_NO_SIGNAL) || out->disposition != STALLMON_DISPOSITION_OURS) {
-        if (read_syscall_view(tid, view) == 1) {
-            sample_blocked(slot, tid, view, max_frames, out);
+        if (stallmon_read_syscall_view(tid, view) == 1) {
+            stallmon_blocked_sample(&slot->blocked, tid, view, max_frames, out);
         } else {
             out->status = STALLMON_SAMPLE_SIGNAL_TAKEN;
         }
         return;
     }
     if (atomic_load(&slot->broken)) {
-        if (spare && read_syscall_view(tid, view) == 1) {
-            sample_blocked(slot, tid, view, max_frames, out);
+        if (spare && stallmon_read_syscall_view(tid, view) == 1) {
+            stallmon_blocked_sample(&slot->blocked, tid, view, max_frames, out);
             return;
         }
         out->status = STALLMON_SAMPLE_TIMEOUT;
@@ -831,8 +507,8 @@ void stallmon_sample_stack(int index, pid_t tid, int signo, int max_frames, uint
     if (entry < 0) {
         // The thread has not taken its last signal: it blocks the signal, is stopped, or has not
         // run since. Another would only wait in its queue beside the first.
-        if (spare && read_syscall_view(tid, view) == 1) {
-            sample_blocked(slot, tid, view, max_frames, out);
+        if (spare && stallmon_read_syscall_view(tid, view) == 1) {
+            stallmon_blocked_sample(&slot->blocked, tid, view, max_frames, out);
             return;
         }
         out->status = STALLMON_SAMPLE_TIMEOUT;
@@ -858,11 +534,11 @@ void stallmon_sample_stack(int index, pid_t tid, int signo, int max_frames, uint
     // watch) and enters a system call within the next few microseconds; the handler's registers
     // then show that it ended it (`interrupted_syscall`).
     if (spare) {
-        int verdict = may_signal(slot, tid, view);
+        int verdict = stallmon_blocked_may_signal(&slot->blocked, tid, view);
         if (verdict != 1) {
             atomic_store(&slot->word, slot_word(generation, SLOT_IDLE));
             if (verdict == 2) {
-                sample_blocked(slot, tid, view, max_frames, out);
+                stallmon_blocked_sample(&slot->blocked, tid, view, max_frames, out);
             } else {
                 out->status = STALLMON_SAMPLE_SYSCALL_BUSY;
             }

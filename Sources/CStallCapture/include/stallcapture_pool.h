@@ -4,11 +4,7 @@
 // Swift's cooperative pool (the global concurrent executor): each job a pool thread runs is timed,
 // so that a job that holds its thread past a threshold is reported like a stalled loop.
 
-// The Linux implementation (see stallcapture.h): elsewhere, and under STALLMON_PRETEND_NON_LINUX,
-// this header declares nothing.
-#if defined(__linux__) && !defined(STALLMON_PRETEND_NON_LINUX)
-#define STALLMON_LINUX 1
-#endif
+#include "stallmon_platform.h"
 
 #if defined(STALLMON_LINUX)
 

@@ -7,9 +7,7 @@
 // it ends; the watchdog looks the stalled thread's task up. No allocation: a fixed table of slots
 // claimed with a compare-and-swap; each slot's lock is held only to copy what its span says.
 
-#if defined(__linux__) && !defined(STALLMON_PRETEND_NON_LINUX)
-#define STALLMON_LINUX 1
-#endif
+#include "stallmon_platform.h"
 
 #if defined(STALLMON_LINUX)
 

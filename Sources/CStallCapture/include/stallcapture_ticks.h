@@ -1,20 +1,16 @@
 #ifndef STALLMON_STALLCAPTURE_TICKS_H
 #define STALLMON_STALLCAPTURE_TICKS_H
 
-// Event loops that tell us when a tick ends (SwiftNIO's metrics delegate), and the kernel's view
-// of a thread's system call, which tells the watchdog when such a loop is idle in epoll_wait.
+// Event loops that tell us when a tick ends (SwiftNIO's metrics delegate; ticks.c), and the
+// watchdog's wait on their epoll descriptors (watch.c). Whether such a loop is idle in epoll_wait
+// comes from the kernel's view of its thread (stallcapture_threadview.h).
 
 #include "stallcapture.h"
 
 #include <stdint.h>
 #include <sys/types.h>
 
-// The Linux implementation. Elsewhere (and under STALLMON_PRETEND_NON_LINUX, with which CI builds
-// on Linux as on other platforms: see Package.swift) this header declares only what the portable
-// Swift code calls, and the sources compile to (nearly) nothing.
-#if defined(__linux__) && !defined(STALLMON_PRETEND_NON_LINUX)
-#define STALLMON_LINUX 1
-#endif
+#include "stallmon_platform.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -62,21 +58,6 @@ uint64_t stallmon_ticks_latest_end(const stallmon_ticks *ticks);
 void stallmon_ticks_watch(stallmon_ticks *ticks, uint64_t sequence);
 /// When that tick has ended, stores its end and returns 1; 0 otherwise.
 int stallmon_ticks_watched_end(const stallmon_ticks *ticks, uint64_t sequence, uint64_t *end_ns);
-
-/// A thread's system call as `/proc/self/task/<tid>/syscall` shows it.
-typedef struct {
-    int state;          ///< 0: blocked in `number`; 1: running in user space; -1: unreadable
-    long number;
-    uint64_t args[6];
-    uint64_t sp;
-    uint64_t pc;
-} stallmon_syscall_view;
-
-/// Reads `/proc/self/task/<tid>/syscall` with one open, read and close; no allocation.
-void stallmon_read_syscall(pid_t tid, stallmon_syscall_view *out);
-
-/// 1 when `number` is epoll_wait, epoll_pwait or epoll_pwait2 on this architecture.
-int stallmon_syscall_is_epoll_wait(long number);
 
 // MARK: - The watchdog's wait: an io_uring whose poll requests watch the loops' epoll descriptors
 

@@ -33,7 +33,7 @@ final class ThreadClocks: @unchecked Sendable {
 
     init(threadID: pid_t) {
         self.threadID = threadID
-        descriptor = open("/proc/self/task/\(threadID)/schedstat", O_RDONLY | O_CLOEXEC)
+        descriptor = stallmon_thread_file_open(threadID, "schedstat")
     }
 
     deinit {
