@@ -147,7 +147,6 @@ let package = Package(
             dependencies: [
                 "StallCollector",
                 "StallMonitor",
-                "StallMonitorTestKit",
                 "StallJournal",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),

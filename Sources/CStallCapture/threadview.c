@@ -19,6 +19,7 @@
 /// Builds "/proc/self/task/<tid>/<name>", "/proc/thread-self/<name>" or "/proc/self/<name>" (no
 /// "/<name>" when `name` is NULL) into `path`: 0, or -1 when it does not fit.
 static int thread_path(pid_t tid, const char *name, char *path, size_t size) {
+    if (tid <= 0 && tid != STALLMON_THREAD_SELF && tid != STALLMON_WHOLE_PROCESS) return -1;
     const char *prefix = tid == STALLMON_THREAD_SELF     ? "/proc/thread-self"
                          : tid == STALLMON_WHOLE_PROCESS ? "/proc/self"
                                                          : "/proc/self/task/";

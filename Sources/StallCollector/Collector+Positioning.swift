@@ -4,6 +4,7 @@ import Logging
 import StallConfiguration
 import StallJournal
 import Synchronization
+
 #if canImport(Glibc)
 import Glibc
 #endif

@@ -23,8 +23,8 @@ public struct JournalWriter: Sendable {
 
     /// Whether journald listens on ``socketPath``: a datagram socket connects to it.
     ///
-    /// Without a socket, `sd_journal_sendv` succeeds and sends nothing; a socket left behind by a
-    /// journald that has since exited refuses every entry (`ECONNREFUSED`). Both read as unavailable.
+    /// A missing socket, and a socket left behind by a journald that has since exited (it refuses
+    /// every entry, `ECONNREFUSED`), both read as unavailable.
     /// Under systemd the socket belongs to PID 1, so a journald that restarts stays available.
     public var isAvailable: Bool {
         #if STALLMON_LINUX

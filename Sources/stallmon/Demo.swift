@@ -4,7 +4,7 @@ import Foundation
 import Logging
 import StallJournal
 import StallMonitor
-import StallMonitorTestKit
+import Synchronization
 
 #if canImport(Glibc)
 import Glibc
@@ -63,7 +63,7 @@ struct Demo: ParsableCommand {
         configuration.rateLimit.burst = max(configuration.rateLimit.burst, 3)
 
         let journal = JournalSink(syslogIdentifier: configuration.syslogIdentifier)
-        let collected = CollectingSink()
+        let collected = EndedReports()
         var logger = Logger(label: "stallmon.demo")
         logger.logLevel = .warning
         let monitor = try StallMonitor(
@@ -114,8 +114,8 @@ struct Demo: ParsableCommand {
     }
 
     /// Prints the ended reports, from the journal when there is one. Returns the exit status.
-    private func report(collected: CollectingSink, journal: Bool, identifier: String) -> Int32 {
-        let reports = collected.events.compactMap { $0.kind == .stallEnded ? $0.report : nil }
+    private func report(collected: EndedReports, journal: Bool, identifier: String) -> Int32 {
+        let reports = collected.reports
         var records: [StallRecord] = []
         var source = "memory (journald is not running)"
         if journal {
@@ -196,4 +196,16 @@ enum JSONLines {
         }
         return JSONText.escapingControls(String(decoding: data, as: UTF8.self))
     }
+}
+
+/// The demo's own sink: the ended reports, kept for the summary it prints.
+private final class EndedReports: ReportSink, Sendable {
+    private let kept = Mutex<[StallReport]>([])
+
+    func emit(_ event: StallMonitorEvent) {
+        guard event.kind == .stallEnded, let report = event.report else { return }
+        kept.withLock { $0.append(report) }
+    }
+
+    var reports: [StallReport] { kept.withLock { $0 } }
 }

@@ -24,6 +24,7 @@ static const char daemon_name[] = "stallmond-daemon";
 /// name alone, looked up in PATH, when neither has a directory.
 static int daemon_path(const char *program, char *path, size_t size) {
     ssize_t length = readlink("/proc/self/exe", path, size - 1);
+    if (length >= (ssize_t)size - 1) return -1;  // cut short: no path to trust
     if (length > 0) {
         path[length] = '\0';
     } else if (program != NULL && strlen(program) < size) {
@@ -50,7 +51,13 @@ int main(int argc, char **argv) {
         fprintf(stderr, "stallmond: cannot name %s: the path is too long\n", daemon_name);
         return 126;
     }
-    execvp(path, argv);
+    // The file beside this one, never a shell's reading of it (execvp runs a file the kernel
+    // refuses as a script); a bare name only when this file's own path has no directory.
+    if (strchr(path, '/') != NULL) {
+        execv(path, argv);
+    } else {
+        execvp(path, argv);
+    }
     int error = errno;
     fprintf(stderr, "stallmond: cannot run %s: %s\n", path, strerror(error));
     // As env(1) and nohup(1): 127 when the program is not there, 126 when it cannot be run.

@@ -64,6 +64,29 @@ extension Serial {
             }
         }
 
+        /// A call inside another's body runs under the outer watch (it waited forever for the
+        /// outer call's turn): the stall it makes is the outer call's.
+        @Test(.timeLimit(.minutes(1))) func aCallInsideAnothersBodyRunsUnderTheOuterWatch() async throws {
+            let error = await #expect(throws: StallsDetected.self) {
+                try await withStallDetection(threshold: .milliseconds(50)) {
+                    try await withStallDetection(threshold: .milliseconds(50)) {
+                        spinForDetection(milliseconds: 300)
+                    }
+                }
+            }
+            #expect(
+                error?.reports.contains { $0.stack.contains { $0.function?.contains("spinForDetection") == true } }
+                    == true)
+        }
+
+        /// A body on the main actor runs on the main queue, which is not watched: that is said,
+        /// never passed as healthy.
+        @Test @MainActor func aBodyOnTheMainActorIsRefusedNotPassed() async throws {
+            await #expect(throws: StallDetectionUnavailable.self) {
+                try await withStallDetection(threshold: .milliseconds(50)) { spinForDetection(milliseconds: 100) }
+            }
+        }
+
         /// Calls at once take turns: each watches the pool alone, and neither is refused.
         @Test func callsAtOnceTakeTurns() async throws {
             try await withThrowingTaskGroup(of: Int.self) { group in

@@ -18,9 +18,10 @@
 extern "C" {
 #endif
 
-/// Whose /proc files a `tid` below names besides a thread of this process by its id.
+/// Whose /proc files a `tid` below names besides a thread of this process by its id. Negative, so
+/// that a thread ID never read (0) names no thread rather than the caller.
 enum {
-    STALLMON_THREAD_SELF = 0,     ///< the calling thread: /proc/thread-self
+    STALLMON_THREAD_SELF = -2,    ///< the calling thread: /proc/thread-self
     STALLMON_WHOLE_PROCESS = -1,  ///< the process: /proc/self
 };
 

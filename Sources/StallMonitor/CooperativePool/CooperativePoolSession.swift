@@ -121,7 +121,7 @@ package final class CooperativePoolSession: @unchecked Sendable {
     }
 
     /// Why the runtime's layout was not taken: the check that failed, or that none could run.
-    private static var layoutReason: String {
+    package static var layoutReason: String {
         guard let problem = stallmon_pool_layout_problem() else {
             return "the Swift runtime's job layout could not be checked (no probe task ran within 1 s)"
         }
