@@ -171,8 +171,11 @@ struct StallCPUAccount {
             moved = Double(latest.cpu - min(latest.cpu, base.cpu))
         }
         guard pace >= 0.5 else { return late }
+        // The thread's own clock is the measure, not the watchdog's lateness: a watchdog that woke
+        // late while the thread kept running (both waited for a CPU that real-time threads held,
+        // or the watchdog slept in the kernel on its own work) saw no stop of the process.
         let stopped = UInt64(max(0, Double(span) - moved / pace))
-        return min(span - min(counted, span), max(late, stopped > counted ? stopped - counted : 0))
+        return min(span - min(counted, span), stopped > counted ? stopped - counted : 0)
     }
 }
 #endif  // STALLMON_LINUX
