@@ -27,12 +27,10 @@ extension StallMonitor {
     final class RunLoopSession: @unchecked Sendable {
         let session: WatchdogSession
         let backend: RunLoopBackend
-        let description: MonitorDescription
         let observers: [CFRunLoopObserver]
         let target: RunLoopBackend.Target
         let loop: LoopPointer
         let logger: Logger
-        let latency: LoopLatencyExporter?
         /// The light drain of ``Target/asyncMain`` feeds the loop state, not run-loop observers.
         let lightDrain: Bool
         /// The cooperative pool's monitor, when the pool is watched.
@@ -42,6 +40,8 @@ extension StallMonitor {
 
         var watchdog: Watchdog { session.watchdog }
         var reporter: Reporter { session.reporters[0] }
+        /// The loop's latency histogram, when `loop_latency` is on.
+        var latency: LoopLatencyExporter? { backend.latency }
 
         init(target kind: Target, monitor: StallMonitor) throws(StallMonitorError) {
             let configuration = monitor.configuration
@@ -73,9 +73,6 @@ extension StallMonitor {
                 return (backend, latency.map { [$0] } ?? [])
             }
             self.loop = loop!
-            latency = backend.latency
-            description = MonitorDescription(
-                loop: loopName, threadID: Int(target.threadID), configuration: configuration, signal: signal)
             let reporter = session.reporters[0]
             observers = Self.attach(backend, to: target, lightDrain: lightDrain, configuration: configuration)
             Self.lookUpIdleWait(of: backend.source, with: reporter, logger: logger)
