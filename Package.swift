@@ -53,6 +53,13 @@ let package = Package(
                 .linkedLibrary("dw", .when(platforms: [.linux])), .linkedLibrary("elf", .when(platforms: [.linux])),
             ]
         ),
+        // stallmond's tick watcher: the BPF program on the wait system calls' tracepoints (bpf/, built
+        // by Scripts/build-bpf.sh into the committed ticks_object.c) and its loader, through libbpf.
+        .target(
+            name: "CStallWatch",
+            exclude: ["bpf"],
+            linkerSettings: [.linkedLibrary("bpf", .when(platforms: [.linux]))]
+        ),
         .target(
             name: "StallJournal",
             dependencies: ["CSystemd"]
@@ -136,6 +143,7 @@ let package = Package(
             name: "stallmond-daemon",
             dependencies: [
                 "StallCollector",
+                "CStallWatch",
                 "StallMonitor",
                 "StallJournal",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
@@ -212,6 +220,9 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
+        // A plain C service with an epoll loop and no stallmon in it, that stalls on command: what
+        // stallmond's tick watcher watches from outside in the tests.
+        .executableTarget(name: "StallmonEpollFixture"),
         // What a service gets on every platform: `PRETEND_NON_LINUX=1 swift test` runs them as elsewhere.
         .testTarget(
             name: "StallMonitorPortableTests",
@@ -278,7 +289,8 @@ let package = Package(
             dependencies: [
                 "StallConfiguration", "StallMonitor", "StallJournal", "StallCollector", "CStallCapture",
                 "StallmonFixtureKit", "StallmonTestSupport",
-                "StallmonFixture", "StallmonAsyncFixture", "StallmonNIOServer", "StallmonServiceFixture", "stallmon",
+                "StallmonFixture", "StallmonAsyncFixture", "StallmonNIOServer", "StallmonServiceFixture",
+                "StallmonEpollFixture", "stallmon",
                 "stallmond-daemon",
                 .product(name: "Logging", package: "swift-log"),
             ]

@@ -1,0 +1,128 @@
+// The tick watcher's BPF program: on the system call tracepoints of the waits every event loop and
+// run loop on Linux sleeps in (epoll_wait, epoll_pwait, epoll_pwait2, io_uring_enter waiting for
+// completions), it records per thread of a watched process when its latest wait began and returned.
+// stallmond fills `watched` with the processes' TGIDs and scans `ticks`; a thread out of its wait
+// past the threshold is stalled.
+//
+// Built by Scripts/build-bpf.sh into ../ticks_object.c, which embeds the object; SwiftPM never
+// compiles this file (Package.swift excludes the folder). It reads no kernel structure: the only
+// context it reads is the system call tracepoints' record, whose layout (`__syscall_nr` at offset 8,
+// the arguments or the return value from offset 16) is the tracing ABI
+// (/sys/kernel/tracing/events/syscalls/*/format), so it needs no CO-RE relocation and no vmlinux.h.
+// Its own BTF (-g) describes its maps, as libbpf requires.
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+
+#include "../include/stallwatch_ticks.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+/// The watched processes, by TGID; stallmond adds and removes them.
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 4096);
+    __type(key, __u32);
+    __type(value, __u8);
+} watched SEC(".maps");
+
+/// The loops of the watched processes, by TID.
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 65536);
+    __type(key, __u32);
+    __type(value, struct stallwatch_tick);
+} ticks SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_ARRAY);
+    __uint(max_entries, 1);
+    __type(key, __u32);
+    __type(value, struct stallwatch_config);
+} config SEC(".maps");
+
+/// A system call tracepoint's record: the common header, then `__syscall_nr`, then from offset 16
+/// the arguments (sys_enter_*) or the return value (sys_exit_*).
+struct syscall_enter {
+    __u64 common;
+    __s32 syscall_nr;
+    __s32 pad;
+    __u64 args[6];
+};
+
+/// The wait begins: the thread's tick ends. A thread is a loop from its first wait on.
+static __always_inline int wait_begins(void) {
+    __u64 id = bpf_get_current_pid_tgid();
+    __u32 tgid = id >> 32;
+    __u32 tid = (__u32)id;
+    if (!bpf_map_lookup_elem(&watched, &tgid)) return 0;
+    __u64 now = bpf_ktime_get_ns();
+    struct stallwatch_tick *tick = bpf_map_lookup_elem(&ticks, &tid);
+    if (!tick) {
+        struct stallwatch_tick first = {.wait_start_ns = now, .tgid = tgid, .waits = 1};
+        bpf_map_update_elem(&ticks, &tid, &first, BPF_NOEXIST);
+        return 0;
+    }
+    __u32 zero = 0;
+    struct stallwatch_config *settings = bpf_map_lookup_elem(&config, &zero);
+    __u64 start = tick->tick_start_ns;
+    // A tick ends only once: a wait that begins while the thread is in one (not possible for one
+    // thread, but a TID reused by a new thread whose entry was not yet removed) ends nothing.
+    if (settings && start > tick->wait_start_ns && now - start >= settings->threshold_ns) {
+        tick->long_tick_start_ns = start;
+        tick->long_tick_end_ns = now;
+    }
+    tick->waits += 1;
+    tick->wait_start_ns = now;
+    return 0;
+}
+
+/// The wait returns: a tick begins, for a thread that was in a wait.
+static __always_inline int wait_returns(void) {
+    __u32 tid = (__u32)bpf_get_current_pid_tgid();
+    struct stallwatch_tick *tick = bpf_map_lookup_elem(&ticks, &tid);
+    if (!tick || tick->wait_start_ns < tick->tick_start_ns) return 0;
+    tick->tick_start_ns = bpf_ktime_get_ns();
+    return 0;
+}
+
+SEC("tracepoint/syscalls/sys_enter_epoll_wait")
+int enter_epoll_wait(struct syscall_enter *context) { return wait_begins(); }
+
+SEC("tracepoint/syscalls/sys_exit_epoll_wait")
+int exit_epoll_wait(void *context) { return wait_returns(); }
+
+SEC("tracepoint/syscalls/sys_enter_epoll_pwait")
+int enter_epoll_pwait(struct syscall_enter *context) { return wait_begins(); }
+
+SEC("tracepoint/syscalls/sys_exit_epoll_pwait")
+int exit_epoll_pwait(void *context) { return wait_returns(); }
+
+SEC("tracepoint/syscalls/sys_enter_epoll_pwait2")
+int enter_epoll_pwait2(struct syscall_enter *context) { return wait_begins(); }
+
+SEC("tracepoint/syscalls/sys_exit_epoll_pwait2")
+int exit_epoll_pwait2(void *context) { return wait_returns(); }
+
+/// io_uring_enter(fd, to_submit, min_complete, flags, …) waits only with IORING_ENTER_GETEVENTS
+/// and min_complete > 0; a call that only submits is work inside the tick.
+SEC("tracepoint/syscalls/sys_enter_io_uring_enter")
+int enter_io_uring_enter(struct syscall_enter *context) {
+    __u64 min_complete = context->args[2];
+    __u64 flags = context->args[3];
+    if (!(flags & 1) || (__u32)min_complete == 0) return 0;
+    return wait_begins();
+}
+
+SEC("tracepoint/syscalls/sys_exit_io_uring_enter")
+int exit_io_uring_enter(void *context) { return wait_returns(); }
+
+/// A thread of a watched process ends: its loop is gone, whatever its tick was.
+SEC("tracepoint/sched/sched_process_exit")
+int thread_exits(void *context) {
+    __u64 id = bpf_get_current_pid_tgid();
+    __u32 tgid = id >> 32;
+    __u32 tid = (__u32)id;
+    if (!bpf_map_lookup_elem(&watched, &tgid)) return 0;
+    bpf_map_delete_elem(&ticks, &tid);
+    return 0;
+}

@@ -1,0 +1,89 @@
+#ifndef STALLWATCH_H
+#define STALLWATCH_H
+
+// stallmond's tick watcher: loads the BPF program of bpf/ticks.bpf.c with libbpf, attaches it to
+// the wait system calls' tracepoints, and gives the daemon its maps: the processes watched, and
+// the ticks of their loops. Not thread-safe: one owner serializes all calls.
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "stallwatch_ticks.h"
+
+// The Linux implementation. Elsewhere (and under STALLMON_PRETEND_NON_LINUX, with which CI builds
+// on Linux as on other platforms: see Package.swift) this header declares nothing and the sources
+// compile to nothing. (The same lines as CStallCapture's stallmon_platform.h.)
+#if defined(__linux__) && !defined(STALLMON_PRETEND_NON_LINUX)
+#define STALLWATCH_LINUX 1
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(STALLWATCH_LINUX)
+
+typedef struct stallwatch stallwatch;
+
+/// Which step of stallwatch_open failed.
+typedef enum {
+    STALLWATCH_STEP_NONE = 0,
+    /// No tracefs with the system call tracepoints (mounted at /sys/kernel/tracing, or under
+    /// /sys/kernel/debug/tracing).
+    STALLWATCH_STEP_TRACEFS,
+    /// libbpf could not read the embedded object.
+    STALLWATCH_STEP_OPEN,
+    /// The kernel refused the maps or the programs (EPERM: no CAP_BPF; the verifier).
+    STALLWATCH_STEP_LOAD,
+    /// A tracepoint could not be attached (EACCES/EPERM: no CAP_PERFMON; ENOENT: no such tracepoint).
+    STALLWATCH_STEP_ATTACH,
+    /// The configuration could not be written to its map.
+    STALLWATCH_STEP_CONFIG,
+} stallwatch_step;
+
+/// Why stallwatch_open failed: the step, the errno, and the program or tracepoint concerned.
+typedef struct {
+    stallwatch_step step;
+    int error;
+    char detail[96];
+} stallwatch_failure;
+
+/// One loop thread, as stallwatch_read copies it out of the `ticks` map.
+typedef struct {
+    uint32_t tid;
+    struct stallwatch_tick tick;
+} stallwatch_thread;
+
+/// Loads the program, records ticks of `threshold_ns` or longer, and attaches it. NULL on
+/// failure, with `failure` filled. libbpf's own messages of warning level and above go to
+/// standard error, prefixed `libbpf: `.
+stallwatch *stallwatch_open(uint64_t threshold_ns, stallwatch_failure *failure);
+
+/// Adds a process (its TGID) to the watched ones: its threads are loops from their next wait.
+/// 0, or a negative errno.
+int stallwatch_watch(stallwatch *watch, uint32_t tgid);
+
+/// Removes a process; its threads' entries are removed by stallwatch_forget. 0, or a negative errno
+/// (-ENOENT: it was not watched).
+int stallwatch_unwatch(stallwatch *watch, uint32_t tgid);
+
+/// Removes a thread's entry (its process is no longer watched). 0, or a negative errno.
+int stallwatch_forget(stallwatch *watch, uint32_t tid);
+
+/// Copies up to `capacity` loop threads into `threads`; returns how many (at most `capacity`; the
+/// map holds at most 65536), or a negative errno.
+int stallwatch_read(stallwatch *watch, stallwatch_thread *threads, int capacity);
+
+/// Detaches the program and frees everything.
+void stallwatch_close(stallwatch *watch);
+
+/// The monotonic clock the program's times are read from (CLOCK_MONOTONIC, as bpf_ktime_get_ns).
+uint64_t stallwatch_now_ns(void);
+
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,34 @@
+#ifndef STALLWATCH_TICKS_H
+#define STALLWATCH_TICKS_H
+
+// What the BPF program (bpf/ticks.bpf.c) and stallmond share: the layout of its maps' values.
+// Plain C types only: this header is compiled for -target bpf as well as for the host.
+
+/// One thread of a watched process that has waited at least once (a loop), keyed by its TID in
+/// the `ticks` map. Times are CLOCK_MONOTONIC nanoseconds (bpf_ktime_get_ns). The thread alone
+/// writes its entry, one 8-byte field per event, so a reader's copy is never inconsistent in a way
+/// that matters: each field is either the old or the new value.
+struct stallwatch_tick {
+    /// When the thread's latest wait returned: its current tick began (0: never returned yet).
+    unsigned long long tick_start_ns;
+    /// When the thread's latest wait began. The thread is in a wait while this is at or after
+    /// `tick_start_ns`.
+    unsigned long long wait_start_ns;
+    /// The latest tick that ended at or past the threshold: when it began and when it ended (0, 0:
+    /// none yet). The program records it, so that a tick that ends between two scans is timed
+    /// exactly by the kernel's clock.
+    unsigned long long long_tick_start_ns;
+    unsigned long long long_tick_end_ns;
+    /// The thread's process.
+    unsigned int tgid;
+    /// Waits seen, wrapping: a reader tells a new tick from the one it saw by `tick_start_ns`.
+    unsigned int waits;
+};
+
+/// The one entry of the `config` array map, set by stallmond before the first process is watched.
+struct stallwatch_config {
+    /// A tick this long or longer is recorded in `long_tick_*` when it ends.
+    unsigned long long threshold_ns;
+};
+
+#endif

@@ -1,0 +1,141 @@
+#include "stallwatch.h"
+
+#if defined(STALLWATCH_LINUX)
+
+#include <bpf/bpf.h>
+#include <bpf/libbpf.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+extern const unsigned char stallwatch_ticks_object[];
+extern const unsigned long stallwatch_ticks_object_size;
+
+struct stallwatch {
+    struct bpf_object *object;
+    struct bpf_link *links[16];
+    int link_count;
+    int watched_fd;
+    int ticks_fd;
+};
+
+/// libbpf's messages: warnings and errors to standard error, its debug chatter nowhere.
+static int stallwatch_libbpf_print(enum libbpf_print_level level, const char *format, va_list arguments) {
+    if (level == LIBBPF_DEBUG) return 0;
+    fputs("libbpf: ", stderr);
+    return vfprintf(stderr, format, arguments);
+}
+
+static void stallwatch_fail(stallwatch_failure *failure, stallwatch_step step, int error, const char *detail) {
+    failure->step = step;
+    failure->error = error < 0 ? -error : error;
+    snprintf(failure->detail, sizeof failure->detail, "%s", detail ? detail : "");
+}
+
+/// The system call tracepoints are there to attach to: tracefs is mounted where libbpf looks.
+static int stallwatch_has_tracefs(void) {
+    return access("/sys/kernel/tracing/events/syscalls/sys_enter_epoll_wait", F_OK) == 0
+        || access("/sys/kernel/debug/tracing/events/syscalls/sys_enter_epoll_wait", F_OK) == 0;
+}
+
+stallwatch *stallwatch_open(uint64_t threshold_ns, stallwatch_failure *failure) {
+    memset(failure, 0, sizeof *failure);
+    libbpf_set_print(stallwatch_libbpf_print);
+    if (!stallwatch_has_tracefs()) {
+        stallwatch_fail(failure, STALLWATCH_STEP_TRACEFS, ENOENT, "/sys/kernel/tracing/events/syscalls");
+        return NULL;
+    }
+    stallwatch *watch = calloc(1, sizeof *watch);
+    if (!watch) {
+        stallwatch_fail(failure, STALLWATCH_STEP_OPEN, ENOMEM, "");
+        return NULL;
+    }
+    LIBBPF_OPTS(bpf_object_open_opts, options, .object_name = "stallmon_ticks");
+    watch->object = bpf_object__open_mem(stallwatch_ticks_object, stallwatch_ticks_object_size, &options);
+    long error = libbpf_get_error(watch->object);
+    if (error) {
+        watch->object = NULL;
+        stallwatch_fail(failure, STALLWATCH_STEP_OPEN, (int)error, "embedded object");
+        stallwatch_close(watch);
+        return NULL;
+    }
+    int loaded = bpf_object__load(watch->object);
+    if (loaded) {
+        stallwatch_fail(failure, STALLWATCH_STEP_LOAD, loaded, "stallmon_ticks");
+        stallwatch_close(watch);
+        return NULL;
+    }
+    watch->watched_fd = bpf_object__find_map_fd_by_name(watch->object, "watched");
+    watch->ticks_fd = bpf_object__find_map_fd_by_name(watch->object, "ticks");
+    int config_fd = bpf_object__find_map_fd_by_name(watch->object, "config");
+    uint32_t zero = 0;
+    struct stallwatch_config config = {.threshold_ns = threshold_ns};
+    if (watch->watched_fd < 0 || watch->ticks_fd < 0 || config_fd < 0
+        || bpf_map_update_elem(config_fd, &zero, &config, BPF_ANY) != 0) {
+        stallwatch_fail(failure, STALLWATCH_STEP_CONFIG, errno, "config");
+        stallwatch_close(watch);
+        return NULL;
+    }
+    struct bpf_program *program;
+    bpf_object__for_each_program(program, watch->object) {
+        struct bpf_link *link = bpf_program__attach(program);
+        error = libbpf_get_error(link);
+        if (error || watch->link_count == (int)(sizeof watch->links / sizeof watch->links[0])) {
+            if (!error) bpf_link__destroy(link);
+            stallwatch_fail(failure, STALLWATCH_STEP_ATTACH, error ? (int)error : E2BIG,
+                            bpf_program__section_name(program));
+            stallwatch_close(watch);
+            return NULL;
+        }
+        watch->links[watch->link_count++] = link;
+    }
+    return watch;
+}
+
+int stallwatch_watch(stallwatch *watch, uint32_t tgid) {
+    uint8_t yes = 1;
+    return bpf_map_update_elem(watch->watched_fd, &tgid, &yes, BPF_ANY) ? -errno : 0;
+}
+
+int stallwatch_unwatch(stallwatch *watch, uint32_t tgid) {
+    return bpf_map_delete_elem(watch->watched_fd, &tgid) ? -errno : 0;
+}
+
+int stallwatch_forget(stallwatch *watch, uint32_t tid) {
+    return bpf_map_delete_elem(watch->ticks_fd, &tid) ? -errno : 0;
+}
+
+int stallwatch_read(stallwatch *watch, stallwatch_thread *threads, int capacity) {
+    int count = 0;
+    uint32_t key = 0, next;
+    const void *previous = NULL;
+    while (count < capacity && bpf_map_get_next_key(watch->ticks_fd, previous, &next) == 0) {
+        key = next;
+        previous = &key;
+        // An entry removed between the two calls (its thread ended) is skipped.
+        if (bpf_map_lookup_elem(watch->ticks_fd, &key, &threads[count].tick) == 0) {
+            threads[count].tid = key;
+            count++;
+        }
+    }
+    return count;
+}
+
+void stallwatch_close(stallwatch *watch) {
+    if (!watch) return;
+    for (int i = watch->link_count - 1; i >= 0; i--) bpf_link__destroy(watch->links[i]);
+    bpf_object__close(watch->object);
+    free(watch);
+}
+
+uint64_t stallwatch_now_ns(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
+}
+
+#endif

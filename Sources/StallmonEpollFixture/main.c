@@ -1,0 +1,117 @@
+// A plain C service with an epoll loop and no stallmon in it: what stallmond's tick watcher watches
+// from outside in the tests. Its loop thread (named `epoll-loop`) waits in epoll_wait, 20 ms at a
+// time, on its standard input; each line read there is one command, run inside the loop's tick:
+//
+//   spin MS    burns the CPU for MS milliseconds
+//   sleep MS   sleeps MS milliseconds in nanosleep (blocked in a system call)
+//   lock MS    waits MS milliseconds for a mutex another thread holds (blocked in futex)
+//   quit       ends the process
+//
+// After each command it prints `done COMMAND MS TID START_NS END_NS`: the loop thread's TID and the
+// CLOCK_MONOTONIC times its wait returned with the command and it was about to wait again, the
+// tick's truth to compare a report with. At start it prints `ready PID TID`.
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <time.h>
+#include <unistd.h>
+
+static uint64_t now_ns(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
+}
+
+static pthread_mutex_t held = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t handoff_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t handoff = PTHREAD_COND_INITIALIZER;
+static int holding;
+
+/// Holds `held` for the milliseconds it is given.
+static void *hold(void *argument) {
+    long milliseconds = (long)(intptr_t)argument;
+    pthread_mutex_lock(&held);
+    pthread_mutex_lock(&handoff_lock);
+    holding = 1;
+    pthread_cond_signal(&handoff);
+    pthread_mutex_unlock(&handoff_lock);
+    struct timespec pause = {milliseconds / 1000, (milliseconds % 1000) * 1000000};
+    nanosleep(&pause, NULL);
+    pthread_mutex_unlock(&held);
+    return NULL;
+}
+
+static void run(const char *command, long milliseconds) {
+    if (strcmp(command, "spin") == 0) {
+        uint64_t end = now_ns() + (uint64_t)milliseconds * 1000000u;
+        volatile uint64_t sum = 0;
+        while (now_ns() < end) sum += 1;
+    } else if (strcmp(command, "sleep") == 0) {
+        struct timespec pause = {milliseconds / 1000, (milliseconds % 1000) * 1000000};
+        while (nanosleep(&pause, &pause) != 0 && errno == EINTR) {}
+    } else if (strcmp(command, "lock") == 0) {
+        // The holder takes the mutex first (the handoff), and the loop waits for it in futex.
+        pthread_t holder;
+        holding = 0;
+        pthread_create(&holder, NULL, hold, (void *)(intptr_t)milliseconds);
+        pthread_mutex_lock(&handoff_lock);
+        while (!holding) pthread_cond_wait(&handoff, &handoff_lock);
+        pthread_mutex_unlock(&handoff_lock);
+        pthread_mutex_lock(&held);
+        pthread_mutex_unlock(&held);
+        pthread_join(holder, NULL);
+    }
+}
+
+static void *loop(void *unused) {
+    (void)unused;
+    pthread_setname_np(pthread_self(), "epoll-loop");
+    int epoll = epoll_create1(EPOLL_CLOEXEC);
+    struct epoll_event event = {.events = EPOLLIN, .data.fd = 0};
+    if (epoll < 0 || epoll_ctl(epoll, EPOLL_CTL_ADD, 0, &event) != 0) {
+        perror("epoll");
+        exit(1);
+    }
+    printf("ready %d %d\n", getpid(), gettid());
+    fflush(stdout);
+    char buffer[4096];
+    size_t used = 0;
+    for (;;) {
+        struct epoll_event ready;
+        int count = epoll_wait(epoll, &ready, 1, 20);
+        uint64_t start = now_ns();
+        if (count <= 0) continue;
+        ssize_t length = read(0, buffer + used, sizeof buffer - 1 - used);
+        if (length <= 0) exit(0);
+        used += (size_t)length;
+        buffer[used] = 0;
+        char *line = buffer, *newline;
+        while ((newline = strchr(line, '\n'))) {
+            *newline = 0;
+            char command[16] = "";
+            long milliseconds = 0;
+            sscanf(line, "%15s %ld", command, &milliseconds);
+            if (strcmp(command, "quit") == 0) exit(0);
+            run(command, milliseconds);
+            printf("done %s %ld %d %llu %llu\n", command, milliseconds, gettid(), (unsigned long long)start,
+                   (unsigned long long)now_ns());
+            fflush(stdout);
+            line = newline + 1;
+        }
+        used = strlen(line);
+        memmove(buffer, line, used);
+    }
+    return NULL;
+}
+
+int main(void) {
+    pthread_t thread;
+    pthread_create(&thread, NULL, loop, NULL);
+    pthread_join(thread, NULL);
+    return 0;
+}
