@@ -143,6 +143,7 @@ let package = Package(
             name: "stallmond-daemon",
             dependencies: [
                 "StallCollector",
+                "StallConfiguration",
                 "CStallWatch",
                 "StallMonitor",
                 "StallJournal",

@@ -46,6 +46,11 @@ package struct CollectorConfiguration: Sendable, Hashable {
     /// (a first start, a deleted `state.json`, a new machine), and none older than the longest
     /// window; the ones before are counted (`stallmond_skipped_entries_total`), not read.
     package var coldStartEntries: Int = 10_000
+    /// The services stallmond watches from outside (its tick watcher): executable paths and systemd
+    /// unit names or globs (see ``WatchPattern``); empty watches nothing.
+    package var watch: [WatchPattern] = []
+    /// A thread of a watched process out of its wait this long is stalled.
+    package var watchThreshold: Duration = .milliseconds(250)
 
     /// `systemd-journal-remote`'s output directory (its unit's `--output=`).
     package static let remoteJournalDirectory = "/var/log/journal/remote"
@@ -70,6 +75,8 @@ package struct CollectorConfiguration: Sendable, Hashable {
         case maximumHosts = "max_hosts"
         case journalDirectories = "journal_directories"
         case coldStartEntries = "cold_start_entries"
+        case watch = "watch"
+        case watchThreshold = "watch_threshold_ms"
     }
 
     /// The default configuration file.
@@ -183,6 +190,16 @@ package struct CollectorConfiguration: Sendable, Hashable {
         case .maximumHosts: maximumHosts = try value.integer(key: name, source: source)
         case .journalDirectories: journalDirectories = try value.list(key: name, source: source)
         case .coldStartEntries: coldStartEntries = try value.integer(key: name, source: source)
+        case .watch:
+            watch = try value.list(key: name, source: source).map { (text) throws(ConfigurationError) in
+                guard let pattern = WatchPattern(text) else {
+                    throw ConfigurationError(
+                        key: name, value: ConfigurationValue.shown(text), reason: WatchPattern.requirement,
+                        source: source)
+                }
+                return pattern
+            }
+        case .watchThreshold: watchThreshold = try value.milliseconds(key: name, source: source)
         }
     }
 
@@ -300,6 +317,13 @@ package struct CollectorConfiguration: Sendable, Hashable {
         try check(
             (0...10_000_000).contains(coldStartEntries), .coldStartEntries, "\(coldStartEntries)",
             "must be between 0 and 10000000")
+        let watchList = "[\(watch.map(\.description).joined(separator: ", "))]"
+        try check(watch.count <= 64, .watch, watchList, "must list at most 64 executables and units")
+        try check(
+            Set(watch).count == watch.count, .watch, watchList, "must not list an executable or a unit twice")
+        try check(
+            watchThreshold >= .milliseconds(10) && watchThreshold <= .seconds(3600), .watchThreshold,
+            milliseconds(watchThreshold), "must be between 10 ms and 1 h (3600000 ms)")
     }
 
     /// The state directory in force: the configured one, `$STATE_DIRECTORY` (set by systemd's
@@ -329,6 +353,8 @@ package struct CollectorConfiguration: Sendable, Hashable {
             "max_hosts=\(maximumHosts)",
             "journal_directories=\(journalDirectories.isEmpty ? "(local journal)" : journalDirectories.joined(separator: ","))",
             "cold_start_entries=\(coldStartEntries)",
+            "watch=\(watch.isEmpty ? "(nothing)" : watch.map(\.description).joined(separator: ","))",
+            "watch_threshold_ms=\(watchThreshold.milliseconds)",
         ].joined(separator: " ")
     }
 }

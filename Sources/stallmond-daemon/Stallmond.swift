@@ -90,6 +90,8 @@ struct Stallmond: ParsableCommand {
 final class Daemon {
     private let collector: Collector
     private let monitor: StallMonitor
+    /// The watch from outside, when `watch` names something and the kernel allows it.
+    private var tickWatcher: TickWatcher?
     private let logger: Logger
     private let location: CollectorConfiguration.Location
     private var signalSources: [any DispatchSourceSignal] = []
@@ -127,6 +129,12 @@ final class Daemon {
             source.setEventHandler { [self] in terminate() }
             source.resume()
             signalSources.append(source)
+        }
+        if !collector.configuration.watch.isEmpty {
+            let configuration = collector.configuration
+            tickWatcher = TickWatcher(
+                patterns: configuration.watch, threshold: configuration.watchThreshold, logger: logger)
+            tickWatcher?.start()
         }
         logger.info("stallmond ready", metadata: ["configuration": "\(collector.configuration.summary)"])
         StallMonitor.notifyServiceManager("READY=1")

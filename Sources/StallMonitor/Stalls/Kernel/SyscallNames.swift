@@ -1,8 +1,8 @@
 /// System call names by number, for reports that say which call a stalled thread sits in: x86_64
 /// (the kernel's asm/unistd_64.h) and aarch64 (asm-generic/unistd.h, which arm64 uses), chosen by
 /// the architecture the library is built for.
-enum SyscallNames {
-    static func name(_ number: Int) -> String {
+package enum SyscallNames {
+    package static func name(_ number: Int) -> String {
         #if arch(x86_64)
         name(number, in: x86_64)
         #elseif arch(arm64)

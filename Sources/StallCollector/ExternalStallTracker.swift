@@ -1,0 +1,119 @@
+/// One loop thread of a process stallmond watches from outside, as the tick watcher's BPF program
+/// last recorded it. Times are CLOCK_MONOTONIC nanoseconds.
+package struct LoopTick: Sendable, Hashable {
+    package var pid: Int32
+    package var tid: Int32
+    /// When the thread's latest wait returned (0: never yet).
+    package var tickStart: UInt64
+    /// When its latest wait began; the thread waits while this is at or after ``tickStart``.
+    package var waitStart: UInt64
+    /// The latest tick that ended at or past the threshold (0, 0: none).
+    package var longTickStart: UInt64
+    package var longTickEnd: UInt64
+
+    package init(
+        pid: Int32, tid: Int32, tickStart: UInt64, waitStart: UInt64, longTickStart: UInt64, longTickEnd: UInt64
+    ) {
+        self.pid = pid
+        self.tid = tid
+        self.tickStart = tickStart
+        self.waitStart = waitStart
+        self.longTickStart = longTickStart
+        self.longTickEnd = longTickEnd
+    }
+
+    /// Whether the thread is inside a tick: out of its wait.
+    package var isInTick: Bool { tickStart > waitStart }
+}
+
+/// Turns successive scans of the loops into stall events: `detected` once a tick has lasted the
+/// threshold, `ended` once with the tick's whole duration, as the kernel timed it. A tick that
+/// began and ended between two scans (a scan late by more than the threshold) is reported ended
+/// only. Scans see the long ticks that ended since the previous one, whatever came after them:
+/// the program keeps the latest, and two cannot end within one scan interval (an eighth of the
+/// threshold) unless the scanner is that late.
+package struct ExternalStallTracker: Sendable {
+    package struct Event: Sendable, Hashable {
+        package enum Kind: Sendable { case detected, ended }
+        package var kind: Kind
+        package var pid: Int32
+        package var tid: Int32
+        package var stallID: String
+        /// When the tick began.
+        package var start: UInt64
+        /// How long the tick has lasted (`detected`) or lasted (`ended`).
+        package var duration: UInt64
+    }
+
+    private var open: [Int32: (start: UInt64, stallID: String)] = [:]
+    /// The long tick last accounted for, per thread: its start.
+    private var accounted: [Int32: UInt64] = [:]
+    private let makeStallID: @Sendable () -> String
+
+    package init(makeStallID: @escaping @Sendable () -> String = ExternalStallTracker.randomStallID) {
+        self.makeStallID = makeStallID
+    }
+
+    /// The IDs of the stalls detected and not ended yet.
+    package var openStallIDs: Set<String> { Set(open.values.map(\.stallID)) }
+
+    /// The events of one scan of every loop thread, `ticks`, at `now`. Threads missing from
+    /// `ticks` are forgotten, with any stall of theirs (a thread that ends inside a tick was not
+    /// seen to end it).
+    package mutating func update(_ ticks: some Sequence<LoopTick>, now: UInt64, threshold: UInt64) -> [Event] {
+        var events: [Event] = []
+        var seen: Set<Int32> = []
+        for tick in ticks {
+            seen.insert(tick.tid)
+            if let ended = accountLongTick(tick) { events.append(ended) }
+            if let stall = open[tick.tid], stall.start != tick.tickStart || !tick.isInTick {
+                open[tick.tid] = nil  // ended below the threshold: only a reused TID can do that
+            }
+            if tick.isInTick, now >= tick.tickStart, now - tick.tickStart >= threshold, open[tick.tid] == nil,
+                accounted[tick.tid] != tick.tickStart
+            {
+                let stallID = makeStallID()
+                open[tick.tid] = (tick.tickStart, stallID)
+                events.append(
+                    Event(
+                        kind: .detected, pid: tick.pid, tid: tick.tid, stallID: stallID, start: tick.tickStart,
+                        duration: now - tick.tickStart))
+            }
+        }
+        open = open.filter { seen.contains($0.key) }
+        accounted = accounted.filter { seen.contains($0.key) }
+        return events
+    }
+
+    /// The `ended` event of a long tick not accounted for yet; the first sight of a thread only
+    /// takes note of its latest long tick.
+    private mutating func accountLongTick(_ tick: LoopTick) -> Event? {
+        guard let previous = accounted[tick.tid] else {
+            accounted[tick.tid] = tick.longTickStart
+            return nil
+        }
+        guard tick.longTickStart != 0, tick.longTickStart != previous, tick.longTickEnd >= tick.longTickStart else {
+            return nil
+        }
+        accounted[tick.tid] = tick.longTickStart
+        let stallID: String
+        if let stall = open[tick.tid], stall.start == tick.longTickStart {
+            stallID = stall.stallID
+            open[tick.tid] = nil
+        } else {
+            stallID = makeStallID()
+        }
+        return Event(
+            kind: .ended, pid: tick.pid, tid: tick.tid, stallID: stallID, start: tick.longTickStart,
+            duration: tick.longTickEnd - tick.longTickStart)
+    }
+
+    /// 32 random hexadecimal digits, as a linked monitor's stall IDs.
+    package static func randomStallID() -> String {
+        var generator = SystemRandomNumberGenerator()
+        return [generator.next() as UInt64, generator.next() as UInt64].map { value in
+            let hex = String(value, radix: 16)
+            return String(repeating: "0", count: 16 - hex.count) + hex
+        }.joined()
+    }
+}

@@ -1,0 +1,63 @@
+import StallCollector
+import StallConfiguration
+import StallJournal
+import StallMonitor
+
+/// A stall seen from outside, as its journal entry: the same entry as a linked monitor's
+/// (``StallRecord``), with `STALL_SOURCE=external` and `OBJECT_PID=` the service's PID, so that
+/// journald adds the service's trusted `OBJECT_SYSTEMD_UNIT` (stallmond writes as root) and
+/// `journalctl -u the.service` shows it.
+struct ExternalStall {
+    /// What stallmond saw of the thread when the stall was detected: an `ended` entry says how the
+    /// thread was stalled, not how it waits now.
+    struct ThreadView: Sendable {
+        var processName: String
+        var threadName: String
+        var state: String
+        var syscall: String
+        var waitChannel: String
+
+        init(pid: Int32, tid: Int32) {
+            processName = ProcessDirectory.threadName(pid: pid, tid: pid) ?? "pid \(pid)"
+            threadName = ProcessDirectory.threadName(pid: pid, tid: tid) ?? "thread \(tid)"
+            state = ProcessDirectory.threadState(pid: pid, tid: tid) ?? "?"
+            syscall = ProcessDirectory.threadSyscall(pid: pid, tid: tid).map(SyscallNames.name) ?? ""
+            waitChannel = ProcessDirectory.threadWaitChannel(pid: pid, tid: tid) ?? ""
+        }
+    }
+
+    /// `STALL_SOURCE`: who saw the stall. Linked monitors do not write it.
+    static let sourceField = "STALL_SOURCE"
+    static let source = "external"
+    /// Why an external stall has no stack yet.
+    static let noStackReason = "stacks are not taken from outside yet"
+
+    var event: ExternalStallTracker.Event
+    var view: ThreadView
+    var threshold: Duration
+
+    var record: StallRecord {
+        let duration = Duration.nanoseconds(Int64(clamping: event.duration))
+        let length = "\(duration.milliseconds) ms"
+        let loop = "event loop \(view.threadName) of \(view.processName) (PID \(event.pid))"
+        var message =
+            event.kind == .detected
+            ? "\(loop) stalled for \(length) (threshold \(threshold.milliseconds) ms), seen from outside"
+            : "\(loop) stalled \(length), seen from outside"
+        if !view.syscall.isEmpty { message += "; blocked in \(view.syscall)" }
+        return StallRecord(
+            event: event.kind == .detected ? .detected : .ended, message: message, stallID: event.stallID,
+            durationMicroseconds: event.duration / 1000, thresholdMicroseconds: UInt64(threshold.microseconds),
+            activity: "event-loop-cycle", runLoopMode: "", callout: "unknown", loop: view.threadName,
+            threadID: Int(event.tid), threadState: view.state, threadSyscall: view.syscall,
+            threadWaitChannel: view.waitChannel, cpuMicroseconds: 0, samples: 0, samplesUnanswered: 0, stackSamples: 0,
+            fingerprint: "0000000000000000", frame: "(no stack: \(Self.noStackReason))",
+            backtrace: "(no stack: \(Self.noStackReason))",
+            priority: duration >= threshold * 8 ? 3 : 4, syslogIdentifier: view.processName)
+    }
+
+    /// The entry's fields: the record's, then `STALL_SOURCE` and `OBJECT_PID`.
+    var fields: [JournalField] {
+        record.fields + [JournalField(Self.sourceField, Self.source), JournalField("OBJECT_PID", String(event.pid))]
+    }
+}
