@@ -282,16 +282,16 @@ let package = Package(
             ]
         ),
         // Child processes: the fixtures, the NIO server, the CLI and the daemon, a real journald, a
-        // real systemd; the suites that run them run one at a time (`Serial`). Not `stallmond`, which
-        // `swift build` builds with everything else: as a dependency its C module changed where
-        // `timespec` comes from for these sources (CoreFoundation), and MemberImportVisibility refused it.
+        // real systemd; the suites that run them run one at a time (`Serial`). Not the C executables
+        // `stallmond` and `StallmonEpollFixture`, which `swift build` builds with everything else: as a
+        // dependency stallmond's C module changed where `timespec` comes from for these sources
+        // (CoreFoundation), and MemberImportVisibility refused it.
         .testTarget(
             name: "StallmonIntegrationTests",
             dependencies: [
                 "StallConfiguration", "StallMonitor", "StallJournal", "StallCollector", "CStallCapture",
                 "StallmonFixtureKit", "StallmonTestSupport",
-                "StallmonFixture", "StallmonAsyncFixture", "StallmonNIOServer", "StallmonServiceFixture",
-                "StallmonEpollFixture", "stallmon",
+                "StallmonFixture", "StallmonAsyncFixture", "StallmonNIOServer", "StallmonServiceFixture", "stallmon",
                 "stallmond-daemon",
                 .product(name: "Logging", package: "swift-log"),
             ]

@@ -1,3 +1,5 @@
+// timespec: MemberImportVisibility finds it in CStallCapture since stallmond-daemon brings in CStallWatch.
+import CStallCapture
 import CoreFoundation
 import Foundation
 import StallmonTestSupport

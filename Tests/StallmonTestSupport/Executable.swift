@@ -20,6 +20,8 @@ package struct Executable {
     package static let asyncFixture = Executable(name: "StallmonAsyncFixture")
     /// The async service whose monitor is a swift-service-lifecycle `Service` (Sources/StallmonServiceFixture).
     package static let serviceFixture = Executable(name: "StallmonServiceFixture")
+    /// The plain C epoll service stallmond watches from outside (Sources/StallmonEpollFixture).
+    package static let epollFixture = Executable(name: "StallmonEpollFixture")
 
     package var url: URL {
         URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent(name)
@@ -49,12 +51,16 @@ package struct Executable {
         return process.wait()
     }
 
-    /// Starts in the background; the caller signals and waits.
-    package func start(_ arguments: [String], environment: [String: String] = [:]) throws -> Running {
+    /// Starts in the background; the caller signals and waits. With `input`, the process reads
+    /// its standard input from that pipe (the caller writes to it); else it inherits the tests'.
+    package func start(_ arguments: [String], environment: [String: String] = [:], input: Pipe? = nil) throws
+        -> Running
+    {
         let process = Process()
         process.executableURL = url
         process.arguments = arguments
         process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
+        if let input { process.standardInput = input }
         let output = Pipe()
         let errors = Pipe()
         process.standardOutput = output

@@ -21,6 +21,9 @@ package enum TestRequirement: Sendable, CustomStringConvertible {
     case container
     /// Root, systemd, `unshare` and `nsenter`: systemd booted in a namespace (``SystemdNamespace/isSupported``).
     case systemd
+    /// Root and a kernel with BPF and the system call tracepoints (tracefs at `/sys/kernel/tracing`,
+    /// mounted by ``mountTracefs()`` when it is not yet): stallmond's tick watcher.
+    case bpf
 
     package static let promtool = Self.tool(["promtool"], package: "prometheus")
     package static let chromium = Self.tool(["chromium", "chromium-browser"], package: "chromium")
@@ -41,6 +44,9 @@ package enum TestRequirement: Sendable, CustomStringConvertible {
         case .executable(let path, _): FileManager.default.isExecutableFile(atPath: path)
         case .container: FrameworkService.canRunInContainer
         case .systemd: SystemdNamespace.isSupported
+        case .bpf:
+            geteuid() == 0 && FileManager.default.fileExists(atPath: "/sys/kernel/tracing")
+                && FileManager.default.fileExists(atPath: "/sys/fs/bpf")
         }
     }
 
@@ -52,7 +58,17 @@ package enum TestRequirement: Sendable, CustomStringConvertible {
         case .executable(let path, let package): "\(path) (apt-get install \(package))"
         case .container: "root and util-linux's unshare (a service run as in a container)"
         case .systemd: "root, systemd, unshare and nsenter (systemd booted in a namespace)"
+        case .bpf: "root and a kernel with BPF and system call tracepoints (stallmond's tick watcher)"
         }
+    }
+
+    /// Mounts tracefs at `/sys/kernel/tracing` unless it is there, as an operator would for
+    /// stallmond's tick watcher (libbpf finds the tracepoints there); true when it is mounted.
+    package static func mountTracefs() -> Bool {
+        let events = "/sys/kernel/tracing/events/syscalls"
+        if FileManager.default.fileExists(atPath: events) { return true }
+        _ = mount("nodev", "/sys/kernel/tracing", "tracefs", 0, nil)
+        return FileManager.default.fileExists(atPath: events)
     }
 }
 

@@ -1,0 +1,146 @@
+import Foundation
+import StallJournal
+import StallmonTestSupport
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+extension Serial {
+    /// stallmond watching a service from outside: the real daemon, its BPF tick watcher, a real
+    /// journald, and a plain C epoll service with no stallmon in it (Sources/StallmonEpollFixture).
+    @Suite
+    struct ExternalWatchTests {
+        /// The epoll service, its loop's TID, and the ticks it reports as `done` lines.
+        final class EpollService {
+            let running: Executable.Running
+            let input = Pipe()
+            let pid: Int32
+            let loopThread: Int
+
+            init() throws {
+                running = try Executable.epollFixture.start([], input: input)
+                let ready = running.waitForOutput { output, _ in output.contains("\n") }
+                let words = running.outputSoFar.split(separator: "\n").first?.split(separator: " ") ?? []
+                guard ready, words.count == 3, words[0] == "ready", let pid = Int32(words[1]), let tid = Int(words[2])
+                else {
+                    throw Failure(description: "the epoll fixture did not start: \(running.outputSoFar)")
+                }
+                self.pid = pid
+                loopThread = tid
+            }
+
+            struct Failure: Error, CustomStringConvertible { var description: String }
+
+            /// Runs one command inside a tick of the loop, and returns the tick's length as the
+            /// service measured it, from its wait's return to just before its next wait.
+            func stall(_ command: String, milliseconds: Int) throws -> Duration {
+                let before = running.outputSoFar.split(separator: "\n").count
+                input.fileHandleForWriting.write(Data("\(command) \(milliseconds)\n".utf8))
+                guard running.waitForOutput({ output, _ in output.split(separator: "\n").count > before }) else {
+                    throw Failure(description: "no answer to \(command): \(running.outputSoFar)")
+                }
+                let words = running.outputSoFar.split(separator: "\n")[before].split(separator: " ")
+                guard words.count == 6, let start = UInt64(words[4]), let end = UInt64(words[5]) else {
+                    throw Failure(description: "unexpected answer: \(words)")
+                }
+                return .nanoseconds(Int64(end - start))
+            }
+
+            func stop() {
+                input.fileHandleForWriting.write(Data("quit\n".utf8))
+                _ = running.terminate(grace: 2)
+            }
+        }
+
+        /// stallmond with a configuration of its own that watches the epoll service's executable.
+        static func startStallmond(watching path: String, directory: String) throws -> Executable.Running {
+            let configuration = directory + "/stallmond.json"
+            let json =
+                #"{"metrics_path": "", "state_directory": "\#(directory)/state", "digest_interval_s": 0, "watch": ["\#(path)"], "watch_threshold_ms": 100}"#
+            try json.write(toFile: configuration, atomically: true, encoding: .utf8)
+            return try Executable.stallmond.start(["--config", configuration])
+        }
+
+        static func externalEntries(of pid: Int32) throws -> [[String: String]] {
+            try Journald.host.read(["STALL_SOURCE=external", "OBJECT_PID=\(pid)"])
+        }
+
+        @Test(.requires(.bpf))
+        func eachStallOfAnUnlinkedEpollLoopIsReportedOnceWithTheKernelsDuration() throws {
+            try #require(Journald.host.ensureRunning())
+            try #require(TestRequirement.mountTracefs(), "tracefs could not be mounted at /sys/kernel/tracing")
+            let directory = try ScratchDirectory.make()
+            defer { try? FileManager.default.removeItem(atPath: directory) }
+            let service = try EpollService()
+            defer { service.stop() }
+            let daemon = try Self.startStallmond(
+                watching: Executable.epollFixture.url.path, directory: directory)
+            defer { _ = daemon.terminate() }
+            #expect(
+                daemon.waitForOutput { _, errors in errors.contains("pid=\(service.pid) ") },
+                "stallmond did not watch the service: \(daemon.errorsSoFar)")
+
+            // Idle: the loop wakes every 20 ms, and nothing is a stall.
+            Thread.sleep(forTimeInterval: 1)
+            #expect(try Self.externalEntries(of: service.pid).isEmpty)
+
+            // Quick ticks are not stalls either.
+            for _ in 0..<20 { _ = try service.stall("spin", milliseconds: 5) }
+            var truths: [(command: String, duration: Duration)] = []
+            for (command, milliseconds) in [("spin", 300), ("sleep", 250), ("lock", 200)] {
+                truths.append((command, try service.stall(command, milliseconds: milliseconds)))
+                Thread.sleep(forTimeInterval: 0.3)
+            }
+            let entries = try Journald.host.entries(
+                ["STALL_SOURCE=external", "OBJECT_PID=\(service.pid)"], atLeast: 6, timeout: 10)
+            Thread.sleep(forTimeInterval: 0.5)
+            let settled = try Self.externalEntries(of: service.pid)
+            #expect(settled.count == entries.count, "no entry after the stalls ended")
+            let records = try settled.map { try StallRecord(journalFields: $0) }
+            let ended = records.filter { $0.event == .ended }
+            let detected = records.filter { $0.event == .detected }
+            try #require(ended.count == 3, "\(settled.map { $0["MESSAGE"] ?? "" })")
+            #expect(detected.count == 3)
+            #expect(Set(ended.map(\.stallID)) == Set(detected.map(\.stallID)), "one stall ID per stall")
+            for (record, truth) in zip(ended, truths) {
+                let reported = Duration.microseconds(Int64(record.durationMicroseconds))
+                let error = reported > truth.duration ? reported - truth.duration : truth.duration - reported
+                #expect(error <= .milliseconds(10), "\(truth.command): reported \(reported), truth \(truth.duration)")
+                #expect(record.loop == "epoll-loop")
+                #expect(record.threadID == service.loopThread)
+                #expect(record.thresholdMicroseconds == 100_000)
+            }
+            let syscalls = detected.map(\.threadSyscall)
+            #expect(syscalls == ["", "clock_nanosleep", "futex"], "the thread's system call when detected")
+            #expect(settled.allSatisfy { $0["OBJECT_COMM"] == "StallmonEpollFi" }, "journald's trusted fields")
+        }
+
+        @Test(.requires(.bpf))
+        func aProcessThatRunsItsOwnMonitorIsNotWatchedFromOutside() throws {
+            try #require(Journald.host.ensureRunning())
+            try #require(TestRequirement.mountTracefs(), "tracefs could not be mounted at /sys/kernel/tracing")
+            let directory = try ScratchDirectory.make()
+            defer { try? FileManager.default.removeItem(atPath: directory) }
+            // The run-loop fixture, monitored by its own linked monitor for 4 s.
+            let fixture = try Executable.fixture.start(["idle", "--seconds", "4"])
+            defer { _ = fixture.terminate() }
+            let pid = fixture.process.processIdentifier
+            #expect(
+                waitUntil(timeout: 10) {
+                    let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []
+                    return tasks.contains { tid in
+                        (try? String(contentsOfFile: "/proc/\(pid)/task/\(tid)/comm", encoding: .utf8))
+                            == "stallmon-watch\n"
+                    }
+                }, "the fixture's monitor did not start")
+            let daemon = try Self.startStallmond(watching: Executable.fixture.url.path, directory: directory)
+            defer { _ = daemon.terminate() }
+            #expect(
+                daemon.waitForOutput { _, errors in errors.contains("watch names no running process") },
+                "\(daemon.errorsSoFar)")
+            #expect(!daemon.errorsSoFar.contains("watching a process from outside"))
+        }
+    }
+}
