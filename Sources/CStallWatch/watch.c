@@ -45,6 +45,10 @@ static int stallwatch_has_tracefs(void) {
 stallwatch *stallwatch_open(uint64_t threshold_ns, stallwatch_failure *failure) {
     memset(failure, 0, sizeof *failure);
     libbpf_set_print(stallwatch_libbpf_print);
+    if (access("/sys/kernel/btf/vmlinux", R_OK) != 0) {
+        stallwatch_fail(failure, STALLWATCH_STEP_BTF, errno, "/sys/kernel/btf/vmlinux");
+        return NULL;
+    }
     if (!stallwatch_has_tracefs()) {
         stallwatch_fail(failure, STALLWATCH_STEP_TRACEFS, ENOENT, "/sys/kernel/tracing/events/syscalls");
         return NULL;

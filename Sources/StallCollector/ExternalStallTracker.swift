@@ -10,9 +10,13 @@ package struct LoopTick: Sendable, Hashable {
     /// The latest tick that ended at or past the threshold (0, 0: none).
     package var longTickStart: UInt64
     package var longTickEnd: UInt64
+    /// The thread's CPU time when its current tick began, and the CPU time the latest long tick took.
+    package var tickStartCPU: UInt64
+    package var longTickCPU: UInt64
 
     package init(
-        pid: Int32, tid: Int32, tickStart: UInt64, waitStart: UInt64, longTickStart: UInt64, longTickEnd: UInt64
+        pid: Int32, tid: Int32, tickStart: UInt64, waitStart: UInt64, longTickStart: UInt64, longTickEnd: UInt64,
+        tickStartCPU: UInt64 = 0, longTickCPU: UInt64 = 0
     ) {
         self.pid = pid
         self.tid = tid
@@ -20,6 +24,8 @@ package struct LoopTick: Sendable, Hashable {
         self.waitStart = waitStart
         self.longTickStart = longTickStart
         self.longTickEnd = longTickEnd
+        self.tickStartCPU = tickStartCPU
+        self.longTickCPU = longTickCPU
     }
 
     /// Whether the thread is inside a tick: out of its wait.
@@ -43,6 +49,9 @@ package struct ExternalStallTracker: Sendable {
         package var start: UInt64
         /// How long the tick has lasted (`detected`) or lasted (`ended`).
         package var duration: UInt64
+        /// `ended`: the CPU time the tick took; `detected`: the thread's CPU time when it began
+        /// (what it has taken so far is the thread's CPU time now less this).
+        package var cpu: UInt64
     }
 
     private var open: [Int32: (start: UInt64, stallID: String)] = [:]
@@ -77,7 +86,7 @@ package struct ExternalStallTracker: Sendable {
                 events.append(
                     Event(
                         kind: .detected, pid: tick.pid, tid: tick.tid, stallID: stallID, start: tick.tickStart,
-                        duration: now - tick.tickStart))
+                        duration: now - tick.tickStart, cpu: tick.tickStartCPU))
             }
         }
         open = open.filter { seen.contains($0.key) }
@@ -105,7 +114,7 @@ package struct ExternalStallTracker: Sendable {
         }
         return Event(
             kind: .ended, pid: tick.pid, tid: tick.tid, stallID: stallID, start: tick.longTickStart,
-            duration: tick.longTickEnd - tick.longTickStart)
+            duration: tick.longTickEnd - tick.longTickStart, cpu: tick.longTickCPU)
     }
 
     /// 32 random hexadecimal digits, as a linked monitor's stall IDs.

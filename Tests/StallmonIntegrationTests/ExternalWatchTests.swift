@@ -112,6 +112,9 @@ extension Serial {
                 #expect(record.threadID == service.loopThread)
                 #expect(record.thresholdMicroseconds == 100_000)
             }
+            // On the CPU for the spin, off it while blocked, by the scheduler's count (to its tick).
+            #expect(ended[0].cpuMicroseconds >= 250_000, "\(ended[0].message)")
+            #expect(ended[1].cpuMicroseconds < 20_000 && ended[2].cpuMicroseconds < 20_000, "\(ended.map(\.message))")
             let syscalls = detected.map(\.threadSyscall)
             #expect(syscalls == ["", "clock_nanosleep", "futex"], "the thread's system call when detected")
             #expect(settled.allSatisfy { $0["OBJECT_COMM"] == "StallmonEpollFi" }, "journald's trusted fields")

@@ -5,12 +5,14 @@
 // past the threshold is stalled.
 //
 // Built by Scripts/build-bpf.sh into ../ticks_object.c, which embeds the object; SwiftPM never
-// compiles this file (Package.swift excludes the folder). It reads no kernel structure: the only
-// context it reads is the system call tracepoints' record, whose layout (`__syscall_nr` at offset 8,
-// the arguments or the return value from offset 16) is the tracing ABI
-// (/sys/kernel/tracing/events/syscalls/*/format), so it needs no CO-RE relocation and no vmlinux.h.
-// Its own BTF (-g) describes its maps, as libbpf requires.
+// compiles this file (Package.swift excludes the folder). The system call tracepoints' record has
+// the tracing ABI's layout (`__syscall_nr` at offset 8, the arguments or the return value from
+// offset 16: /sys/kernel/tracing/events/syscalls/*/format). The one kernel structure it reads, a
+// task's CPU time, is declared here with preserve_access_index, so libbpf relocates the read
+// against the running kernel's BTF (CO-RE) and no generated vmlinux.h is needed. Its own BTF (-g)
+// describes its maps, as libbpf requires.
 #include <linux/bpf.h>
+#include <bpf/bpf_core_read.h>
 #include <bpf/bpf_helpers.h>
 
 #include "../include/stallwatch_ticks.h"
@@ -39,6 +41,23 @@ struct {
     __type(key, __u32);
     __type(value, struct stallwatch_config);
 } config SEC(".maps");
+
+/// The fields of the kernel's task that the program reads, by name: CO-RE finds their offsets in
+/// the running kernel's BTF (/sys/kernel/btf/vmlinux).
+struct sched_entity {
+    __u64 sum_exec_runtime;
+} __attribute__((preserve_access_index));
+
+struct task_struct {
+    struct sched_entity se;
+} __attribute__((preserve_access_index));
+
+/// The calling thread's time on a CPU, as the scheduler last accounted it (at its latest switch or
+/// scheduler tick; /proc/PID/task/TID/schedstat shows the same sum).
+static __always_inline __u64 cpu_time(void) {
+    struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+    return BPF_CORE_READ(task, se.sum_exec_runtime);
+}
 
 /// A system call tracepoint's record: the common header, then `__syscall_nr`, then from offset 16
 /// the arguments (sys_enter_*) or the return value (sys_exit_*).
@@ -69,6 +88,7 @@ static __always_inline int wait_begins(void) {
     // thread, but a TID reused by a new thread whose entry was not yet removed) ends nothing.
     if (settings && start > tick->wait_start_ns && now - start >= settings->threshold_ns) {
         tick->long_tick_start_ns = start;
+        tick->long_tick_cpu_ns = cpu_time() - tick->tick_start_cpu_ns;
         tick->long_tick_end_ns = now;
     }
     tick->waits += 1;
@@ -81,6 +101,7 @@ static __always_inline int wait_returns(void) {
     __u32 tid = (__u32)bpf_get_current_pid_tgid();
     struct stallwatch_tick *tick = bpf_map_lookup_elem(&ticks, &tid);
     if (!tick || tick->wait_start_ns < tick->tick_start_ns) return 0;
+    tick->tick_start_cpu_ns = cpu_time();
     tick->tick_start_ns = bpf_ktime_get_ns();
     return 0;
 }

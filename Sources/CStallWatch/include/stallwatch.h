@@ -28,6 +28,9 @@ typedef struct stallwatch stallwatch;
 /// Which step of stallwatch_open failed.
 typedef enum {
     STALLWATCH_STEP_NONE = 0,
+    /// The kernel describes itself in no BTF (/sys/kernel/btf/vmlinux, CONFIG_DEBUG_INFO_BTF): the
+    /// program's read of a task's CPU time cannot be relocated.
+    STALLWATCH_STEP_BTF,
     /// No tracefs with the system call tracepoints (mounted at /sys/kernel/tracing, or under
     /// /sys/kernel/debug/tracing).
     STALLWATCH_STEP_TRACEFS,

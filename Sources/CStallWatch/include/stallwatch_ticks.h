@@ -19,6 +19,10 @@ struct stallwatch_tick {
     /// exactly by the kernel's clock.
     unsigned long long long_tick_start_ns;
     unsigned long long long_tick_end_ns;
+    /// The thread's CPU time when its current tick began (the scheduler's `sum_exec_runtime`).
+    unsigned long long tick_start_cpu_ns;
+    /// The CPU time the latest long tick took.
+    unsigned long long long_tick_cpu_ns;
     /// The thread's process.
     unsigned int tgid;
     /// Waits seen, wrapping: a reader tells a new tick from the one it saw by `tick_start_ns`.

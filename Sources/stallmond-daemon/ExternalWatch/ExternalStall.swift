@@ -16,6 +16,8 @@ struct ExternalStall {
         var state: String
         var syscall: String
         var waitChannel: String
+        /// The thread's CPU time (`schedstat`) when it was seen.
+        var cpuTime: UInt64?
 
         init(pid: Int32, tid: Int32) {
             processName = ProcessDirectory.threadName(pid: pid, tid: pid) ?? "pid \(pid)"
@@ -23,6 +25,7 @@ struct ExternalStall {
             state = ProcessDirectory.threadState(pid: pid, tid: tid) ?? "?"
             syscall = ProcessDirectory.threadSyscall(pid: pid, tid: tid).map(SyscallNames.name) ?? ""
             waitChannel = ProcessDirectory.threadWaitChannel(pid: pid, tid: tid) ?? ""
+            cpuTime = ProcessDirectory.threadCPUTime(pid: pid, tid: tid)
         }
     }
 
@@ -36,21 +39,36 @@ struct ExternalStall {
     var view: ThreadView
     var threshold: Duration
 
+    /// The CPU time the stall took: the kernel's count at the end of the tick; at its detection,
+    /// the thread's CPU time then less its CPU time when the tick began.
+    var cpuTime: UInt64 {
+        switch event.kind {
+        case .ended: event.cpu
+        case .detected: view.cpuTime.map { $0 >= event.cpu ? $0 - event.cpu : 0 } ?? 0
+        }
+    }
+
     var record: StallRecord {
         let duration = Duration.nanoseconds(Int64(clamping: event.duration))
+        let cpuShare = event.duration > 0 ? min(1, Double(cpuTime) / Double(event.duration)) : 0
         let length = "\(duration.milliseconds) ms"
         let loop = "event loop \(view.threadName) of \(view.processName) (PID \(event.pid))"
         var message =
             event.kind == .detected
             ? "\(loop) stalled for \(length) (threshold \(threshold.milliseconds) ms), seen from outside"
             : "\(loop) stalled \(length), seen from outside"
-        if !view.syscall.isEmpty { message += "; blocked in \(view.syscall)" }
+        if cpuShare >= 0.5 {
+            message += "; \(Int((cpuShare * 100).rounded()))% on CPU"
+        } else if !view.syscall.isEmpty {
+            message += "; blocked in \(view.syscall)"
+        }
         return StallRecord(
             event: event.kind == .detected ? .detected : .ended, message: message, stallID: event.stallID,
             durationMicroseconds: event.duration / 1000, thresholdMicroseconds: UInt64(threshold.microseconds),
             activity: "event-loop-cycle", runLoopMode: "", callout: "unknown", loop: view.threadName,
             threadID: Int(event.tid), threadState: view.state, threadSyscall: view.syscall,
-            threadWaitChannel: view.waitChannel, cpuMicroseconds: 0, samples: 0, samplesUnanswered: 0, stackSamples: 0,
+            threadWaitChannel: view.waitChannel, cpuMicroseconds: cpuTime / 1000, samples: 0, samplesUnanswered: 0,
+            stackSamples: 0,
             fingerprint: "0000000000000000", frame: "(no stack: \(Self.noStackReason))",
             backtrace: "(no stack: \(Self.noStackReason))",
             priority: duration >= threshold * 8 ? 3 : 4, syslogIdentifier: view.processName)

@@ -50,6 +50,9 @@ final class TickWatcher: @unchecked Sendable {
         let detail = withUnsafeBytes(of: failure.detail) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
         let reason = String(cString: strerror(failure.error))
         switch failure.step {
+        case STALLWATCH_STEP_BTF:
+            return "cannot watch from outside: the kernel has no BTF (\(detail): \(reason)): it needs "
+                + "CONFIG_DEBUG_INFO_BTF (Debian's and Ubuntu's kernels have it)"
         case STALLWATCH_STEP_TRACEFS:
             return "cannot watch from outside: no tracefs with the system call tracepoints (\(detail)): "
                 + "mount it (mount -t tracefs nodev /sys/kernel/tracing)"
@@ -128,7 +131,8 @@ final class TickWatcher: @unchecked Sendable {
             LoopTick(
                 pid: Int32(bitPattern: thread.tick.tgid), tid: Int32(bitPattern: thread.tid),
                 tickStart: thread.tick.tick_start_ns, waitStart: thread.tick.wait_start_ns,
-                longTickStart: thread.tick.long_tick_start_ns, longTickEnd: thread.tick.long_tick_end_ns)
+                longTickStart: thread.tick.long_tick_start_ns, longTickEnd: thread.tick.long_tick_end_ns,
+                tickStartCPU: thread.tick.tick_start_cpu_ns, longTickCPU: thread.tick.long_tick_cpu_ns)
         }
         let events = stalls.update(ticks, now: stallwatch_now_ns(), threshold: UInt64(threshold.nanoseconds))
         for tick in ticks where !watched.contains(tick.pid) {
