@@ -23,17 +23,23 @@ struct stallwatch {
     int ticks_fd;
 };
 
-/// libbpf's messages: warnings and errors to standard error, its debug chatter nowhere.
+/// libbpf's last warning, for stallwatch_open's failure. libbpf calls its print function on the
+/// thread that calls it, and stallwatch_open is serialized by its one owner.
+static char stallwatch_libbpf_last[256];
+
+/// libbpf's messages: the last warning or error kept (its first line), its debug chatter dropped.
 static int stallwatch_libbpf_print(enum libbpf_print_level level, const char *format, va_list arguments) {
     if (level == LIBBPF_DEBUG) return 0;
-    fputs("libbpf: ", stderr);
-    return vfprintf(stderr, format, arguments);
+    vsnprintf(stallwatch_libbpf_last, sizeof stallwatch_libbpf_last, format, arguments);
+    stallwatch_libbpf_last[strcspn(stallwatch_libbpf_last, "\n")] = 0;
+    return 0;
 }
 
 static void stallwatch_fail(stallwatch_failure *failure, stallwatch_step step, int error, const char *detail) {
     failure->step = step;
     failure->error = error < 0 ? -error : error;
     snprintf(failure->detail, sizeof failure->detail, "%s", detail ? detail : "");
+    snprintf(failure->libbpf_message, sizeof failure->libbpf_message, "%s", stallwatch_libbpf_last);
 }
 
 /// The system call tracepoints are there to attach to: tracefs is mounted where libbpf looks.
@@ -44,6 +50,7 @@ static int stallwatch_has_tracefs(void) {
 
 stallwatch *stallwatch_open(uint64_t threshold_ns, stallwatch_failure *failure) {
     memset(failure, 0, sizeof *failure);
+    stallwatch_libbpf_last[0] = 0;
     libbpf_set_print(stallwatch_libbpf_print);
     if (access("/sys/kernel/btf/vmlinux", R_OK) != 0) {
         stallwatch_fail(failure, STALLWATCH_STEP_BTF, errno, "/sys/kernel/btf/vmlinux");

@@ -54,13 +54,29 @@ extension Serial {
             }
         }
 
-        /// stallmond with a configuration of its own that watches the epoll service's executable.
-        static func startStallmond(watching path: String, directory: String) throws -> Executable.Running {
+        /// stallmond with a configuration of its own that watches the epoll service's executable;
+        /// under `setpriv` with `setprivArguments` when they are given.
+        static func startStallmond(watching path: String, directory: String, setprivArguments: [String] = []) throws
+            -> Executable.Running
+        {
             let configuration = directory + "/stallmond.json"
             let json =
                 #"{"metrics_path": "", "state_directory": "\#(directory)/state", "digest_interval_s": 0, "watch": ["\#(path)"], "watch_threshold_ms": 100}"#
             try json.write(toFile: configuration, atomically: true, encoding: .utf8)
-            return try Executable.stallmond.start(["--config", configuration])
+            guard !setprivArguments.isEmpty else { return try Executable.stallmond.start(["--config", configuration]) }
+            let process = Process()
+            process.executableURL = URL(fileURLWithPath: "/usr/bin/setpriv")
+            process.arguments = setprivArguments + [Executable.stallmond.url.path, "--config", configuration]
+            let output = Pipe()
+            let errors = Pipe()
+            process.standardOutput = output
+            process.standardError = errors
+            try process.runWithEmptySignalMask()
+            return Executable.Running(process: process, output: output, errors: errors)
+        }
+
+        static func occurrences(of text: String, in log: String) -> Int {
+            log.components(separatedBy: text).count - 1
         }
 
         static func externalEntries(of pid: Int32) throws -> [[String: String]] {
@@ -144,6 +160,34 @@ extension Serial {
                 daemon.waitForOutput { _, errors in errors.contains("watch names no running process") },
                 "\(daemon.errorsSoFar)")
             #expect(!daemon.errorsSoFar.contains("watching a process from outside"))
+            Thread.sleep(forTimeInterval: 2.5)
+            #expect(Self.occurrences(of: "watch names no running process", in: daemon.errorsSoFar) == 1, "said once")
+        }
+
+        @Test(.requires(.bpf, .tool(["setpriv"], package: "util-linux")))
+        func withoutCapBPFStallmondSaysOnceWhatToGrantAndKeepsCollecting() throws {
+            try #require(Journald.host.ensureRunning())
+            try #require(TestRequirement.mountTracefs(), "tracefs could not be mounted at /sys/kernel/tracing")
+            let directory = try ScratchDirectory.make()
+            defer { try? FileManager.default.removeItem(atPath: directory) }
+            let service = try EpollService()
+            defer { service.stop() }
+            // Root, less what BPF needs: the kernel refuses the program.
+            let daemon = try Self.startStallmond(
+                watching: Executable.epollFixture.url.path, directory: directory,
+                setprivArguments: ["--bounding-set=-bpf,-perfmon,-sys_admin"])
+            defer { _ = daemon.terminate() }
+            #expect(
+                daemon.waitForOutput { _, errors in errors.contains("caught up with the journal") },
+                "stallmond goes on collecting: \(daemon.errorsSoFar)")
+            _ = try service.stall("spin", milliseconds: 300)
+            Thread.sleep(forTimeInterval: 1.5)
+            let log = daemon.errorsSoFar
+            #expect(Self.occurrences(of: "cannot watch from outside", in: log) == 1, "\(log)")
+            #expect(log.contains("grant it CAP_BPF and CAP_PERFMON (AmbientCapabilities=CAP_BPF CAP_PERFMON)"))
+            #expect(!log.contains("libbpf"), "one line of stallmond's, not libbpf's own")
+            #expect(daemon.process.isRunning)
+            #expect(try Self.externalEntries(of: service.pid).isEmpty)
         }
     }
 }

@@ -44,11 +44,13 @@ typedef enum {
     STALLWATCH_STEP_CONFIG,
 } stallwatch_step;
 
-/// Why stallwatch_open failed: the step, the errno, and the program or tracepoint concerned.
+/// Why stallwatch_open failed: the step, the errno, the program or tracepoint concerned, and
+/// libbpf's last warning (its first line), which says more when the verifier refuses the program.
 typedef struct {
     stallwatch_step step;
     int error;
     char detail[96];
+    char libbpf_message[256];
 } stallwatch_failure;
 
 /// One loop thread, as stallwatch_read copies it out of the `ticks` map.
@@ -58,8 +60,8 @@ typedef struct {
 } stallwatch_thread;
 
 /// Loads the program, records ticks of `threshold_ns` or longer, and attaches it. NULL on
-/// failure, with `failure` filled. libbpf's own messages of warning level and above go to
-/// standard error, prefixed `libbpf: `.
+/// failure, with `failure` filled. libbpf prints nothing: its last warning is in `failure`, so
+/// that a refusal is one line of stallmond's log.
 stallwatch *stallwatch_open(uint64_t threshold_ns, stallwatch_failure *failure);
 
 /// Adds a process (its TGID) to the watched ones: its threads are loops from their next wait.

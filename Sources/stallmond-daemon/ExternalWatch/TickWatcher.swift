@@ -63,7 +63,11 @@ final class TickWatcher: @unchecked Sendable {
             return "cannot watch from outside: attaching \(detail) was refused (\(reason)): grant CAP_PERFMON "
                 + "(AmbientCapabilities=CAP_BPF CAP_PERFMON)"
         default:
+            let libbpf = withUnsafeBytes(of: failure.libbpf_message) {
+                String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self)
+            }
             return "cannot watch from outside: \(Self.stepName(failure.step)) \(detail) failed (\(reason))"
+                + (libbpf.isEmpty ? "" : "; \(libbpf)")
         }
     }
 
