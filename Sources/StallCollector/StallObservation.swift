@@ -51,10 +51,38 @@ package struct StallObservation: Sendable, Hashable {
         unit(named: name(of: fields), owner: owner(of: fields))
     }
 
+    /// The trusted fields an entry is attributed by: its own, or for a stall stallmond saw from
+    /// outside (`STALL_SOURCE=external`, `OBJECT_PID=`) written by root, the watched process's,
+    /// which journald added as `OBJECT_SYSTEMD_UNIT`, `OBJECT_UID`, … . journald adds those for a
+    /// writer of UID 0 only, and a writer that is not root cannot pass its own for the
+    /// underscore fields: its entries stay its own.
+    package static func subject(of fields: [String: String]) -> [String: String] {
+        guard fields[externalSourceField] == "external", fields["_UID"] == "0", fields["OBJECT_PID"] != nil else {
+            return fields
+        }
+        var subject = fields
+        for (trusted, object) in objectFields {
+            subject[trusted] = fields[object]
+        }
+        return subject
+    }
+
+    /// `STALL_SOURCE`: `external` on the entries of stallmond's watch from outside.
+    package static let externalSourceField = "STALL_SOURCE"
+
+    /// The trusted fields of a writer and the `OBJECT_` fields journald adds for the process an
+    /// entry names.
+    static let objectFields = [
+        ("_SYSTEMD_UNIT", "OBJECT_SYSTEMD_UNIT"), ("_SYSTEMD_USER_UNIT", "OBJECT_SYSTEMD_USER_UNIT"),
+        ("_SYSTEMD_OWNER_UID", "OBJECT_SYSTEMD_OWNER_UID"), ("_SYSTEMD_SLICE", "OBJECT_SYSTEMD_SLICE"),
+        ("_UID", "OBJECT_UID"), ("_COMM", "OBJECT_COMM"),
+    ]
+
     /// The unit an entry names, before its writer's uid: `_SYSTEMD_UNIT`, `_SYSTEMD_USER_UNIT`, or
     /// `(SYSLOG_IDENTIFIER)`. See ``unit(of:)``.
     package static func name(of fields: [String: String]) -> String {
-        fields["_SYSTEMD_UNIT"] ?? fields["_SYSTEMD_USER_UNIT"] ?? fields["SYSLOG_IDENTIFIER"].map { "(\($0))" }
+        let fields = subject(of: fields)
+        return fields["_SYSTEMD_UNIT"] ?? fields["_SYSTEMD_USER_UNIT"] ?? fields["SYSLOG_IDENTIFIER"].map { "(\($0))" }
             ?? "(unknown)"
     }
 
@@ -71,6 +99,7 @@ package struct StallObservation: Sendable, Hashable {
     /// no `_SYSTEMD_USER_UNIT` and no `_SYSTEMD_OWNER_UID`), else the writer's `_UID` (`""`
     /// where the entry has none, as in an exported journal without it).
     package static func owner(of fields: [String: String]) -> String? {
+        let fields = subject(of: fields)
         if let unit = fields["_SYSTEMD_UNIT"], fields["_SYSTEMD_USER_UNIT"] == nil,
             fields["_SYSTEMD_OWNER_UID"] == nil, !(fields["_SYSTEMD_SLICE"]?.hasPrefix("user") ?? false),
             !(unit.hasPrefix("session-") && unit.hasSuffix(".scope")), !unit.hasPrefix("user@"),

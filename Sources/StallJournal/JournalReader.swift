@@ -40,6 +40,8 @@ public struct JournalEntry: Sendable, Hashable {
     /// The fields that name the sender, which readers group by: cut, never rejected, when too long.
     public static let identityFields: Set<String> = [
         "_SYSTEMD_UNIT", "_SYSTEMD_USER_UNIT", "SYSLOG_IDENTIFIER", "_HOSTNAME",
+        // A stall stallmond saw from outside is the watched process's (StallObservation.subject(of:)).
+        "OBJECT_SYSTEMD_UNIT", "OBJECT_SYSTEMD_USER_UNIT",
     ]
 
     /// The machine the entry came from: `_MACHINE_ID` when it is 32 lowercase hex digits (journald

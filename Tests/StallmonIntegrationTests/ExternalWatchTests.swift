@@ -55,13 +55,16 @@ extension Serial {
         }
 
         /// stallmond with a configuration of its own that watches the epoll service's executable;
-        /// under `setpriv` with `setprivArguments` when they are given.
+        /// under `setpriv` with `setprivArguments` when they are given. It writes its metrics to
+        /// `DIRECTORY/stallmon.prom` every second, counts what is written from its start on
+        /// (`cold_start_entries` 0: earlier runs' stalls are in this machine's journal), and gives
+        /// every unit a series of its own.
         static func startStallmond(watching path: String, directory: String, setprivArguments: [String] = []) throws
             -> Executable.Running
         {
             let configuration = directory + "/stallmond.json"
             let json =
-                #"{"metrics_path": "", "state_directory": "\#(directory)/state", "digest_interval_s": 0, "watch": ["\#(path)"], "watch_threshold_ms": 100}"#
+                #"{"metrics_path": "\#(directory)/stallmon.prom", "metrics_interval_s": 1, "cold_start_entries": 0, "max_units": 100000, "state_directory": "\#(directory)/state", "digest_interval_s": 0, "watch": ["\#(path)"], "watch_threshold_ms": 100}"#
             try json.write(toFile: configuration, atomically: true, encoding: .utf8)
             guard !setprivArguments.isEmpty else { return try Executable.stallmond.start(["--config", configuration]) }
             let process = Process()
@@ -134,6 +137,13 @@ extension Serial {
             let syscalls = detected.map(\.threadSyscall)
             #expect(syscalls == ["", "clock_nanosleep", "futex"], "the thread's system call when detected")
             #expect(settled.allSatisfy { $0["OBJECT_COMM"] == "StallmonEpollFi" }, "journald's trusted fields")
+            // Counted by stallmond's collector like any stall, as the watched process's.
+            let series = #"stallmon_stalls_total{unit="(StallmonEpollFi)"} 3"#
+            #expect(
+                waitUntil(timeout: 10) {
+                    (try? String(contentsOfFile: directory + "/stallmon.prom", encoding: .utf8))?.contains(series)
+                        == true
+                }, "\(String(describing: try? String(contentsOfFile: directory + "/stallmon.prom", encoding: .utf8)))")
         }
 
         @Test(.requires(.bpf))

@@ -30,7 +30,7 @@ struct ExternalStall {
     }
 
     /// `STALL_SOURCE`: who saw the stall. Linked monitors do not write it.
-    static let sourceField = "STALL_SOURCE"
+    static let sourceField = StallObservation.externalSourceField
     static let source = "external"
     /// Why an external stall has no stack yet.
     static let noStackReason = "stacks are not taken from outside yet"

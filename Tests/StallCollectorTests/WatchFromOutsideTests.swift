@@ -142,3 +142,34 @@ struct ExternalStallTrackerTests {
         #expect(tracker.openStallIDs.isEmpty)
     }
 }
+
+/// Whose a stall seen from outside is: the watched process's, by the fields journald adds for
+/// `OBJECT_PID=` to a root writer's entry; never by fields a user writes.
+struct ExternalAttributionTests {
+    static let external: [String: String] = [
+        "STALL_SOURCE": "external", "OBJECT_PID": "4211", "_UID": "0", "_SYSTEMD_UNIT": "stallmond.service",
+        "SYSLOG_IDENTIFIER": "legacy-server", "OBJECT_SYSTEMD_UNIT": "legacy.service", "OBJECT_UID": "998",
+        "OBJECT_COMM": "legacy-server",
+    ]
+
+    @Test func aStallSeenFromOutsideCountsUnderTheWatchedUnit() {
+        #expect(StallObservation.unit(of: Self.external) == "legacy.service")
+        #expect(StallObservation.owner(of: Self.external) == nil, "a system unit")
+    }
+
+    @Test func aWatchedProcessOutsideAUnitCountsAsItsOwnUser() {
+        var fields = Self.external
+        fields["OBJECT_SYSTEMD_UNIT"] = nil
+        #expect(StallObservation.unit(of: fields) == "(legacy-server) (uid 998)")
+    }
+
+    @Test func aWriterThatIsNotRootCannotPassItsEntriesOffAsAnotherUnits() {
+        var fields = Self.external
+        fields["_UID"] = "1000"
+        fields["_SYSTEMD_UNIT"] = nil
+        #expect(StallObservation.unit(of: fields) == "(legacy-server) (uid 1000)")
+        var linked = Self.external
+        linked["STALL_SOURCE"] = nil
+        #expect(StallObservation.unit(of: linked) == "stallmond.service", "only external entries")
+    }
+}
