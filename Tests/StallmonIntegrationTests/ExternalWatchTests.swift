@@ -54,17 +54,50 @@ extension Serial {
             }
         }
 
+        /// A cgroup named like a systemd unit, made in the unified hierarchy as systemd makes a
+        /// unit's (the processes moved into it are that unit's for stallmond), removed by ``remove()``.
+        struct UnitCgroup {
+            let path: String
+
+            init(name: String) throws {
+                // A mountinfo line: "ID PARENT MAJOR:MINOR ROOT MOUNTPOINT OPTIONS … - TYPE SOURCE …".
+                let mountInfo = try String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8)
+                var mountPoint: Substring?
+                for line in mountInfo.split(separator: "\n") {
+                    let fields: [Substring] = line.split(separator: " ")
+                    guard let dash = fields.firstIndex(of: "-"), dash + 1 < fields.count, fields.count > 4 else {
+                        continue
+                    }
+                    if fields[dash + 1] == "cgroup2" {
+                        mountPoint = fields[4]
+                        break
+                    }
+                }
+                guard let mountPoint else {
+                    throw EpollService.Failure(description: "no cgroup2 hierarchy is mounted")
+                }
+                path = "\(mountPoint)/\(name)"
+                try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: false)
+            }
+
+            func move(_ pid: Int32) throws {
+                try "\(pid)\n".write(toFile: path + "/cgroup.procs", atomically: false, encoding: .utf8)
+            }
+
+            func remove() { rmdir(path) }
+        }
+
         /// stallmond with a configuration of its own that watches the epoll service's executable;
         /// under `setpriv` with `setprivArguments` when they are given. It writes its metrics to
         /// `DIRECTORY/stallmon.prom` every second, counts what is written from its start on
         /// (`cold_start_entries` 0: earlier runs' stalls are in this machine's journal), and gives
         /// every unit a series of its own.
-        static func startStallmond(watching path: String, directory: String, setprivArguments: [String] = []) throws
+        static func startStallmond(watching pattern: String, directory: String, setprivArguments: [String] = []) throws
             -> Executable.Running
         {
             let configuration = directory + "/stallmond.json"
             let json =
-                #"{"metrics_path": "\#(directory)/stallmon.prom", "metrics_interval_s": 1, "cold_start_entries": 0, "max_units": 100000, "state_directory": "\#(directory)/state", "digest_interval_s": 0, "watch": ["\#(path)"], "watch_threshold_ms": 100}"#
+                #"{"metrics_path": "\#(directory)/stallmon.prom", "metrics_interval_s": 1, "cold_start_entries": 0, "max_units": 100000, "state_directory": "\#(directory)/state", "digest_interval_s": 0, "watch": ["\#(pattern)"], "watch_threshold_ms": 100}"#
             try json.write(toFile: configuration, atomically: true, encoding: .utf8)
             guard !setprivArguments.isEmpty else { return try Executable.stallmond.start(["--config", configuration]) }
             let process = Process()
@@ -172,6 +205,38 @@ extension Serial {
             #expect(!daemon.errorsSoFar.contains("watching a process from outside"))
             Thread.sleep(forTimeInterval: 2.5)
             #expect(Self.occurrences(of: "watch names no running process", in: daemon.errorsSoFar) == 1, "said once")
+        }
+
+        @Test(.requires(.bpf))
+        func aProcessThatStartsInAWatchedUnitIsWatchedWithinSeconds() throws {
+            try #require(Journald.host.ensureRunning())
+            try #require(TestRequirement.mountTracefs(), "tracefs could not be mounted at /sys/kernel/tracing")
+            let directory = try ScratchDirectory.make()
+            defer { try? FileManager.default.removeItem(atPath: directory) }
+            let prefix = "stallmon-watch-test-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
+            let daemon = try Self.startStallmond(watching: prefix + "-*.service", directory: directory)
+            defer { _ = daemon.terminate() }
+            #expect(daemon.waitForOutput { _, errors in errors.contains("watch names no running process") })
+
+            let unit = try UnitCgroup(name: prefix + "-web.service")
+            defer { unit.remove() }
+            let service = try EpollService()
+            defer {
+                service.stop()
+                _ = service.running.wait()
+            }
+            try unit.move(service.pid)
+            let started = Date()
+            #expect(
+                daemon.waitForOutput(timeout: 5) { _, errors in errors.contains("pid=\(service.pid) ") },
+                "\(daemon.errorsSoFar)")
+            #expect(Date().timeIntervalSince(started) < 2.5, "looked for every second")
+            // Watched from its next wait on.
+            Thread.sleep(forTimeInterval: 0.1)
+            _ = try service.stall("spin", milliseconds: 200)
+            let entries = try Journald.host.entries(
+                ["STALL_SOURCE=external", "OBJECT_PID=\(service.pid)", "STALL_EVENT=ended"], atLeast: 1)
+            #expect(entries.count == 1)
         }
 
         @Test(.requires(.bpf, .tool(["setpriv"], package: "util-linux")))

@@ -35,10 +35,19 @@ enum ProcessDirectory {
         return target.hasSuffix(" (deleted)") ? String(target.dropLast(" (deleted)".count)) : target
     }
 
-    /// Process `pid`'s cgroup in the unified hierarchy (the `0::` line of `/proc/PID/cgroup`).
+    /// Process `pid`'s cgroup as systemd places it: its path in the unified hierarchy (the `0::`
+    /// line of `/proc/PID/cgroup`), or, where that is the root (a hybrid hierarchy, in which
+    /// systemd keeps its units in the named v1 one), its `name=systemd` path.
     static func cgroup(of pid: Int32) -> String {
         guard let text = read("/proc/\(pid)/cgroup") else { return "" }
-        return text.split(separator: "\n").first { $0.hasPrefix("0::") }.map { String($0.dropFirst(3)) } ?? ""
+        // "ID:CONTROLLERS:PATH" a line; the unified hierarchy's is "0::PATH".
+        var paths: [Substring: String] = [:]
+        for line in text.split(separator: "\n") {
+            let parts = line.split(separator: ":", maxSplits: 2, omittingEmptySubsequences: false)
+            if parts.count == 3 { paths[parts[1]] = String(parts[2]) }
+        }
+        let unified = paths[""] ?? ""
+        return unified.isEmpty || unified == "/" ? paths["name=systemd"] ?? unified : unified
     }
 
     /// The names of the threads a linked stallmon monitor runs while it watches: such a process
