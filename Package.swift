@@ -54,11 +54,15 @@ let package = Package(
             ]
         ),
         // stallmond's tick watcher: the BPF program on the wait system calls' tracepoints (bpf/, built
-        // by Scripts/build-bpf.sh into the committed ticks_object.c) and its loader, through libbpf.
+        // by Scripts/build-bpf.sh into the committed ticks_object.c) and its loader, through libbpf;
+        // the in-place unwinder of another process's blocked threads, through elfutils' libdwfl.
         .target(
             name: "CStallWatch",
             exclude: ["bpf"],
-            linkerSettings: [.linkedLibrary("bpf", .when(platforms: [.linux]))]
+            linkerSettings: [
+                .linkedLibrary("bpf", .when(platforms: [.linux])), .linkedLibrary("dw", .when(platforms: [.linux])),
+                .linkedLibrary("elf", .when(platforms: [.linux])),
+            ]
         ),
         .target(
             name: "StallJournal",

@@ -7,9 +7,10 @@
 //   lock MS    waits MS milliseconds for a mutex another thread holds (blocked in futex)
 //   quit       ends the process
 //
-// After each command it prints `done COMMAND MS TID START_NS END_NS`: the loop thread's TID and the
-// CLOCK_MONOTONIC times its wait returned with the command and it was about to wait again, the
-// tick's truth to compare a report with. At start it prints `ready PID TID`.
+// After each command it prints `done COMMAND MS TID START_NS END_NS CPU_NS`: the loop thread's TID,
+// the CLOCK_MONOTONIC times its wait returned with the command and it was about to wait again, and
+// the CPU time the thread took between the two (CLOCK_THREAD_CPUTIME_ID): the tick's truth to
+// compare a report with. At start it prints `ready PID TID`.
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
@@ -21,11 +22,13 @@
 #include <time.h>
 #include <unistd.h>
 
-static uint64_t now_ns(void) {
+static uint64_t clock_ns(clockid_t clock) {
     struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
+    clock_gettime(clock, &now);
     return (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
 }
+
+static uint64_t now_ns(void) { return clock_ns(CLOCK_MONOTONIC); }
 
 static pthread_mutex_t held = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t handoff_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -85,6 +88,7 @@ static void *loop(void *unused) {
         struct epoll_event ready;
         int count = epoll_wait(epoll, &ready, 1, 20);
         uint64_t start = now_ns();
+        uint64_t start_cpu = clock_ns(CLOCK_THREAD_CPUTIME_ID);
         if (count <= 0) continue;
         ssize_t length = read(0, buffer + used, sizeof buffer - 1 - used);
         if (length <= 0) exit(0);
@@ -98,8 +102,8 @@ static void *loop(void *unused) {
             sscanf(line, "%15s %ld", command, &milliseconds);
             if (strcmp(command, "quit") == 0) exit(0);
             run(command, milliseconds);
-            printf("done %s %ld %d %llu %llu\n", command, milliseconds, gettid(), (unsigned long long)start,
-                   (unsigned long long)now_ns());
+            printf("done %s %ld %d %llu %llu %llu\n", command, milliseconds, gettid(), (unsigned long long)start,
+                   (unsigned long long)now_ns(), (unsigned long long)(clock_ns(CLOCK_THREAD_CPUTIME_ID) - start_cpu));
             fflush(stdout);
             line = newline + 1;
         }

@@ -7,6 +7,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "stallwatch_ticks.h"
 
@@ -81,6 +82,13 @@ int stallwatch_read(stallwatch *watch, stallwatch_thread *threads, int capacity)
 
 /// Detaches the program and frees everything.
 void stallwatch_close(stallwatch *watch);
+
+/// Unwinds thread `tid` of process `pid`, blocked in a system call with stack pointer `sp` and
+/// program counter `pc` (its /proc/PID/task/TID/syscall), from the process's memory and unwind
+/// tables, without stopping or signalling it (stack.c). Writes at most `capacity` code addresses,
+/// `pc` first and return addresses after; returns how many, or -1 when the process's memory or
+/// images cannot be read.
+int stallwatch_unwind_blocked(pid_t pid, pid_t tid, uint64_t sp, uint64_t pc, uint64_t *frames, int capacity);
 
 /// The monotonic clock the program's times are read from (CLOCK_MONOTONIC, as bpf_ktime_get_ns).
 uint64_t stallwatch_now_ns(void);

@@ -267,7 +267,7 @@ public struct StallReport: Sendable, Hashable {
         stack.enumerated().map { index, frame in "#\(index) \(frame.backtraceLine)" }.joined(separator: "\n")
     }
 
-    static func culpritIndex(in stack: [StallFrame]) -> Int? {
+    package static func culpritIndex(in stack: [StallFrame]) -> Int? {
         if let index = stack.firstIndex(where: { !$0.isSystemFrame && $0.location != nil }) { return index }
         if let index = stack.firstIndex(where: { !$0.isSystemFrame && $0.symbol != nil }) { return index }
         return stack.isEmpty ? nil : 0
@@ -275,7 +275,7 @@ public struct StallReport: Sendable, Hashable {
 
     /// FNV-1a over the names of up to eight frames from the culprit on. Names, not addresses, so
     /// that address-space layout does not change it; frames without a symbol use their image's name.
-    static func fingerprint(of stack: [StallFrame]) -> String {
+    package static func fingerprint(of stack: [StallFrame]) -> String {
         guard let start = culpritIndex(in: stack) else { return "0000000000000000" }
         var hash: UInt64 = 0xcbf2_9ce4_8422_2325
         for frame in stack[start...].prefix(8) {

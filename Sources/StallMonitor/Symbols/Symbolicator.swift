@@ -11,14 +11,16 @@ import Glibc
 /// frames and file:line where DWARF exists. Lookups are cached per address.
 ///
 /// - Important: Not thread-safe. The reporting thread owns it; it never runs on a monitored thread.
-final class Symbolicator {
+///   stallmond's watch from outside makes one per watched process, on its scan thread.
+package final class Symbolicator {
     private var handle: OpaquePointer?
     private var cache: [UInt: [StallFrame]] = [:]
     private var lastRefresh: UInt64 = 0
     private static let cacheLimit = 32_768
 
-    init() {
-        handle = stallmon_symbolizer_create(getpid())
+    /// The symbolicator of process `pid`'s images (`/proc/PID/maps`): this process's by default.
+    package init(pid: pid_t = getpid()) {
+        handle = stallmon_symbolizer_create(pid)
         lastRefresh = MonotonicClock.now()
     }
 
@@ -34,7 +36,7 @@ final class Symbolicator {
 
     /// Symbolicates one captured stack. `frames[0]` is the interrupted instruction; the others are
     /// return addresses, looked up at the call instruction.
-    func symbolicate(_ addresses: [UInt]) -> [StallFrame] {
+    package func symbolicate(_ addresses: [UInt]) -> [StallFrame] {
         addresses.enumerated().flatMap { index, address in frames(for: address, isReturnAddress: index > 0) }
     }
 

@@ -18,6 +18,11 @@ struct ExternalStall {
         var waitChannel: String
         /// The thread's CPU time (`schedstat`) when it was seen.
         var cpuTime: UInt64?
+        /// Its stack, unwound in place while it was blocked in a system call (`kernel`); empty
+        /// when it ran in user space.
+        var stack: [StallFrame] = []
+        /// Why ``stack`` is empty.
+        var noStackReason = ExternalStall.runningReason
 
         init(pid: Int32, tid: Int32) {
             processName = ProcessDirectory.threadName(pid: pid, tid: pid) ?? "pid \(pid)"
@@ -32,8 +37,8 @@ struct ExternalStall {
     /// `STALL_SOURCE`: who saw the stall. Linked monitors do not write it.
     static let sourceField = StallObservation.externalSourceField
     static let source = "external"
-    /// Why an external stall has no stack yet.
-    static let noStackReason = "stacks are not taken from outside yet"
+    /// Why an external stall of a thread on the CPU has no stack.
+    static let runningReason = "on the CPU: stacks of running threads are not taken from outside yet"
 
     var event: ExternalStallTracker.Event
     var view: ThreadView
@@ -57,21 +62,31 @@ struct ExternalStall {
             event.kind == .detected
             ? "\(loop) stalled for \(length) (threshold \(threshold.milliseconds) ms), seen from outside"
             : "\(loop) stalled \(length), seen from outside"
+        let culprit = StallReport.culpritIndex(in: view.stack).map { view.stack[$0] }
+        if let culprit { message += " at \(culprit.summary)" }
         if cpuShare >= 0.5 {
             message += "; \(Int((cpuShare * 100).rounded()))% on CPU"
         } else if !view.syscall.isEmpty {
             message += "; blocked in \(view.syscall)"
         }
-        return StallRecord(
+        let stacked = !view.stack.isEmpty
+        var record = StallRecord(
             event: event.kind == .detected ? .detected : .ended, message: message, stallID: event.stallID,
             durationMicroseconds: event.duration / 1000, thresholdMicroseconds: UInt64(threshold.microseconds),
             activity: "event-loop-cycle", runLoopMode: "", callout: "unknown", loop: view.threadName,
             threadID: Int(event.tid), threadState: view.state, threadSyscall: view.syscall,
-            threadWaitChannel: view.waitChannel, cpuMicroseconds: cpuTime / 1000, samples: 0, samplesUnanswered: 0,
-            stackSamples: 0,
-            fingerprint: "0000000000000000", frame: "(no stack: \(Self.noStackReason))",
-            backtrace: "(no stack: \(Self.noStackReason))",
+            threadWaitChannel: view.waitChannel, cpuMicroseconds: cpuTime / 1000, samples: stacked ? 1 : 0,
+            samplesUnanswered: 0, stackSamples: stacked ? 1 : 0,
+            fingerprint: StallReport.fingerprint(of: view.stack),
+            frame: culprit?.summary ?? "(no stack: \(view.noStackReason))",
+            backtrace: !stacked
+                ? "(no stack: \(view.noStackReason))"
+                : view.stack.enumerated().map { "#\($0) \($1.backtraceLine)" }.joined(separator: "\n"),
             priority: duration >= threshold * 8 ? 3 : 4, syslogIdentifier: view.processName)
+        // Unwound in place from the registers /proc shows for the blocked thread, as a linked
+        // monitor's blocked threads are.
+        if stacked { record.stackSource = "kernel" }
+        return record
     }
 
     /// The entry's fields: the record's, then `STALL_SOURCE` and `OBJECT_PID`.

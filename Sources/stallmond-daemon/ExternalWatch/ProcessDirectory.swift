@@ -82,6 +82,24 @@ enum ProcessDirectory {
             .flatMap { $0 >= 0 ? $0 : nil }
     }
 
+    /// Where a thread blocked in a system call sits (its `syscall` file: the call's number, six
+    /// arguments, then the stack pointer and the program counter); `nil` while it runs in user
+    /// space or when it cannot be read.
+    struct SyscallView: Equatable {
+        var number: Int
+        var stackPointer: UInt64
+        var programCounter: UInt64
+    }
+
+    static func threadSyscallView(pid: Int32, tid: Int32) -> SyscallView? {
+        guard let text = read("/proc/\(pid)/task/\(tid)/syscall") else { return nil }
+        let fields = text.split(whereSeparator: { $0 == " " || $0 == "\n" })
+        guard fields.count == 9, let number = Int(fields[0]), number >= 0,
+            let sp = UInt64(fields[7].dropFirst(2), radix: 16), let pc = UInt64(fields[8].dropFirst(2), radix: 16)
+        else { return nil }
+        return SyscallView(number: number, stackPointer: sp, programCounter: pc)
+    }
+
     /// The kernel function a thread waits in (`wchan`), `nil` when it waits nowhere.
     static func threadWaitChannel(pid: Int32, tid: Int32) -> String? {
         guard let text = read("/proc/\(pid)/task/\(tid)/wchan"), !text.isEmpty, text != "0" else { return nil }

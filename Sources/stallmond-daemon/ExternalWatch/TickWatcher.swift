@@ -4,6 +4,7 @@ import Logging
 import StallCollector
 import StallConfiguration
 import StallJournal
+import StallMonitor
 
 #if canImport(Glibc)
 import Glibc
@@ -24,6 +25,8 @@ final class TickWatcher: @unchecked Sendable {
     private var stalls = ExternalStallTracker()
     /// The threads of the stalls in progress, as seen when each was detected, by stall ID.
     private var views: [String: ExternalStall.ThreadView] = [:]
+    /// A symbolicator per watched process that stalled, dropped when it is no longer watched.
+    private var symbolicators: [Int32: Symbolicator] = [:]
     private var lastLookup: UInt64?
     /// Whether the log said that no process runs that `watch` names, since one last ran.
     private var saidNoneRuns = false
@@ -124,6 +127,7 @@ final class TickWatcher: @unchecked Sendable {
         for pid in watched.subtracting(current) {
             _ = stallwatch_unwatch(handle, UInt32(pid))
             watched.remove(pid)
+            symbolicators[pid] = nil
         }
     }
 
@@ -149,11 +153,33 @@ final class TickWatcher: @unchecked Sendable {
         }
     }
 
+    /// The stack of a thread blocked in a system call, unwound in place (CStallWatch's
+    /// `stallwatch_unwind_blocked`) and symbolicated with the process's images; no stack, and why,
+    /// for a thread that runs, or that left its call while it was read.
+    private func blockedStack(pid: Int32, tid: Int32) -> ([StallFrame], String) {
+        guard let before = ProcessDirectory.threadSyscallView(pid: pid, tid: tid) else {
+            return ([], ExternalStall.runningReason)
+        }
+        var addresses = [UInt64](repeating: 0, count: 128)
+        let count = Int(
+            stallwatch_unwind_blocked(
+                pid, tid, before.stackPointer, before.programCounter, &addresses, Int32(addresses.count)))
+        guard count > 0 else { return ([], "the blocked thread's stack could not be read") }
+        guard ProcessDirectory.threadSyscallView(pid: pid, tid: tid) == before else {
+            return ([], "the thread left its system call while its stack was read")
+        }
+        let symbolicator = symbolicators[pid] ?? Symbolicator(pid: pid)
+        symbolicators[pid] = symbolicator
+        return (symbolicator.symbolicate(addresses.prefix(count).map { UInt($0) }), "")
+    }
+
     private func report(_ event: ExternalStallTracker.Event) {
         let view: ExternalStall.ThreadView
         switch event.kind {
         case .detected:
-            view = ExternalStall.ThreadView(pid: event.pid, tid: event.tid)
+            var seen = ExternalStall.ThreadView(pid: event.pid, tid: event.tid)
+            (seen.stack, seen.noStackReason) = blockedStack(pid: event.pid, tid: event.tid)
+            view = seen
             views[event.stallID] = view
         case .ended:
             view = views.removeValue(forKey: event.stallID) ?? ExternalStall.ThreadView(pid: event.pid, tid: event.tid)
