@@ -4,16 +4,27 @@
 
 #include <elfutils/libdwfl.h>
 #include <fcntl.h>
+#include <linux/perf_event.h>
+#include <poll.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
-// The stack of a thread of another process that is blocked in a system call, unwound in place:
-// the stack pointer and program counter from /proc/PID/task/TID/syscall, the stack and every
-// other word from /proc/PID/mem, the unwind tables (.eh_frame) of the images /proc/PID/maps lists,
-// through elfutils' libdwfl. Nothing stops the process or signals it: no ptrace. The thread stays
-// blocked while it is read (its stack does not change); if it returns meanwhile, what is read is a
-// stack that was, and the caller checks the system call is still the one it saw.
+// Stacks of another process's threads, unwound through elfutils' libdwfl over the unwind tables
+// (.eh_frame) of the images /proc/PID/maps lists. Nothing stops the process or signals it: no
+// ptrace.
+//
+// - A thread blocked in a system call, in place: the stack pointer and program counter from
+//   /proc/PID/task/TID/syscall, the stack and every other word from /proc/PID/mem. The thread stays
+//   blocked while it is read (its stack does not change); if it returns meanwhile, what is read is
+//   a stack that was, and the caller checks the system call is still the one it saw.
+// - A thread on a CPU, from a perf event on it (task clock, user space, PERF_SAMPLE_REGS_USER |
+//   PERF_SAMPLE_STACK_USER): the kernel copies every register and the top of the stack when the
+//   thread has run a millisecond; the stack is read from the copy (never from the live stack, which
+//   has moved on), other words from /proc/PID/mem.
 
 /// DWARF's number of the stack pointer register.
 #if defined(__x86_64__)
@@ -22,13 +33,26 @@ enum { STALLWATCH_DWARF_SP = 7 };
 enum { STALLWATCH_DWARF_SP = 31 };
 #endif
 
+/// DWARF's x86-64 registers rax … r15 (0-15); the program counter apart.
+enum { STALLWATCH_DWARF_REGISTERS = 16 };
+
 typedef struct {
     pid_t tid;
     int memory;
+    /// The registers known: the stack pointer alone (a blocked thread), or all of them (a sample).
+    uint64_t registers[STALLWATCH_DWARF_REGISTERS];
+    int all_registers;
     uint64_t sp, pc;
+    /// The stack window the kernel copied, [sp, sp + copy_size); none for a blocked thread.
+    const unsigned char *copy;
+    uint64_t copy_size;
     uint64_t *frames;
     int count, capacity;
 } stallwatch_unwind_context;
+
+/// How far above the copied window a read still counts as the stack (and fails rather than read
+/// the live stack, which has moved on): a thread's stack is at most this far from its sp here.
+static const uint64_t stallwatch_stack_reach = 8u << 20;
 
 static pid_t stallwatch_next_thread(Dwfl *dwfl, void *argument, void **thread_argument) {
     (void)dwfl;
@@ -49,12 +73,24 @@ static bool stallwatch_get_thread(Dwfl *dwfl, pid_t tid, void *argument, void **
 static bool stallwatch_memory_read(Dwfl *dwfl, Dwarf_Addr address, Dwarf_Word *result, void *argument) {
     (void)dwfl;
     stallwatch_unwind_context *context = argument;
+    if (context->copy != NULL && address >= context->sp && address - context->sp < stallwatch_stack_reach) {
+        if (address - context->sp + sizeof *result > context->copy_size) return false;
+        memcpy(result, context->copy + (address - context->sp), sizeof *result);
+        return true;
+    }
     return pread(context->memory, result, sizeof *result, (off_t)address) == (ssize_t)sizeof *result;
 }
 
 static bool stallwatch_set_initial_registers(Dwfl_Thread *thread, void *argument) {
     stallwatch_unwind_context *context = argument;
 #if defined(__x86_64__) || defined(__aarch64__)
+    if (context->all_registers) {
+        Dwarf_Word registers[STALLWATCH_DWARF_REGISTERS];
+        for (int i = 0; i < STALLWATCH_DWARF_REGISTERS; i++) registers[i] = context->registers[i];
+        if (!dwfl_thread_state_registers(thread, 0, STALLWATCH_DWARF_REGISTERS, registers)) return false;
+        dwfl_thread_state_register_pc(thread, context->pc);
+        return true;
+    }
     Dwarf_Word sp = context->sp;
     if (!dwfl_thread_state_registers(thread, STALLWATCH_DWARF_SP, 1, &sp)) return false;
     dwfl_thread_state_register_pc(thread, context->pc);
@@ -90,30 +126,134 @@ static const Dwfl_Callbacks stallwatch_dwfl_callbacks = {
     .debuginfo_path = &stallwatch_debuginfo_path,
 };
 
-int stallwatch_unwind_blocked(pid_t pid, pid_t tid, uint64_t sp, uint64_t pc, uint64_t *frames, int capacity) {
-    if (capacity <= 0) return 0;
+/// Unwinds `context`'s thread of process `pid`: the count of frames, or -1.
+static int stallwatch_unwind(pid_t pid, stallwatch_unwind_context *context) {
+    if (context->capacity <= 0) return 0;
     char path[64];
     snprintf(path, sizeof path, "/proc/%d/mem", (int)pid);
-    stallwatch_unwind_context context = {
-        .tid = tid, .memory = open(path, O_RDONLY | O_CLOEXEC), .sp = sp, .pc = pc, .frames = frames,
-        .capacity = capacity};
-    if (context.memory < 0) return -1;
+    context->memory = open(path, O_RDONLY | O_CLOEXEC);
+    if (context->memory < 0) return -1;
     int count = -1;
     Dwfl *dwfl = dwfl_begin(&stallwatch_dwfl_callbacks);
     if (dwfl != NULL) {
         dwfl_report_begin(dwfl);
         int reported = dwfl_linux_proc_report(dwfl, pid);
         if (dwfl_report_end(dwfl, NULL, NULL) == 0 && reported == 0
-            && dwfl_attach_state(dwfl, NULL, pid, &stallwatch_thread_callbacks, &context)) {
+            && dwfl_attach_state(dwfl, NULL, pid, &stallwatch_thread_callbacks, context)) {
             // Ends with an error where the tables end or a register the unwinding needs is unknown
-            // (only sp and pc are): the frames up to there are the stack.
-            dwfl_getthread_frames(dwfl, tid, stallwatch_frame, &context);
-            count = context.count;
+            // (a blocked thread's: only sp and pc are known): the frames up to there are the stack.
+            dwfl_getthread_frames(dwfl, context->tid, stallwatch_frame, context);
+            count = context->count;
         }
         dwfl_end(dwfl);
     }
-    close(context.memory);
+    close(context->memory);
     return count;
 }
+
+int stallwatch_unwind_blocked(pid_t pid, pid_t tid, uint64_t sp, uint64_t pc, uint64_t *frames, int capacity) {
+    stallwatch_unwind_context context = {.tid = tid, .sp = sp, .pc = pc, .frames = frames, .capacity = capacity};
+    return stallwatch_unwind(pid, &context);
+}
+
+#if defined(__x86_64__)
+
+// MARK: - A running thread, from a perf event
+
+/// The user registers a sample carries (perf's x86 numbering: ax bx cx dx si di bp sp ip, then
+/// r8-r15 at 16-23), in that order, and where each goes among DWARF's.
+static const uint64_t stallwatch_sample_registers = 0x1ffu | (0xffu << 16);
+static const int stallwatch_dwarf_of_sample[17] = {0, 3, 2, 1, 4, 5, 6, 7, -1, 8, 9, 10, 11, 12, 13, 14, 15};
+enum { STALLWATCH_SAMPLE_IP = 8, STALLWATCH_SAMPLE_REGISTER_COUNT = 17 };
+/// The stack window a sample copies, and the ring's data pages (a power of two, room for two).
+enum { STALLWATCH_STACK_WINDOW = 16384, STALLWATCH_RING_PAGES = 16 };
+
+/// Copies `length` bytes at `offset` of the ring's data area (`size` bytes), which may wrap.
+static void stallwatch_ring_copy(const unsigned char *data, uint64_t size, uint64_t offset, void *out, size_t length) {
+    uint64_t start = offset & (size - 1);
+    size_t first = length < size - start ? length : (size_t)(size - start);
+    memcpy(out, data + start, first);
+    memcpy((unsigned char *)out + first, data, length - first);
+}
+
+int stallwatch_sample_running(pid_t pid, pid_t tid, int timeout_ms, uint64_t *frames, int capacity) {
+    struct perf_event_attr attr;
+    memset(&attr, 0, sizeof attr);
+    attr.size = sizeof attr;
+    attr.type = PERF_TYPE_SOFTWARE;
+    attr.config = PERF_COUNT_SW_TASK_CLOCK;
+    attr.sample_period = 1000000;  // a millisecond of the thread's CPU time
+    attr.sample_type = PERF_SAMPLE_REGS_USER | PERF_SAMPLE_STACK_USER;
+    attr.sample_regs_user = stallwatch_sample_registers;
+    attr.sample_stack_user = STALLWATCH_STACK_WINDOW;
+    attr.exclude_kernel = 1;
+    attr.exclude_hv = 1;
+    attr.wakeup_events = 1;
+    int descriptor = (int)syscall(SYS_perf_event_open, &attr, tid, -1, -1, PERF_FLAG_FD_CLOEXEC);
+    if (descriptor < 0) return -1;
+    long page = sysconf(_SC_PAGESIZE);
+    size_t length = (size_t)page * (1 + STALLWATCH_RING_PAGES);
+    void *ring = mmap(NULL, length, PROT_READ | PROT_WRITE, MAP_SHARED, descriptor, 0);
+    int count = -1;
+    struct pollfd ready = {.fd = descriptor, .events = POLLIN};
+    if (ring != MAP_FAILED && poll(&ready, 1, timeout_ms) == 1) {
+        struct perf_event_mmap_page *header = ring;
+        const unsigned char *data = (const unsigned char *)ring + page;
+        uint64_t size = (uint64_t)page * STALLWATCH_RING_PAGES;
+        uint64_t head = __atomic_load_n(&header->data_head, __ATOMIC_ACQUIRE);
+        static unsigned char record[STALLWATCH_STACK_WINDOW + 1024];
+        uint64_t offset = header->data_tail, sample = UINT64_MAX;
+        size_t sample_size = 0;
+        // The first sample is enough: the thread is stalled, and each is a look at the same stall.
+        while (offset < head) {
+            struct perf_event_header event;
+            stallwatch_ring_copy(data, size, offset, &event, sizeof event);
+            if (event.size == 0) break;
+            if (event.type == PERF_RECORD_SAMPLE && event.size <= sizeof record) {
+                sample = offset;
+                sample_size = event.size;
+                break;
+            }
+            offset += event.size;
+        }
+        if (sample != UINT64_MAX) {
+            stallwatch_ring_copy(data, size, sample, record, sample_size);
+            // header, abi, registers, stack size, stack, dynamic size
+            const unsigned char *cursor = record + sizeof(struct perf_event_header);
+            uint64_t abi, window;
+            memcpy(&abi, cursor, 8);
+            cursor += 8;
+            uint64_t values[STALLWATCH_SAMPLE_REGISTER_COUNT];
+            memcpy(values, cursor, sizeof values);
+            cursor += sizeof values;
+            memcpy(&window, cursor, 8);
+            cursor += 8;
+            uint64_t dynamic = 0;
+            if (window > 0 && cursor + window + 8 <= record + sample_size) memcpy(&dynamic, cursor + window, 8);
+            if (abi != PERF_SAMPLE_REGS_ABI_NONE && dynamic > 0 && dynamic <= window) {
+                stallwatch_unwind_context context = {.tid = tid, .all_registers = 1, .copy = cursor,
+                                                     .copy_size = dynamic, .frames = frames, .capacity = capacity};
+                for (int i = 0; i < STALLWATCH_SAMPLE_REGISTER_COUNT; i++) {
+                    if (stallwatch_dwarf_of_sample[i] >= 0) context.registers[stallwatch_dwarf_of_sample[i]] = values[i];
+                }
+                context.sp = context.registers[STALLWATCH_DWARF_SP];
+                context.pc = values[STALLWATCH_SAMPLE_IP];
+                count = stallwatch_unwind(pid, &context);
+            }
+        }
+    }
+    if (ring != MAP_FAILED) munmap(ring, length);
+    close(descriptor);
+    return count;
+}
+
+#else
+
+int stallwatch_sample_running(pid_t pid, pid_t tid, int timeout_ms, uint64_t *frames, int capacity) {
+    (void)pid, (void)tid, (void)timeout_ms, (void)frames, (void)capacity;
+    return -1;
+}
+
+#endif
 
 #endif

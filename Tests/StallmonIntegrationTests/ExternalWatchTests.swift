@@ -181,7 +181,14 @@ extension Serial {
                 #expect(record.frame.hasPrefix("run (main.c:"), "\(record.backtrace)")
                 #expect(record.backtrace.hasPrefix("#0 "), "\(record.backtrace)")
             }
-            #expect(ended[0].frame.hasPrefix("(no stack: on the CPU"), "a running thread: not yet")
+            // A running thread's, from a perf event's copy of its registers and stack: the spin's
+            // own code, down to the thread's start.
+            for record in records where record.threadSyscall == "" {
+                #expect(record.stackSource == "perf")
+                #expect(record.frame.contains("(main.c:"), "\(record.backtrace)")
+                #expect(record.backtrace.contains(" run + "), "\(record.backtrace)")
+                #expect(record.backtrace.contains("start_thread"), "\(record.backtrace)")
+            }
             let syscalls = detected.map(\.threadSyscall)
             #expect(syscalls == ["", "clock_nanosleep", "futex"], "the thread's system call when detected")
             #expect(settled.allSatisfy { $0["OBJECT_COMM"] == "StallmonEpollFi" }, "journald's trusted fields")

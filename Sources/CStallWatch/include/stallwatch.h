@@ -90,6 +90,13 @@ void stallwatch_close(stallwatch *watch);
 /// images cannot be read.
 int stallwatch_unwind_blocked(pid_t pid, pid_t tid, uint64_t sp, uint64_t pc, uint64_t *frames, int capacity);
 
+/// The stack of thread `tid` of process `pid` while it runs: a perf event on the thread (task
+/// clock, user space) copies its registers and stack top once it has run a millisecond, waiting up
+/// to `timeout_ms`; unwound like stallwatch_unwind_blocked, the stack read from the copy (stack.c).
+/// Returns the count of addresses written, or -1 (no sample: the thread did not run, or the
+/// kernel refused the event). x86-64 only; -1 elsewhere.
+int stallwatch_sample_running(pid_t pid, pid_t tid, int timeout_ms, uint64_t *frames, int capacity);
+
 /// The monotonic clock the program's times are read from (CLOCK_MONOTONIC, as bpf_ktime_get_ns).
 uint64_t stallwatch_now_ns(void);
 

@@ -18,11 +18,13 @@ struct ExternalStall {
         var waitChannel: String
         /// The thread's CPU time (`schedstat`) when it was seen.
         var cpuTime: UInt64?
-        /// Its stack, unwound in place while it was blocked in a system call (`kernel`); empty
-        /// when it ran in user space.
+        /// Its stack: unwound in place while it was blocked in a system call, or from a perf
+        /// event's copy while it ran; empty when neither gave one.
         var stack: [StallFrame] = []
+        /// `kernel` or `perf` (``StallRecord/stackSource``).
+        var stackSource = ""
         /// Why ``stack`` is empty.
-        var noStackReason = ExternalStall.runningReason
+        var noStackReason = ""
 
         init(pid: Int32, tid: Int32) {
             processName = ProcessDirectory.threadName(pid: pid, tid: pid) ?? "pid \(pid)"
@@ -37,8 +39,6 @@ struct ExternalStall {
     /// `STALL_SOURCE`: who saw the stall. Linked monitors do not write it.
     static let sourceField = StallObservation.externalSourceField
     static let source = "external"
-    /// Why an external stall of a thread on the CPU has no stack.
-    static let runningReason = "on the CPU: stacks of running threads are not taken from outside yet"
 
     var event: ExternalStallTracker.Event
     var view: ThreadView
@@ -83,9 +83,7 @@ struct ExternalStall {
                 ? "(no stack: \(view.noStackReason))"
                 : view.stack.enumerated().map { "#\($0) \($1.backtraceLine)" }.joined(separator: "\n"),
             priority: duration >= threshold * 8 ? 3 : 4, syslogIdentifier: view.processName)
-        // Unwound in place from the registers /proc shows for the blocked thread, as a linked
-        // monitor's blocked threads are.
-        if stacked { record.stackSource = "kernel" }
+        record.stackSource = stacked ? view.stackSource : ""
         return record
     }
 

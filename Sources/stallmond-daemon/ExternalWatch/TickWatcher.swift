@@ -153,24 +153,35 @@ final class TickWatcher: @unchecked Sendable {
         }
     }
 
-    /// The stack of a thread blocked in a system call, unwound in place (CStallWatch's
-    /// `stallwatch_unwind_blocked`) and symbolicated with the process's images; no stack, and why,
-    /// for a thread that runs, or that left its call while it was read.
-    private func blockedStack(pid: Int32, tid: Int32) -> ([StallFrame], String) {
-        guard let before = ProcessDirectory.threadSyscallView(pid: pid, tid: tid) else {
-            return ([], ExternalStall.runningReason)
-        }
+    /// The stack of a stalled thread, symbolicated with the process's images, and how it was
+    /// taken: blocked in a system call, unwound in place (CStallWatch's `stallwatch_unwind_blocked`,
+    /// `kernel`); running, from a perf event on it (`stallwatch_sample_running`, `perf`), waiting at
+    /// most a quarter of the threshold (at most 50 ms) for the thread to run a millisecond. No stack,
+    /// and why, when neither gives one.
+    private func stack(pid: Int32, tid: Int32) -> (frames: [StallFrame], source: String, noStackReason: String) {
         var addresses = [UInt64](repeating: 0, count: 128)
+        guard let before = ProcessDirectory.threadSyscallView(pid: pid, tid: tid) else {
+            let timeout = Int32(min(threshold / 4, .milliseconds(50)).milliseconds)
+            let count = Int(stallwatch_sample_running(pid, tid, max(timeout, 1), &addresses, Int32(addresses.count)))
+            guard count > 0 else {
+                return ([], "", "on the CPU, and no sample came from a perf event on the thread")
+            }
+            return (symbolicate(addresses.prefix(count), pid: pid), "perf", "")
+        }
         let count = Int(
             stallwatch_unwind_blocked(
                 pid, tid, before.stackPointer, before.programCounter, &addresses, Int32(addresses.count)))
-        guard count > 0 else { return ([], "the blocked thread's stack could not be read") }
+        guard count > 0 else { return ([], "", "the blocked thread's stack could not be read") }
         guard ProcessDirectory.threadSyscallView(pid: pid, tid: tid) == before else {
-            return ([], "the thread left its system call while its stack was read")
+            return ([], "", "the thread left its system call while its stack was read")
         }
+        return (symbolicate(addresses.prefix(count), pid: pid), "kernel", "")
+    }
+
+    private func symbolicate(_ addresses: ArraySlice<UInt64>, pid: Int32) -> [StallFrame] {
         let symbolicator = symbolicators[pid] ?? Symbolicator(pid: pid)
         symbolicators[pid] = symbolicator
-        return (symbolicator.symbolicate(addresses.prefix(count).map { UInt($0) }), "")
+        return symbolicator.symbolicate(addresses.map { UInt($0) })
     }
 
     private func report(_ event: ExternalStallTracker.Event) {
@@ -178,7 +189,7 @@ final class TickWatcher: @unchecked Sendable {
         switch event.kind {
         case .detected:
             var seen = ExternalStall.ThreadView(pid: event.pid, tid: event.tid)
-            (seen.stack, seen.noStackReason) = blockedStack(pid: event.pid, tid: event.tid)
+            (seen.stack, seen.stackSource, seen.noStackReason) = stack(pid: event.pid, tid: event.tid)
             view = seen
             views[event.stallID] = view
         case .ended:
