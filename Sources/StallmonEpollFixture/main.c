@@ -5,6 +5,8 @@
 //   spin MS    burns the CPU for MS milliseconds
 //   sleep MS   sleeps MS milliseconds in nanosleep (blocked in a system call)
 //   lock MS    waits MS milliseconds for a mutex another thread holds (blocked in futex)
+//   ticks N    N quick ticks of 200 us on the CPU each, between waits that return at once (a busy
+//              server's loop: epoll_wait with a zero timeout, then the work it found)
 //   quit       ends the process
 //
 // After each command it prints `done COMMAND MS TID START_NS END_NS CPU_NS`: the loop thread's TID,
@@ -49,11 +51,21 @@ static void *hold(void *argument) {
     return NULL;
 }
 
-static void run(const char *command, long milliseconds) {
+static void spin_ns(uint64_t nanoseconds) {
+    uint64_t end = now_ns() + nanoseconds;
+    volatile uint64_t sum = 0;
+    while (now_ns() < end) sum += 1;
+}
+
+static void run(int epoll, const char *command, long milliseconds) {
     if (strcmp(command, "spin") == 0) {
-        uint64_t end = now_ns() + (uint64_t)milliseconds * 1000000u;
-        volatile uint64_t sum = 0;
-        while (now_ns() < end) sum += 1;
+        spin_ns((uint64_t)milliseconds * 1000000u);
+    } else if (strcmp(command, "ticks") == 0) {
+        for (long tick = 0; tick < milliseconds; tick++) {
+            struct epoll_event ready;
+            epoll_wait(epoll, &ready, 1, 0);
+            spin_ns(200000);
+        }
     } else if (strcmp(command, "sleep") == 0) {
         struct timespec pause = {milliseconds / 1000, (milliseconds % 1000) * 1000000};
         while (nanosleep(&pause, &pause) != 0 && errno == EINTR) {}
@@ -101,7 +113,7 @@ static void *loop(void *unused) {
             long milliseconds = 0;
             sscanf(line, "%15s %ld", command, &milliseconds);
             if (strcmp(command, "quit") == 0) exit(0);
-            run(command, milliseconds);
+            run(epoll, command, milliseconds);
             printf("done %s %ld %d %llu %llu %llu\n", command, milliseconds, gettid(), (unsigned long long)start,
                    (unsigned long long)now_ns(), (unsigned long long)(clock_ns(CLOCK_THREAD_CPUTIME_ID) - start_cpu));
             fflush(stdout);

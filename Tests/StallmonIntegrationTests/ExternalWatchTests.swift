@@ -142,8 +142,11 @@ extension Serial {
             Thread.sleep(forTimeInterval: 1)
             #expect(try Self.externalEntries(of: service.pid).isEmpty)
 
-            // Quick ticks are not stalls either.
+            // Quick ticks are not stalls either: 10,000 of 200 us between waits that return at once,
+            // as a busy server's loop runs, while stallmond scans them every 12.5 ms.
             for _ in 0..<20 { try service.stall("spin", milliseconds: 5) }
+            try service.stall("ticks", milliseconds: 10_000)
+            #expect(try Self.externalEntries(of: service.pid).isEmpty)
             var truths: [(command: String, duration: Duration, cpu: Duration)] = []
             for (command, milliseconds) in [("spin", 300), ("sleep", 250), ("lock", 200)] {
                 let truth = try service.stall(command, milliseconds: milliseconds)
