@@ -21,6 +21,12 @@ struct stallwatch {
     int link_count;
     int watched_fd;
     int ticks_fd;
+    // stallwatch_read's batch buffers, grown to the largest capacity asked; `batching` 0 once the
+    // kernel refused a batch lookup (then one lookup per entry).
+    uint32_t *keys;
+    struct stallwatch_tick *values;
+    int buffer_capacity;
+    int batching;
 };
 
 /// libbpf's last warning, for stallwatch_open's failure. libbpf calls its print function on the
@@ -61,6 +67,7 @@ stallwatch *stallwatch_open(uint64_t threshold_ns, stallwatch_failure *failure) 
         return NULL;
     }
     stallwatch *watch = calloc(1, sizeof *watch);
+    if (watch) watch->batching = 1;
     if (!watch) {
         stallwatch_fail(failure, STALLWATCH_STEP_OPEN, ENOMEM, "");
         return NULL;
@@ -120,7 +127,8 @@ int stallwatch_forget(stallwatch *watch, uint32_t tid) {
     return bpf_map_delete_elem(watch->ticks_fd, &tid) ? -errno : 0;
 }
 
-int stallwatch_read(stallwatch *watch, stallwatch_thread *threads, int capacity) {
+/// One lookup per entry: two system calls each. For kernels that refuse batch lookups of hashes.
+static int stallwatch_read_one_by_one(stallwatch *watch, stallwatch_thread *threads, int capacity) {
     int count = 0;
     uint32_t key = 0, next;
     const void *previous = NULL;
@@ -136,10 +144,55 @@ int stallwatch_read(stallwatch *watch, stallwatch_thread *threads, int capacity)
     return count;
 }
 
+int stallwatch_read(stallwatch *watch, stallwatch_thread *threads, int capacity) {
+    if (capacity <= 0) return 0;
+    if (watch->batching && watch->buffer_capacity < capacity) {
+        uint32_t *keys = realloc(watch->keys, (size_t)capacity * sizeof *keys);
+        if (keys) watch->keys = keys;
+        struct stallwatch_tick *values = realloc(watch->values, (size_t)capacity * sizeof *values);
+        if (values) watch->values = values;
+        if (keys && values) watch->buffer_capacity = capacity;
+    }
+    if (!watch->batching || watch->buffer_capacity < capacity) {
+        return stallwatch_read_one_by_one(watch, threads, capacity);
+    }
+    // Every entry in as few system calls as the kernel allows (a bucket at a time at worst): a scan
+    // costs the same whatever the number of loops, where one lookup per entry cost two calls each.
+    int count = 0;
+    uint32_t batch = 0;
+    void *in = NULL;
+    LIBBPF_OPTS(bpf_map_batch_opts, options);
+    while (count < capacity) {
+        uint32_t got = (uint32_t)(capacity - count);
+        int result = bpf_map_lookup_batch(watch->ticks_fd, in, &batch, watch->keys + count, watch->values + count,
+                                          &got, &options);
+        int error = result ? errno : 0;
+        count += (int)got;
+        if (error == ENOENT) break;  // the map's end
+        // The next bucket holds more entries than the room left: a larger buffer reads them all.
+        if (error == ENOSPC) return -ENOSPC;
+        if (error) {
+            if (count == 0 && error == EINVAL) {
+                watch->batching = 0;
+                return stallwatch_read_one_by_one(watch, threads, capacity);
+            }
+            break;
+        }
+        in = &batch;
+    }
+    for (int i = 0; i < count; i++) {
+        threads[i].tid = watch->keys[i];
+        threads[i].tick = watch->values[i];
+    }
+    return count;
+}
+
 void stallwatch_close(stallwatch *watch) {
     if (!watch) return;
     for (int i = watch->link_count - 1; i >= 0; i--) bpf_link__destroy(watch->links[i]);
     bpf_object__close(watch->object);
+    free(watch->keys);
+    free(watch->values);
     free(watch);
 }
 

@@ -77,7 +77,10 @@ int stallwatch_unwatch(stallwatch *watch, uint32_t tgid);
 int stallwatch_forget(stallwatch *watch, uint32_t tid);
 
 /// Copies up to `capacity` loop threads into `threads`; returns how many (at most `capacity`; the
-/// map holds at most 65536), or a negative errno.
+/// map holds at most 65536): all of them when fewer than `capacity`. Batch lookups, a few system
+/// calls a scan whatever the number of threads (one lookup per entry where the kernel has none).
+/// -ENOSPC when `capacity` was too small to take the entries of one of the map's buckets whole:
+/// read again with a larger buffer.
 int stallwatch_read(stallwatch *watch, stallwatch_thread *threads, int capacity);
 
 /// Detaches the program and frees everything.

@@ -30,7 +30,8 @@ final class TickWatcher: @unchecked Sendable {
     private var lastLookup: UInt64?
     /// Whether the log said that no process runs that `watch` names, since one last ran.
     private var saidNoneRuns = false
-    private var buffer = [stallwatch_thread](repeating: stallwatch_thread(), count: 65536)
+    /// The scan's copy of the loops: grown when a scan fills it, up to the map's 65,536 entries.
+    private var buffer = [stallwatch_thread](repeating: stallwatch_thread(), count: 256)
 
     /// Loads and attaches the program; `nil`, after logging once what to grant, when the kernel
     /// refuses it. stallmond keeps collecting either way.
@@ -133,7 +134,11 @@ final class TickWatcher: @unchecked Sendable {
 
     /// One pass over the loops: a stall that begins or ends is reported.
     private func scan() {
-        let count = Int(stallwatch_read(handle, &buffer, Int32(buffer.count)))
+        var count = Int(stallwatch_read(handle, &buffer, Int32(buffer.count)))
+        while count == buffer.count || count == -Int(ENOSPC), buffer.count < 65536 {
+            buffer = [stallwatch_thread](repeating: stallwatch_thread(), count: buffer.count * 4)
+            count = Int(stallwatch_read(handle, &buffer, Int32(buffer.count)))
+        }
         guard count > 0 else { return }
         let ticks = buffer[..<count].map { thread in
             LoopTick(
