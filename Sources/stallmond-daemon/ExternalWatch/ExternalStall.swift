@@ -23,8 +23,9 @@ struct ExternalStall {
         var stack: [StallFrame] = []
         /// `kernel` or `perf` (``StallRecord/stackSource``).
         var stackSource = ""
-        /// Why ``stack`` is empty.
-        var noStackReason = ""
+        /// Why ``stack`` is empty: a stack is taken when the stall is detected, and one that ended
+        /// between two scans (a scan late by the whole threshold) was not.
+        var noStackReason = "the stall ended before stallmond looked at the thread"
 
         init(pid: Int32, tid: Int32) {
             processName = ProcessDirectory.threadName(pid: pid, tid: pid) ?? "pid \(pid)"
