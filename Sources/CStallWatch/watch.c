@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -91,7 +92,15 @@ stallwatch *stallwatch_open(uint64_t threshold_ns, stallwatch_failure *failure) 
     watch->ticks_fd = bpf_object__find_map_fd_by_name(watch->object, "ticks");
     int config_fd = bpf_object__find_map_fd_by_name(watch->object, "config");
     uint32_t zero = 0;
-    struct stallwatch_config config = {.threshold_ns = threshold_ns};
+    struct stat namespace;
+    if (stat("/proc/self/ns/pid", &namespace) != 0) {
+        stallwatch_fail(failure, STALLWATCH_STEP_CONFIG, errno, "/proc/self/ns/pid");
+        stallwatch_close(watch);
+        return NULL;
+    }
+    struct stallwatch_config config = {.threshold_ns = threshold_ns,
+                                       .pid_namespace_device = (unsigned long long)namespace.st_dev,
+                                       .pid_namespace_inode = (unsigned long long)namespace.st_ino};
     if (watch->watched_fd < 0 || watch->ticks_fd < 0 || config_fd < 0
         || bpf_map_update_elem(config_fd, &zero, &config, BPF_ANY) != 0) {
         stallwatch_fail(failure, STALLWATCH_STEP_CONFIG, errno, "config");

@@ -68,11 +68,26 @@ struct syscall_enter {
     __u64 args[6];
 };
 
+/// The calling thread's TGID and TID as stallmond sees them (in its PID namespace): 0, or -1 for a
+/// thread outside that namespace (or before stallmond configured the program).
+static __always_inline int current_ids(struct stallwatch_config **settings, __u32 *tgid, __u32 *tid) {
+    __u32 zero = 0;
+    *settings = bpf_map_lookup_elem(&config, &zero);
+    if (!*settings || !(*settings)->pid_namespace_inode) return -1;
+    struct bpf_pidns_info ids;
+    if (bpf_get_ns_current_pid_tgid((*settings)->pid_namespace_device, (*settings)->pid_namespace_inode, &ids,
+                                    sizeof ids))
+        return -1;
+    *tgid = ids.tgid;
+    *tid = ids.pid;
+    return 0;
+}
+
 /// The wait begins: the thread's tick ends. A thread is a loop from its first wait on.
 static __always_inline int wait_begins(void) {
-    __u64 id = bpf_get_current_pid_tgid();
-    __u32 tgid = id >> 32;
-    __u32 tid = (__u32)id;
+    struct stallwatch_config *settings;
+    __u32 tgid, tid;
+    if (current_ids(&settings, &tgid, &tid)) return 0;
     if (!bpf_map_lookup_elem(&watched, &tgid)) return 0;
     __u64 now = bpf_ktime_get_ns();
     struct stallwatch_tick *tick = bpf_map_lookup_elem(&ticks, &tid);
@@ -81,12 +96,10 @@ static __always_inline int wait_begins(void) {
         bpf_map_update_elem(&ticks, &tid, &first, BPF_NOEXIST);
         return 0;
     }
-    __u32 zero = 0;
-    struct stallwatch_config *settings = bpf_map_lookup_elem(&config, &zero);
     __u64 start = tick->tick_start_ns;
     // A tick ends only once: a wait that begins while the thread is in one (not possible for one
     // thread, but a TID reused by a new thread whose entry was not yet removed) ends nothing.
-    if (settings && start > tick->wait_start_ns && now - start >= settings->threshold_ns) {
+    if (start > tick->wait_start_ns && now - start >= settings->threshold_ns) {
         tick->long_tick_start_ns = start;
         tick->long_tick_cpu_ns = cpu_time() - tick->tick_start_cpu_ns;
         tick->long_tick_end_ns = now;
@@ -98,7 +111,9 @@ static __always_inline int wait_begins(void) {
 
 /// The wait returns: a tick begins, for a thread that was in a wait.
 static __always_inline int wait_returns(void) {
-    __u32 tid = (__u32)bpf_get_current_pid_tgid();
+    struct stallwatch_config *settings;
+    __u32 tgid, tid;
+    if (current_ids(&settings, &tgid, &tid)) return 0;
     struct stallwatch_tick *tick = bpf_map_lookup_elem(&ticks, &tid);
     if (!tick || tick->wait_start_ns < tick->tick_start_ns) return 0;
     tick->tick_start_cpu_ns = cpu_time();
@@ -140,9 +155,9 @@ int exit_io_uring_enter(void *context) { return wait_returns(); }
 /// A thread of a watched process ends: its loop is gone, whatever its tick was.
 SEC("tracepoint/sched/sched_process_exit")
 int thread_exits(void *context) {
-    __u64 id = bpf_get_current_pid_tgid();
-    __u32 tgid = id >> 32;
-    __u32 tid = (__u32)id;
+    struct stallwatch_config *settings;
+    __u32 tgid, tid;
+    if (current_ids(&settings, &tgid, &tid)) return 0;
     if (!bpf_map_lookup_elem(&watched, &tgid)) return 0;
     bpf_map_delete_elem(&ticks, &tid);
     return 0;

@@ -4,8 +4,8 @@
 // What the BPF program (bpf/ticks.bpf.c) and stallmond share: the layout of its maps' values.
 // Plain C types only: this header is compiled for -target bpf as well as for the host.
 
-/// One thread of a watched process that has waited at least once (a loop), keyed by its TID in
-/// the `ticks` map. Times are CLOCK_MONOTONIC nanoseconds (bpf_ktime_get_ns). The thread alone
+/// One thread of a watched process that has waited at least once (a loop), keyed by its TID (in
+/// stallmond's PID namespace) in the `ticks` map. Times are CLOCK_MONOTONIC nanoseconds (bpf_ktime_get_ns). The thread alone
 /// writes its entry, one 8-byte field per event, so a reader's copy is never inconsistent in a way
 /// that matters: each field is either the old or the new value.
 struct stallwatch_tick {
@@ -33,6 +33,11 @@ struct stallwatch_tick {
 struct stallwatch_config {
     /// A tick this long or longer is recorded in `long_tick_*` when it ends.
     unsigned long long threshold_ns;
+    /// stallmond's PID namespace (the device and inode of /proc/self/ns/pid): the program keys its
+    /// maps by TGIDs and TIDs as stallmond sees them, in a container as on the host, and ignores
+    /// the threads of processes outside it.
+    unsigned long long pid_namespace_device;
+    unsigned long long pid_namespace_inode;
 };
 
 #endif
