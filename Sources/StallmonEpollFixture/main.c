@@ -9,6 +9,10 @@
 //              server's loop: epoll_wait with a zero timeout, then the work it found)
 //   quit       ends the process
 //
+// Commands can also come as the one argument, `COMMAND:MS,COMMAND:MS,…` (a service under systemd
+// has no input to read): run one per tick, the first two seconds after the start, then one every
+// 600 ms; the process ends two seconds after the last.
+//
 // After each command it prints `done COMMAND MS TID START_NS END_NS CPU_NS`: the loop thread's TID,
 // the CLOCK_MONOTONIC times its wait returned with the command and it was about to wait again, and
 // the CPU time the thread took between the two (CLOCK_THREAD_CPUTIME_ID): the tick's truth to
@@ -83,12 +87,39 @@ static void run(int epoll, const char *command, long milliseconds) {
     }
 }
 
+/// The commands of the argument, and when the next is due.
+static char *script;
+static uint64_t script_due;
+/// When the process ends: two seconds after the last command, so that its last stall is seen
+/// ending while it lives.
+static uint64_t script_end;
+
+/// Runs the argument's next command if it is due: 1 when one ran.
+static int run_script(int epoll) {
+    if (script_end && now_ns() >= script_end) exit(0);
+    if (!script || !*script || now_ns() < script_due) return 0;
+    uint64_t start = now_ns(), start_cpu = clock_ns(CLOCK_THREAD_CPUTIME_ID);
+    char command[16] = "";
+    long milliseconds = 0;
+    sscanf(script, "%15[^:]:%ld", command, &milliseconds);
+    char *comma = strchr(script, ',');
+    script = comma ? comma + 1 : script + strlen(script);
+    run(epoll, command, milliseconds);
+    printf("done %s %ld %d %llu %llu %llu\n", command, milliseconds, gettid(), (unsigned long long)start,
+           (unsigned long long)now_ns(), (unsigned long long)(clock_ns(CLOCK_THREAD_CPUTIME_ID) - start_cpu));
+    fflush(stdout);
+    script_due = now_ns() + 600000000u;
+    if (!*script) script_end = now_ns() + 2000000000u;
+    return 1;
+}
+
 static void *loop(void *unused) {
     (void)unused;
     pthread_setname_np(pthread_self(), "epoll-loop");
     int epoll = epoll_create1(EPOLL_CLOEXEC);
     struct epoll_event event = {.events = EPOLLIN, .data.fd = 0};
-    if (epoll < 0 || epoll_ctl(epoll, EPOLL_CTL_ADD, 0, &event) != 0) {
+    // With a script, standard input is not read (a service's is /dev/null, which epoll refuses).
+    if (epoll < 0 || (!script && epoll_ctl(epoll, EPOLL_CTL_ADD, 0, &event) != 0)) {
         perror("epoll");
         exit(1);
     }
@@ -101,7 +132,10 @@ static void *loop(void *unused) {
         int count = epoll_wait(epoll, &ready, 1, 20);
         uint64_t start = now_ns();
         uint64_t start_cpu = clock_ns(CLOCK_THREAD_CPUTIME_ID);
-        if (count <= 0) continue;
+        if (count <= 0) {
+            run_script(epoll);
+            continue;
+        }
         ssize_t length = read(0, buffer + used, sizeof buffer - 1 - used);
         if (length <= 0) exit(0);
         used += (size_t)length;
@@ -125,7 +159,11 @@ static void *loop(void *unused) {
     return NULL;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    if (argc > 1) {
+        script = argv[1];
+        script_due = now_ns() + 2000000000u;
+    }
     pthread_t thread;
     pthread_create(&thread, NULL, loop, NULL);
     pthread_join(thread, NULL);

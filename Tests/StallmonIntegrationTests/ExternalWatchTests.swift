@@ -264,6 +264,53 @@ extension Serial {
             #expect(entries.count == 1)
         }
 
+        /// The shipped unit with the shipped drop-in (systemd/stallmond-watch.conf) under a real
+        /// systemd, in its own PID namespace, watching a unit: the stalls are the unit's, in
+        /// journald's trusted fields, in `journalctl -u` and in stallmond's metrics.
+        @Test(.requires(.bpf, .systemd))
+        func underSystemdTheWatchDropInReportsAUnitsStallsAsTheUnits() throws {
+            try #require(TestRequirement.mountTracefs(), "tracefs could not be mounted at /sys/kernel/tracing")
+            let systemd = try SystemdNamespace.started()
+            defer { systemd.stop() }
+            try SystemdTests.installExecutables(systemd)
+            let fixture = try Data(contentsOf: Executable.epollFixture.url)
+            try systemd.copy(fixture, to: "/usr/local/bin/StallmonEpollFixture", mode: 0o755)
+            try systemd.install(unit: "stallmond.service", contents: try SystemdTests.file("systemd/stallmond.service"))
+            try systemd.install(
+                unit: "stallmond.service.d/watch.conf", contents: try SystemdTests.file("systemd/stallmond-watch.conf"))
+            try SystemdTests.makeTextfileDirectory(systemd)
+            let configuration =
+                #"{"metrics_interval_s": 1, "cold_start_entries": 0, "watch": ["legacy.service"], "watch_threshold_ms": 100}"#
+            try systemd.copy(Data(configuration.utf8), to: "/etc/stallmon/stallmond.json")
+            try systemd.install(
+                unit: "legacy.service",
+                contents: """
+                    [Unit]
+                    Description=a service without stallmon
+
+                    [Service]
+                    ExecStart=/usr/local/bin/StallmonEpollFixture sleep:250,spin:300
+                    """)
+            try systemd.check(["systemctl", "start", "stallmond.service"])
+            #expect(try systemd.property("ActiveState", of: "stallmond.service") == "active")
+            try systemd.check(["systemctl", "start", "legacy.service"])
+
+            let ended = try systemd.journal(
+                matches: ["OBJECT_SYSTEMD_UNIT=legacy.service", "STALL_EVENT=ended"], atLeast: 2, timeout: 20)
+            let stallmondLog = try systemd.run(["journalctl", "-u", "stallmond.service", "--no-pager"]).output
+            try #require(ended.count == 2, "\(stallmondLog)")
+            #expect(ended.allSatisfy { $0["STALL_SOURCE"] == "external" && $0["_SYSTEMD_UNIT"] == "stallmond.service" })
+            #expect(
+                ended.map { $0["STALL_STACK_SOURCE"] } == ["kernel", "perf"], "\(ended.map { $0["STALL_BACKTRACE"] })")
+            let unitLog = try systemd.check(["journalctl", "-u", "legacy.service", "-o", "json", "--no-pager"])
+            #expect(Journald.entries(json: unitLog).filter { $0["STALL_SOURCE"] == "external" }.count == 4)
+            let series = #"stallmon_stalls_total{unit="legacy.service"} 2"#
+            func metrics() -> String {
+                (try? systemd.run(["cat", "/var/lib/prometheus/node-exporter/stallmon.prom"]).output) ?? ""
+            }
+            #expect(waitUntil(timeout: 10) { metrics().contains(series) }, "\(metrics())")
+        }
+
         @Test(.requires(.bpf, .tool(["setpriv"], package: "util-linux")))
         func withoutCapBPFStallmondSaysOnceWhatToGrantAndKeepsCollecting() throws {
             try #require(Journald.host.ensureRunning())
