@@ -69,11 +69,9 @@ package struct ExternalStallTracker: Sendable {
     /// The events of one scan of every loop thread, `ticks`, at `now`. Threads missing from
     /// `ticks` are forgotten, with any stall of theirs (a thread that ends inside a tick was not
     /// seen to end it).
-    package mutating func update(_ ticks: some Sequence<LoopTick>, now: UInt64, threshold: UInt64) -> [Event] {
+    package mutating func update(_ ticks: some Collection<LoopTick>, now: UInt64, threshold: UInt64) -> [Event] {
         var events: [Event] = []
-        var seen: Set<Int32> = []
         for tick in ticks {
-            seen.insert(tick.tid)
             if let ended = accountLongTick(tick) { events.append(ended) }
             if let stall = open[tick.tid], stall.start != tick.tickStart || !tick.isInTick {
                 open[tick.tid] = nil  // ended below the threshold: only a reused TID can do that
@@ -89,10 +87,18 @@ package struct ExternalStallTracker: Sendable {
                         duration: now - tick.tickStart, cpu: tick.tickStartCPU))
             }
         }
-        open = open.filter { seen.contains($0.key) }
-        accounted = accounted.filter { seen.contains($0.key) }
+        // Every thread of `ticks` is in `accounted` now: more there means some are gone. A scan
+        // allocates nothing more while the threads stay the same.
+        if accounted.count > ticks.count {
+            let seen = Set(ticks.map(\.tid))
+            open = open.filter { seen.contains($0.key) }
+            accounted = accounted.filter { seen.contains($0.key) }
+        }
         return events
     }
+
+    /// How many stalls are detected and not ended yet.
+    package var openStallCount: Int { open.count }
 
     /// The `ended` event of a long tick not accounted for yet; the first sight of a thread only
     /// takes note of its latest long tick.

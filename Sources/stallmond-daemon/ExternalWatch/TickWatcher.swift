@@ -152,7 +152,7 @@ final class TickWatcher: @unchecked Sendable {
             _ = stallwatch_forget(handle, UInt32(bitPattern: tick.tid))
         }
         for event in events { report(event) }
-        if views.count > stalls.openStallIDs.count {
+        if views.count > stalls.openStallCount {
             let open = stalls.openStallIDs
             views = views.filter { open.contains($0.key) }
         }
