@@ -92,6 +92,8 @@ final class Daemon {
     private let monitor: StallMonitor
     /// The watch from outside, when `watch` names something and the kernel allows it.
     private var tickWatcher: TickWatcher?
+    /// `watch` and `watch_threshold_ms` as the daemon started with them: read at start only.
+    private let watchInForce: (patterns: [WatchPattern], threshold: Duration)
     private let logger: Logger
     private let location: CollectorConfiguration.Location
     private var signalSources: [any DispatchSourceSignal] = []
@@ -100,6 +102,7 @@ final class Daemon {
         self.logger = logger
         self.location = location
         collector = try Collector(configuration: configuration, logger: logger)
+        watchInForce = (configuration.watch, configuration.watchThreshold)
         monitor = try StallMonitor(configuration: configuration.monitorConfiguration, logger: logger)
     }
 
@@ -130,10 +133,9 @@ final class Daemon {
             source.resume()
             signalSources.append(source)
         }
-        if !collector.configuration.watch.isEmpty {
-            let configuration = collector.configuration
+        if !watchInForce.patterns.isEmpty {
             tickWatcher = TickWatcher(
-                patterns: configuration.watch, threshold: configuration.watchThreshold, logger: logger)
+                patterns: watchInForce.patterns, threshold: watchInForce.threshold, logger: logger)
             tickWatcher?.start()
         }
         logger.info("stallmond ready", metadata: ["configuration": "\(collector.configuration.summary)"])
@@ -156,6 +158,9 @@ final class Daemon {
                 path: location.path, required: location.required)
             if configuration.monitorThreshold != monitor.configuration.threshold {
                 logger.notice("monitor_threshold_ms changes take effect at the next start")
+            }
+            if configuration.watch != watchInForce.patterns || configuration.watchThreshold != watchInForce.threshold {
+                logger.notice("watch and watch_threshold_ms changes take effect at the next start")
             }
             collector.apply(configuration)
             logger.notice("configuration reloaded", metadata: ["configuration": "\(configuration.summary)"])
