@@ -13,10 +13,12 @@ package struct LoopTick: Sendable, Hashable {
     /// The thread's CPU time when its current tick began, and the CPU time the latest long tick took.
     package var tickStartCPU: UInt64
     package var longTickCPU: UInt64
+    /// The thread ended inside its latest long tick, which the exit ended.
+    package var exited: Bool
 
     package init(
         pid: Int32, tid: Int32, tickStart: UInt64, waitStart: UInt64, longTickStart: UInt64, longTickEnd: UInt64,
-        tickStartCPU: UInt64 = 0, longTickCPU: UInt64 = 0
+        tickStartCPU: UInt64 = 0, longTickCPU: UInt64 = 0, exited: Bool = false
     ) {
         self.pid = pid
         self.tid = tid
@@ -26,10 +28,11 @@ package struct LoopTick: Sendable, Hashable {
         self.longTickEnd = longTickEnd
         self.tickStartCPU = tickStartCPU
         self.longTickCPU = longTickCPU
+        self.exited = exited
     }
 
-    /// Whether the thread is inside a tick: out of its wait.
-    package var isInTick: Bool { tickStart > waitStart }
+    /// Whether the thread is inside a tick: out of its wait, and alive.
+    package var isInTick: Bool { tickStart > waitStart && !exited }
 }
 
 /// Turns successive scans of the loops into stall events: `detected` once a tick has lasted the
@@ -52,6 +55,8 @@ package struct ExternalStallTracker: Sendable {
         /// `ended`: the CPU time the tick took; `detected`: the thread's CPU time when it began
         /// (what it has taken so far is the thread's CPU time now less this).
         package var cpu: UInt64
+        /// `ended`: the thread's exit ended the tick (the service was killed or ended while it stalled).
+        package var threadExited = false
     }
 
     private var open: [Int32: (start: UInt64, stallID: String)] = [:]
@@ -104,8 +109,9 @@ package struct ExternalStallTracker: Sendable {
     /// takes note of its latest long tick.
     private mutating func accountLongTick(_ tick: LoopTick) -> Event? {
         guard let previous = accounted[tick.tid] else {
-            accounted[tick.tid] = tick.longTickStart
-            return nil
+            // A thread that ended inside a long tick is reported whenever it is first seen.
+            accounted[tick.tid] = tick.exited ? 0 : tick.longTickStart
+            return tick.exited ? accountLongTick(tick) : nil
         }
         guard tick.longTickStart != 0, tick.longTickStart != previous, tick.longTickEnd >= tick.longTickStart else {
             return nil
@@ -120,7 +126,7 @@ package struct ExternalStallTracker: Sendable {
         }
         return Event(
             kind: .ended, pid: tick.pid, tid: tick.tid, stallID: stallID, start: tick.longTickStart,
-            duration: tick.longTickEnd - tick.longTickStart, cpu: tick.longTickCPU)
+            duration: tick.longTickEnd - tick.longTickStart, cpu: tick.longTickCPU, threadExited: tick.exited)
     }
 
     /// 32 random hexadecimal digits, as a linked monitor's stall IDs.

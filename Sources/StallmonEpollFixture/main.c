@@ -7,6 +7,7 @@
 //   lock MS    waits MS milliseconds for a mutex another thread holds (blocked in futex)
 //   ticks N    N quick ticks of 200 us on the CPU each, between waits that return at once (a busy
 //              server's loop: epoll_wait with a zero timeout, then the work it found)
+//   die MS     burns the CPU for MS milliseconds, then ends the process inside that tick
 //   quit       ends the process
 //
 // Commands can also come as the one argument, `COMMAND:MS,COMMAND:MS,…` (a service under systemd
@@ -64,6 +65,9 @@ static void spin_ns(uint64_t nanoseconds) {
 static void run(int epoll, const char *command, long milliseconds) {
     if (strcmp(command, "spin") == 0) {
         spin_ns((uint64_t)milliseconds * 1000000u);
+    } else if (strcmp(command, "die") == 0) {
+        spin_ns((uint64_t)milliseconds * 1000000u);
+        exit(0);
     } else if (strcmp(command, "ticks") == 0) {
         for (long tick = 0; tick < milliseconds; tick++) {
             struct epoll_event ready;

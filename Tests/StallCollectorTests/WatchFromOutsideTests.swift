@@ -130,6 +130,26 @@ struct ExternalStallTrackerTests {
             ).isEmpty)
     }
 
+    @Test func aThreadThatEndsInsideALongTickEndsItsStall() {
+        var tracker = Self.tracker()
+        let ms = Self.millisecond
+        _ = tracker.update([Self.tick(start: 0, wait: 10 * ms)], now: 11 * ms, threshold: Self.threshold)
+        let detected = tracker.update(
+            [Self.tick(start: 20 * ms, wait: 10 * ms)], now: 200 * ms, threshold: Self.threshold)
+        var exited = Self.tick(start: 20 * ms, wait: 10 * ms, long: (20 * ms, 260 * ms))
+        exited.exited = true
+        let ended = tracker.update([exited], now: 270 * ms, threshold: Self.threshold)
+        #expect(ended.map(\.kind) == [.ended])
+        #expect(ended.first?.threadExited == true)
+        #expect(ended.first?.stallID == detected.first?.stallID)
+        #expect(ended.first?.duration == 240 * ms)
+        // Seen for the first time already ended (it began and ended between two scans): reported.
+        var fresh = Self.tracker()
+        var gone = Self.tick(start: 20 * ms, wait: 10 * ms, long: (20 * ms, 150 * ms))
+        gone.exited = true
+        #expect(fresh.update([gone], now: 160 * ms, threshold: Self.threshold).map(\.kind) == [.ended])
+    }
+
     @Test func aThreadThatVanishesTakesItsStallAlong() {
         var tracker = Self.tracker()
         let ms = Self.millisecond

@@ -52,8 +52,10 @@ extension Serial {
                 return (.nanoseconds(Int64(end - start)), .nanoseconds(cpu))
             }
 
+            /// Asks it to quit; one that has ended already is not written to (SIGPIPE would end the
+            /// tests).
             func stop() {
-                input.fileHandleForWriting.write(Data("quit\n".utf8))
+                if running.process.isRunning { input.fileHandleForWriting.write(Data("quit\n".utf8)) }
                 _ = running.terminate(grace: 2)
             }
         }
@@ -230,6 +232,30 @@ extension Serial {
             #expect(!daemon.errorsSoFar.contains("watching a process from outside"))
             Thread.sleep(forTimeInterval: 2.5)
             #expect(Self.occurrences(of: "watch names no running process", in: daemon.errorsSoFar) == 1, "said once")
+        }
+
+        @Test(.requires(.bpf))
+        func aServiceThatEndsInsideAStallHasThatStallEndedByItsExit() throws {
+            try #require(Journald.host.ensureRunning())
+            try #require(TestRequirement.mountTracefs(), "tracefs could not be mounted at /sys/kernel/tracing")
+            let directory = try ScratchDirectory.make()
+            defer { try? FileManager.default.removeItem(atPath: directory) }
+            let service = try EpollService()
+            defer { service.stop() }
+            let daemon = try Self.startStallmond(watching: Executable.epollFixture.url.path, directory: directory)
+            defer { _ = daemon.terminate() }
+            #expect(daemon.waitForOutput { _, errors in errors.contains("pid=\(service.pid) ") })
+            Thread.sleep(forTimeInterval: 0.2)
+            // 300 ms on the CPU, then the process ends inside that tick (a watchdog's kill, a crash).
+            service.input.fileHandleForWriting.write(Data("die 300\n".utf8))
+            #expect(service.running.wait().status == 0)
+            let ended = try Journald.host.entries(
+                ["STALL_SOURCE=external", "OBJECT_PID=\(service.pid)", "STALL_EVENT=ended"], atLeast: 1)
+            try #require(ended.count == 1)
+            let record = try StallRecord(journalFields: ended[0])
+            #expect((295_000...330_000).contains(record.durationMicroseconds), "\(record.message)")
+            #expect(record.message.contains("ended by the thread's exit"), "\(record.message)")
+            #expect(record.loop == "epoll-loop", "named as it was seen at detection")
         }
 
         @Test(.requires(.bpf))

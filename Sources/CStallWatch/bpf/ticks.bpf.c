@@ -152,13 +152,26 @@ int enter_io_uring_enter(struct syscall_enter *context) {
 SEC("tracepoint/syscalls/sys_exit_io_uring_enter")
 int exit_io_uring_enter(void *context) { return wait_returns(); }
 
-/// A thread of a watched process ends: its loop is gone, whatever its tick was.
+/// A thread of a watched process ends: its loop is gone. Inside a tick past the threshold (a
+/// service killed while it stalls: by its watchdog, by an operator), the exit ends that tick, and
+/// the entry stays for stallmond to read; any other is removed.
 SEC("tracepoint/sched/sched_process_exit")
 int thread_exits(void *context) {
     struct stallwatch_config *settings;
     __u32 tgid, tid;
     if (current_ids(&settings, &tgid, &tid)) return 0;
     if (!bpf_map_lookup_elem(&watched, &tgid)) return 0;
+    struct stallwatch_tick *tick = bpf_map_lookup_elem(&ticks, &tid);
+    if (!tick) return 0;
+    __u64 now = bpf_ktime_get_ns();
+    __u64 start = tick->tick_start_ns;
+    if (start > tick->wait_start_ns && now - start >= settings->threshold_ns) {
+        tick->long_tick_start_ns = start;
+        tick->long_tick_cpu_ns = cpu_time() - tick->tick_start_cpu_ns;
+        tick->long_tick_end_ns = now;
+        tick->exit_ns = now;
+        return 0;
+    }
     bpf_map_delete_elem(&ticks, &tid);
     return 0;
 }

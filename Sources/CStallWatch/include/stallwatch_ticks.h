@@ -23,6 +23,9 @@ struct stallwatch_tick {
     unsigned long long tick_start_cpu_ns;
     /// The CPU time the latest long tick took.
     unsigned long long long_tick_cpu_ns;
+    /// When the thread ended inside a long tick (0: it lives). The program keeps such a thread's
+    /// entry, its tick ended by the exit, until stallmond has read it and removes it.
+    unsigned long long exit_ns;
     /// The thread's process.
     unsigned int tgid;
     /// Waits seen, wrapping: a reader tells a new tick from the one it saw by `tick_start_ns`.

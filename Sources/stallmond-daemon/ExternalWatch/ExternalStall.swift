@@ -65,6 +65,7 @@ struct ExternalStall {
             : "\(loop) stalled \(length), seen from outside"
         let culprit = StallReport.culpritIndex(in: view.stack).map { view.stack[$0] }
         if let culprit { message += " at \(culprit.summary)" }
+        if event.threadExited { message += "; ended by the thread's exit" }
         if cpuShare >= 0.5 {
             message += "; \(Int((cpuShare * 100).rounded()))% on CPU"
         } else if !view.syscall.isEmpty {

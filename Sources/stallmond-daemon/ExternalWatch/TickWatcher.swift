@@ -145,10 +145,12 @@ final class TickWatcher: @unchecked Sendable {
                 pid: Int32(bitPattern: thread.tick.tgid), tid: Int32(bitPattern: thread.tid),
                 tickStart: thread.tick.tick_start_ns, waitStart: thread.tick.wait_start_ns,
                 longTickStart: thread.tick.long_tick_start_ns, longTickEnd: thread.tick.long_tick_end_ns,
-                tickStartCPU: thread.tick.tick_start_cpu_ns, longTickCPU: thread.tick.long_tick_cpu_ns)
+                tickStartCPU: thread.tick.tick_start_cpu_ns, longTickCPU: thread.tick.long_tick_cpu_ns,
+                exited: thread.tick.exit_ns != 0)
         }
         let events = stalls.update(ticks, now: stallwatch_now_ns(), threshold: UInt64(threshold.nanoseconds))
-        for tick in ticks where !watched.contains(tick.pid) {
+        // A thread that ended inside a long tick was kept for this scan, which accounted for it.
+        for tick in ticks where !watched.contains(tick.pid) || tick.exited {
             _ = stallwatch_forget(handle, UInt32(bitPattern: tick.tid))
         }
         for event in events { report(event) }
@@ -161,12 +163,12 @@ final class TickWatcher: @unchecked Sendable {
     /// The stack of a stalled thread, symbolicated with the process's images, and how it was
     /// taken: blocked in a system call, unwound in place (CStallWatch's `stallwatch_unwind_blocked`,
     /// `kernel`); running, from a perf event on it (`stallwatch_sample_running`, `perf`), waiting at
-    /// most a quarter of the threshold (at most 50 ms) for the thread to run a millisecond. No stack,
-    /// and why, when neither gives one.
+    /// most half the threshold (at most 100 ms) for the thread to run a millisecond: on a crowded
+    /// machine a running thread waits for a CPU too. No stack, and why, when neither gives one.
     private func stack(pid: Int32, tid: Int32) -> (frames: [StallFrame], source: String, noStackReason: String) {
         var addresses = [UInt64](repeating: 0, count: 128)
         guard let before = ProcessDirectory.threadSyscallView(pid: pid, tid: tid) else {
-            let timeout = Int32(min(threshold / 4, .milliseconds(50)).milliseconds)
+            let timeout = Int32(min(threshold / 2, .milliseconds(100)).milliseconds)
             let count = Int(stallwatch_sample_running(pid, tid, max(timeout, 1), &addresses, Int32(addresses.count)))
             guard count > 0 else {
                 return ([], "", "on the CPU, and no sample came from a perf event on the thread")
