@@ -49,10 +49,30 @@ static void stallwatch_fail(stallwatch_failure *failure, stallwatch_step step, i
     snprintf(failure->libbpf_message, sizeof failure->libbpf_message, "%s", stallwatch_libbpf_last);
 }
 
+/// Whether tracepoint `name` (`syscalls/sys_enter_epoll_wait`) is there to attach to, in tracefs
+/// where libbpf looks for it.
+static int stallwatch_tracepoint_exists(const char *name) {
+    char path[256];
+    snprintf(path, sizeof path, "/sys/kernel/tracing/events/%s", name);
+    if (access(path, F_OK) == 0) return 1;
+    snprintf(path, sizeof path, "/sys/kernel/debug/tracing/events/%s", name);
+    return access(path, F_OK) == 0;
+}
+
 /// The system call tracepoints are there to attach to: tracefs is mounted where libbpf looks.
-static int stallwatch_has_tracefs(void) {
-    return access("/sys/kernel/tracing/events/syscalls/sys_enter_epoll_wait", F_OK) == 0
-        || access("/sys/kernel/debug/tracing/events/syscalls/sys_enter_epoll_wait", F_OK) == 0;
+static int stallwatch_has_tracefs(void) { return stallwatch_tracepoint_exists("syscalls/sys_enter_epoll_wait"); }
+
+/// Leaves out the programs of tracepoints this kernel does not have: epoll_pwait2 came with Linux
+/// 5.11, and a kernel may be built without io_uring. The others are there wherever the program
+/// can load.
+static void stallwatch_skip_missing_tracepoints(struct bpf_object *object) {
+    struct bpf_program *program;
+    bpf_object__for_each_program(program, object) {
+        const char *section = bpf_program__section_name(program);
+        if (strncmp(section, "tracepoint/", 11) == 0 && !stallwatch_tracepoint_exists(section + 11)) {
+            bpf_program__set_autoload(program, false);
+        }
+    }
 }
 
 stallwatch *stallwatch_open(uint64_t threshold_ns, stallwatch_failure *failure) {
@@ -82,6 +102,7 @@ stallwatch *stallwatch_open(uint64_t threshold_ns, stallwatch_failure *failure) 
         stallwatch_close(watch);
         return NULL;
     }
+    stallwatch_skip_missing_tracepoints(watch->object);
     int loaded = bpf_object__load(watch->object);
     if (loaded) {
         stallwatch_fail(failure, STALLWATCH_STEP_LOAD, loaded, "stallmon_ticks");
@@ -109,6 +130,7 @@ stallwatch *stallwatch_open(uint64_t threshold_ns, stallwatch_failure *failure) 
     }
     struct bpf_program *program;
     bpf_object__for_each_program(program, watch->object) {
+        if (!bpf_program__autoload(program)) continue;
         struct bpf_link *link = bpf_program__attach(program);
         error = libbpf_get_error(link);
         if (error || watch->link_count == (int)(sizeof watch->links / sizeof watch->links[0])) {
