@@ -10,6 +10,9 @@
 //   die MS     burns the CPU for MS milliseconds, then ends the process inside that tick
 //   quit       ends the process
 //
+// With `--io-uring` as its argument the loop (named `uring-loop`) waits in io_uring_enter instead,
+// for a poll of its standard input (no 20 ms timeout: it sleeps until a command comes).
+//
 // Commands can also come as the one argument, `COMMAND:MS,COMMAND:MS,…` (a service under systemd
 // has no input to read): run one per tick, the first two seconds after the start, then one every
 // 600 ms; the process ends two seconds after the last.
@@ -20,12 +23,16 @@
 // compare a report with. At start it prints `ready PID TID`.
 #define _GNU_SOURCE
 #include <errno.h>
+#include <linux/io_uring.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -117,9 +124,57 @@ static int run_script(int epoll) {
     return 1;
 }
 
+/// An io_uring of its own, set up with the raw system calls (no liburing here).
+static struct {
+    int fd;
+    unsigned *sq_tail, *sq_mask, *sq_array, *cq_head, *cq_tail;
+    struct io_uring_sqe *sqes;
+} uring = {.fd = -1};
+
+static void uring_setup(void) {
+    struct io_uring_params parameters;
+    memset(&parameters, 0, sizeof parameters);
+    uring.fd = (int)syscall(SYS_io_uring_setup, 4, &parameters);
+    if (uring.fd < 0) {
+        perror("io_uring_setup");
+        exit(1);
+    }
+    size_t sq_size = parameters.sq_off.array + parameters.sq_entries * sizeof(unsigned);
+    size_t cq_size = parameters.cq_off.cqes + parameters.cq_entries * sizeof(struct io_uring_cqe);
+    char *sq = mmap(NULL, sq_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, uring.fd, IORING_OFF_SQ_RING);
+    char *cq = mmap(NULL, cq_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, uring.fd, IORING_OFF_CQ_RING);
+    uring.sqes = mmap(NULL, parameters.sq_entries * sizeof(struct io_uring_sqe), PROT_READ | PROT_WRITE,
+                      MAP_SHARED | MAP_POPULATE, uring.fd, IORING_OFF_SQES);
+    if (sq == MAP_FAILED || cq == MAP_FAILED || uring.sqes == MAP_FAILED) {
+        perror("mmap");
+        exit(1);
+    }
+    uring.sq_tail = (unsigned *)(sq + parameters.sq_off.tail);
+    uring.sq_mask = (unsigned *)(sq + parameters.sq_off.ring_mask);
+    uring.sq_array = (unsigned *)(sq + parameters.sq_off.array);
+    uring.cq_head = (unsigned *)(cq + parameters.cq_off.head);
+    uring.cq_tail = (unsigned *)(cq + parameters.cq_off.tail);
+}
+
+/// Submits a poll of standard input and waits for it in one io_uring_enter, as a loop on io_uring
+/// does; its completions are consumed.
+static void uring_wait_for_input(void) {
+    unsigned tail = *uring.sq_tail;
+    unsigned index = tail & *uring.sq_mask;
+    struct io_uring_sqe *entry = &uring.sqes[index];
+    memset(entry, 0, sizeof *entry);
+    entry->opcode = IORING_OP_POLL_ADD;
+    entry->fd = 0;
+    entry->poll32_events = POLLIN;
+    uring.sq_array[index] = index;
+    __atomic_store_n(uring.sq_tail, tail + 1, __ATOMIC_RELEASE);
+    while (syscall(SYS_io_uring_enter, uring.fd, 1, 1, IORING_ENTER_GETEVENTS, NULL, 0) < 0 && errno == EINTR) {}
+    __atomic_store_n(uring.cq_head, __atomic_load_n(uring.cq_tail, __ATOMIC_ACQUIRE), __ATOMIC_RELEASE);
+}
+
 static void *loop(void *unused) {
     (void)unused;
-    pthread_setname_np(pthread_self(), "epoll-loop");
+    pthread_setname_np(pthread_self(), uring.fd >= 0 ? "uring-loop" : "epoll-loop");
     int epoll = epoll_create1(EPOLL_CLOEXEC);
     struct epoll_event event = {.events = EPOLLIN, .data.fd = 0};
     // With a script, standard input is not read (a service's is /dev/null, which epoll refuses).
@@ -133,7 +188,12 @@ static void *loop(void *unused) {
     size_t used = 0;
     for (;;) {
         struct epoll_event ready;
-        int count = epoll_wait(epoll, &ready, 1, 20);
+        int count = 1;
+        if (uring.fd >= 0) {
+            uring_wait_for_input();
+        } else {
+            count = epoll_wait(epoll, &ready, 1, 20);
+        }
         uint64_t start = now_ns();
         uint64_t start_cpu = clock_ns(CLOCK_THREAD_CPUTIME_ID);
         if (count <= 0) {
@@ -164,7 +224,9 @@ static void *loop(void *unused) {
 }
 
 int main(int argc, char **argv) {
-    if (argc > 1) {
+    if (argc > 1 && strcmp(argv[1], "--io-uring") == 0) {
+        uring_setup();
+    } else if (argc > 1) {
         script = argv[1];
         script_due = now_ns() + 2000000000u;
     }

@@ -19,8 +19,9 @@ extension Serial {
             let pid: Int32
             let loopThread: Int
 
-            init() throws {
-                running = try Executable.epollFixture.start([], input: input)
+            /// - Parameter arguments: `["--io-uring"]` for a loop that waits in io_uring_enter.
+            init(arguments: [String] = []) throws {
+                running = try Executable.epollFixture.start(arguments, input: input)
                 let ready = running.waitForOutput { output, _ in output.contains("\n") }
                 let words = running.outputSoFar.split(separator: "\n").first?.split(separator: " ") ?? []
                 guard ready, words.count == 3, words[0] == "ready", let pid = Int32(words[1]), let tid = Int(words[2])
@@ -232,6 +233,31 @@ extension Serial {
             #expect(!daemon.errorsSoFar.contains("watching a process from outside"))
             Thread.sleep(forTimeInterval: 2.5)
             #expect(Self.occurrences(of: "watch names no running process", in: daemon.errorsSoFar) == 1, "said once")
+        }
+
+        @Test(.requires(.bpf))
+        func aLoopThatWaitsInIOUringEnterIsWatchedToo() throws {
+            try #require(Journald.host.ensureRunning())
+            try #require(TestRequirement.mountTracefs(), "tracefs could not be mounted at /sys/kernel/tracing")
+            let directory = try ScratchDirectory.make()
+            defer { try? FileManager.default.removeItem(atPath: directory) }
+            let service = try EpollService(arguments: ["--io-uring"])
+            defer { service.stop() }
+            let daemon = try Self.startStallmond(watching: Executable.epollFixture.url.path, directory: directory)
+            defer { _ = daemon.terminate() }
+            #expect(daemon.waitForOutput { _, errors in errors.contains("pid=\(service.pid) ") })
+            // A loop from its first wait on: one quick command first, then the stall.
+            try service.stall("spin", milliseconds: 1)
+            let truth = try service.stall("sleep", milliseconds: 200)
+            let ended = try Journald.host.entries(
+                ["STALL_SOURCE=external", "OBJECT_PID=\(service.pid)", "STALL_EVENT=ended"], atLeast: 1)
+            try #require(ended.count == 1)
+            let record = try StallRecord(journalFields: ended[0])
+            let reported = Duration.microseconds(Int64(record.durationMicroseconds))
+            let error = reported > truth.duration ? reported - truth.duration : truth.duration - reported
+            #expect(error <= .milliseconds(10), "reported \(reported), truth \(truth.duration)")
+            #expect(record.loop == "uring-loop")
+            #expect(record.frame.hasPrefix("run (main.c:"), "\(record.backtrace)")
         }
 
         @Test(.requires(.bpf))
