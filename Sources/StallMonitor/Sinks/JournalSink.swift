@@ -15,7 +15,7 @@ public struct JournalSink: ReportSink {
 
     /// - Parameters:
     ///   - syslogIdentifier: `SYSLOG_IDENTIFIER` of stall entries; `nil` uses the program's name.
-    ///     Cut to ``FieldLimits/identifierBytes`` (with a marker), the longest readers accept.
+    ///     Cut to 256 bytes (ending in `…`), the longest readers accept.
     ///   - socketPath: journald's native socket (`/run/systemd/journal.NAMESPACE/socket` for a
     ///     journal namespace).
     ///   - sendTimeout: How long one entry may wait for a journald that takes none; after such a
@@ -33,7 +33,8 @@ public struct JournalSink: ReportSink {
         self.failures = FailureCounter()
     }
 
-    /// Whether journald listens (see ``JournalWriter/isAvailable``).
+    /// Whether journald listens on the socket: a datagram socket connects to it. A socket left
+    /// behind by a journald that has since exited refuses every entry, and reads as unavailable.
     public var isAvailable: Bool { JournalWriter(socketPath: connection.path).isAvailable }
 
     /// Entries that journald did not take (for example while it is down), whether or not the
@@ -41,9 +42,8 @@ public struct JournalSink: ReportSink {
     public var failedEntries: Int { failures.count }
 
     /// Sends the event to the journal, or to the fallback when journald does not take it.
-    /// - Throws: ``JournalDecodingError`` for a field journald would drop or no reader would accept
-    ///   (``JournalWriter/validate(_:)``); without a fallback, the reason journald did not take the
-    ///   entry; with one, the fallback's error.
+    /// - Throws: ``JournalDecodingError`` for a field journald would drop or no reader would accept;
+    ///   without a fallback, the reason journald did not take the entry; with one, the fallback's error.
     public func emit(_ event: StallMonitorEvent) throws {
         let fields = Self.fields(for: event, syslogIdentifier: syslogIdentifier)
         guard !fields.isEmpty else { return }
