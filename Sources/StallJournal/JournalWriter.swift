@@ -16,9 +16,11 @@ package struct JournalWriter: Sendable {
     package static let sendTimeout: Duration = .seconds(1)
     private let connection: JournalConnection
 
-    package init(socketPath: String = "/run/systemd/journal/socket") {
+    /// - Parameter sendTimeout: How long one send may wait for journald; after such a wait, sends
+    ///   are refused at once for a second (``JournalConnection``).
+    package init(socketPath: String = "/run/systemd/journal/socket", sendTimeout: Duration = Self.sendTimeout) {
         self.socketPath = socketPath
-        connection = JournalConnection(path: socketPath, timeout: Self.sendTimeout)
+        connection = JournalConnection(path: socketPath, timeout: sendTimeout)
     }
 
     /// Whether journald listens on ``socketPath``: a datagram socket connects to it.
@@ -83,12 +85,18 @@ package struct JournalWriter: Sendable {
     ///   nothing within ``sendTimeout``), or ``JournalDecodingError`` for a bad field name or an
     ///   over-long value.
     package func send(_ fields: [JournalField]) throws {
-        try Self.validate(fields)
-        guard !fields.isEmpty else { return }
         do {
-            try connection.send(JournalConnection.encode(fields))
-        } catch {
+            try deliver(fields)
+        } catch let error as JournalConnection.Failure {
             throw SystemdError(function: error.call, errno: error.code)
         }
+    }
+
+    /// ``send(_:)``, throwing the connection's own ``JournalConnection/Failure`` when journald does
+    /// not take the entry (its message says so in words, for a sink's caller).
+    package func deliver(_ fields: [JournalField]) throws {
+        try Self.validate(fields)
+        guard !fields.isEmpty else { return }
+        try connection.send(JournalConnection.encode(fields))
     }
 }
