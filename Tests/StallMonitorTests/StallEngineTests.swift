@@ -25,7 +25,8 @@ extension Serial {
             var configuration = StallMonitor.Configuration()
             configuration.threshold = .milliseconds(100)
             let (session, backend) = try WatchdogSession.make(
-                loops: [.init(name: "commanded", threadID: Int(loop.threadID))], configuration: configuration,
+                loops: [.init(name: "commanded", threadID: Int(loop.threadID), callouts: { _ in .unknown })],
+                configuration: configuration,
                 signal: nil, sinks: [sink], metricsFactory: NOOPMetricsHandler.instance,
                 logger: Logger(label: "stallmon.test")
             ) { engine, _, reporters throws(StallMonitorError) in

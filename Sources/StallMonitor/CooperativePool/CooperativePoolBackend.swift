@@ -235,6 +235,13 @@ final class CooperativePoolBackend: WatchdogBackend {
     }
 }
 
+extension StallReport.Callout {
+    /// A pool thread's callout: the job the trampoline runs, when its frame is on the stack.
+    static func recognizePoolCallout(_ frames: [StallFrame]) -> Self {
+        frames.contains { $0.symbol == "stallmon_pool_run_job" } ? .poolJob : .unknown
+    }
+}
+
 /// One thread of the cooperative pool, as its slot shows it.
 final class PoolThread: SampledThread {
     let threadID: pid_t

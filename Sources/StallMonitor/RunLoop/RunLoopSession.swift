@@ -49,7 +49,11 @@ extension StallMonitor {
             let logger = logger
             var loop: LoopPointer?
             (session, backend) = try WatchdogSession.make(
-                loops: [.init(name: loopName, threadID: Int(target.threadID), seenTurning: false)],
+                loops: [
+                    .init(
+                        name: loopName, threadID: Int(target.threadID),
+                        callouts: StallReport.Callout.recognizeRunLoopCallout, seenTurning: false)
+                ],
                 configuration: configuration, signal: signal, sinks: monitor.sinks, metricsFactory: metricsFactory,
                 logger: logger, interruptBlockedThreads: configuration.interruptBlockedThreads, engineLogger: logger
             ) { (engine, slot, reporters) throws(StallMonitorError) in
