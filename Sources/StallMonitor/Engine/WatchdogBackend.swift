@@ -1,10 +1,11 @@
 #if STALLMON_LINUX
 /// What one kind of loop supplies to the engine's watch loop (``StallEngine/run(_:)``): how it
 /// learns what its threads do, how it waits and is woken, what idle means for its threads, and how
-/// it names a stalled callout. The loop itself, wait → look → begin, sample and end stalls →
-/// restart after a stop → final report before a service-manager kill → end, is the engine's, over
-/// one phase type per watched thread (``WatchPhase``); so are the thread, the samples, the
-/// suppression and the reports. A fourth kind of loop is one more backend file.
+/// it names a stalled callout. The loop itself (look → wait → tell a stop → restart → look …,
+/// and the ended reports at the stop) is the engine's; so are the steps a look takes for a
+/// thread's stall, over one phase type per watched thread (``WatchPhase``): beginning it, sampling
+/// it, its final report before a service-manager kill, its end, the suppression and the reports.
+/// A backend's look decides which step is due. A fourth kind of loop is one more backend file.
 ///
 /// The backends: the run-loop ring, which also serves the async main's drains
 /// (``RunLoopBackend``); the event loops of a group, by ticks or heartbeats (``EventLoopBackend``);

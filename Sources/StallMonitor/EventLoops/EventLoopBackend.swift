@@ -193,10 +193,21 @@ final class EventLoopBackend: WatchdogBackend {
         }
     }
 
+    /// A stall in progress ends with its cycle's tick, when that came before the stop.
     func finishStalls(end: UInt64) {
         for index in loops.indices {
-            if let stall = loops[index].phase.stall { finish(index, stall, end: end) }
+            guard let stall = loops[index].phase.stall else { continue }
+            finish(index, stall, end: tickEnd(of: stall, in: loops[index], now: end) ?? end)
         }
+    }
+
+    /// When the stalled cycle's tick ended, once it has: exactly, when the loop saw the watch;
+    /// otherwise the latest tick's end bounds it.
+    private func tickEnd(of stall: StallInProgress, in state: LoopState, now: UInt64) -> UInt64? {
+        var end: UInt64 = 0
+        if stallmon_ticks_watched_end(state.ticks, stall.sequence, &end) == 1 { return end }
+        guard state.sequence != stall.sequence else { return nil }
+        return min(stallmon_ticks_latest_end(state.ticks), now)
     }
 
     /// The process was stopped while the watchdog waited: the cycles it was timing count from now,
@@ -337,12 +348,8 @@ final class EventLoopBackend: WatchdogBackend {
             guard now >= deadline, isAwake(index, now: now) else { return }
             beginStall(index, start: start, sequence: sequence, now: now)
         case .stalled(let stall):
-            var end: UInt64 = 0
-            if stallmon_ticks_watched_end(state.ticks, stall.sequence, &end) == 1 {
+            if let end = tickEnd(of: stall, in: state, now: now) {
                 finish(index, stall, end: end)
-            } else if state.sequence != stall.sequence {
-                // The tick ended before the loop saw the watch: the latest tick end bounds it.
-                finish(index, stall, end: min(stallmon_ticks_latest_end(state.ticks), now))
             } else {
                 engine.reportBeforeKillIfDue(stall, now: now, to: reporters[index], cpu: state.cpu)
                 engine.sampleIfDue(stall, of: state.loop, inspector: state.inspector, now: now)

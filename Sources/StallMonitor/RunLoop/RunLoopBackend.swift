@@ -124,7 +124,7 @@ final class RunLoopBackend: WatchdogBackend {
 
     /// What a wait that is not a window's was for.
     private enum Waiting {
-        /// Parked before the loop's first transition (`polling`: parking was unsafe).
+        /// Parked before the loop's first transition.
         case firstTurn
         /// Parked while the loop slept or ran outside its windows after transition `sequence`.
         case parked(sequence: UInt64)
@@ -141,6 +141,8 @@ final class RunLoopBackend: WatchdogBackend {
         }
         if let stall = phase.stall {
             if let next = followStall(stall) { return next }
+            // The stall ended; a stopping watchdog looks at nothing more.
+            if engine.isStopping { return nil }
         }
         var event = stallmon_event()
         guard stallmon_loop_latest(loop, &event) == 1 else { return awaitFirstTurn() }
@@ -210,10 +212,13 @@ final class RunLoopBackend: WatchdogBackend {
         if deadline > now { _ = semaphore.wait(timeout: .now() + .nanoseconds(Int(deadline - now))) }
     }
 
+    /// A stall in progress ends where its window ended, when it closed before the stop.
     func finishStalls(end: UInt64) {
         if waiting != nil { _ = stallmon_loop_unpark(loop) }
         waiting = nil
-        if phase.stall != nil { finishStall(end: end) }
+        guard let core = phase.stall, let stall else { return }
+        accountLatestWait()
+        finishStall(end: windowEnd(of: core, watchedAt: stall.watchedAt) ?? end)
     }
 
     // MARK: - Before the loop turns
@@ -329,6 +334,8 @@ final class RunLoopBackend: WatchdogBackend {
         /// When the watchdog began to watch for the window's end.
         let watchedAt: UInt64
         var time: StallTimeAccount
+        /// The end of the latest wait recorded in ``time``: each wait counts once.
+        var accountedWake: UInt64
 
         /// The CPU time the thread used in `stall`, for a report that ends at `start + paused + duration`.
         func cpu(of stall: StallInProgress) -> (UInt64) -> UInt64 {
@@ -380,7 +387,7 @@ final class RunLoopBackend: WatchdogBackend {
             windowStart: windowStart, before: armed ? armedBefore?.reading : nil,
             sleptUntilStart: armed && armedBefore?.sleptUntilStart == true,
             after: [armed ? armedReading : nil, startReading].compactMap { $0 })
-        var stall = Stall(watchedAt: watchedAt, time: time)
+        var stall = Stall(watchedAt: watchedAt, time: time, accountedWake: engine.lastWake.woke)
         stall.time.record(clocks, stopped: stops.sampleWasStopped(&sampleBegan), late: sampleBegan.lateness)
         return (core, stall)
     }
@@ -389,14 +396,8 @@ final class RunLoopBackend: WatchdogBackend {
     /// service watchdog, no pings go out meanwhile), ends the stall once the window closed, and
     /// samples when due. Returns when to look again, `nil` once the stall has ended.
     private func followStall(_ core: StallInProgress) -> UInt64? {
-        guard var stall else { return nil }
-        // Late by a stop, less any time spent waiting for a CPU (no stop); the thread's runnable
-        // time tells when the stop began.
-        let (woke, deadline) = engine.lastWake
-        stall.time.record(
-            clocks, stopped: stops.wasStopped(wokeAt: woke, deadline: deadline),
-            late: stops.lateness(wokeAt: woke, deadline: deadline))
-        self.stall = stall
+        accountLatestWait()
+        guard let stall else { return nil }
         // Not past systemd's deadline: should the stall end before it (and the reports queued
         // before this one not), the pings must resume.
         engine.reportBeforeKillIfDue(
@@ -418,6 +419,19 @@ final class RunLoopBackend: WatchdogBackend {
             engine.scheduleNextSample(core)
         }
         return engine.nextLook(at: core, pings: serviceWatchdog)
+    }
+
+    /// Records the engine's latest wait, once, in the stall's time account: late by a stop, less
+    /// any time spent waiting for a CPU (no stop); the thread's runnable time tells when the stop
+    /// began.
+    private func accountLatestWait() {
+        let (woke, deadline) = engine.lastWake
+        guard var stall, woke > stall.accountedWake else { return }
+        stall.accountedWake = woke
+        stall.time.record(
+            clocks, stopped: stops.wasStopped(wokeAt: woke, deadline: deadline),
+            late: stops.lateness(wokeAt: woke, deadline: deadline))
+        self.stall = stall
     }
 
     /// The end of the stall's window, once the loop has left it.
