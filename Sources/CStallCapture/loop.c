@@ -149,13 +149,12 @@ int stallmon_loop_watched_end(const stallmon_loop *loop, uint64_t sequence, uint
     return 1;
 }
 
-// The loop-latency histogram's part of a transition (off by default; publish() branches to it as
-// unlikely): counts the window that ends at this transition (unless an allowingStall scope
+// The loop-latency histogram's part of a transition (off by default; publish() leaves it to
+// publish_rare()): counts the window that ends at this transition (unless an allowingStall scope
 // overlapped it: its time never counts, as for stalls) and notes the start of the next.
 // window_start_ns is 0 outside a window. The end needs the time even where the ring's entry goes
 // without it.
-__attribute__((always_inline)) static inline void record_window(stallmon_loop *loop, uint32_t phase, uint64_t now,
-                                                                uint64_t allowed) {
+static inline void record_window(stallmon_loop *loop, uint32_t phase, uint64_t now, uint64_t allowed) {
     uint64_t start = loop->window_start_ns;
     if (start != 0) {
         uint64_t end = now != 0 ? now : clock_ns(CLOCK_MONOTONIC);
@@ -164,21 +163,15 @@ __attribute__((always_inline)) static inline void record_window(stallmon_loop *l
     loop->window_start_ns = phase == STALLMON_LOOP_ACTIVE ? now : 0;
 }
 
-// Inlined into each callout: clang stops inlining it once it holds the histogram's branch, and the
-// calls cost a busy pass about 150 instructions (callgrind).
-__attribute__((always_inline)) static inline void publish(stallmon_loop *loop, uint32_t phase, uint32_t window) {
-    uint64_t sequence = atomic_load_explicit(&loop->sequence, memory_order_relaxed) + 1;
-    int watched = atomic_load_explicit(&loop->watch_sequence, memory_order_relaxed) == sequence - 1;
-    // Only the start of a window, and the end of a window the watchdog is sampling, need the time:
-    // idle transitions skip the clock (timestamp 0), which is most of a sleeping loop's callouts.
-    uint64_t now = phase == STALLMON_LOOP_ACTIVE || watched ? clock_ns(CLOCK_MONOTONIC) : 0;
-    if (__builtin_expect(watched, 0)) {
-        // The watchdog is sampling a stall of the window that this transition ends.
-        atomic_store_explicit(&loop->watch_end_ns, now, memory_order_relaxed);
-        atomic_store_explicit(&loop->watch_end_sequence, sequence - 1, memory_order_release);
-    }
-    uint64_t allowed = atomic_load_explicit(&loop->allowed, memory_order_relaxed);
-    if (__builtin_expect(loop->latency != NULL, 0)) record_window(loop, phase, now, allowed);
+// The watchdog announced that it parks: the transition that takes the flag wakes it.
+__attribute__((noinline, cold)) static void wake_parked(stallmon_loop *loop) {
+    if (atomic_exchange_explicit(&loop->parked, 0, memory_order_acq_rel)) loop->wake(loop->wake_context);
+}
+
+// Publishes the entry of transition `sequence` and notes the phase; leaving an idle phase, it wakes
+// a parked watchdog.
+__attribute__((always_inline)) static inline void store_transition(stallmon_loop *loop, uint32_t phase, uint32_t window,
+                                                                   uint64_t now, uint64_t sequence, uint64_t allowed) {
     ring_entry *entry = &loop->ring[sequence % RING_SIZE];
     // Orders the entry's stores after the publication of every earlier sequence, so that a reader
     // that validates an entry against `sequence` never accepts a half-overwritten one (a compiler
@@ -200,11 +193,41 @@ __attribute__((always_inline)) static inline void publish(stallmon_loop *loop, u
         } else {
             atomic_thread_fence(memory_order_seq_cst);
         }
-        if (atomic_load_explicit(&loop->parked, memory_order_relaxed) &&
-            atomic_exchange_explicit(&loop->parked, 0, memory_order_acq_rel)) {
-            loop->wake(loop->wake_context);
-        }
+        if (__builtin_expect(atomic_load_explicit(&loop->parked, memory_order_relaxed), 0)) wake_parked(loop);
     }
+}
+
+// A transition that ends a window the watchdog is sampling, or feeds the histogram. The end of a
+// watched window is read after the watch was seen, and is the entry's time too.
+__attribute__((noinline, cold)) static void publish_rare(stallmon_loop *loop, uint32_t phase, uint32_t window,
+                                                         uint64_t now, uint64_t sequence) {
+    if (atomic_load_explicit(&loop->watch_sequence, memory_order_relaxed) == sequence - 1) {
+        now = clock_ns(CLOCK_MONOTONIC);
+        atomic_store_explicit(&loop->watch_end_ns, now, memory_order_relaxed);
+        atomic_store_explicit(&loop->watch_end_sequence, sequence - 1, memory_order_release);
+    }
+    uint64_t allowed = atomic_load_explicit(&loop->allowed, memory_order_relaxed);
+    if (loop->latency != NULL) record_window(loop, phase, now, allowed);
+    store_transition(loop, phase, window, now, sequence, allowed);
+}
+
+// Inlined into each callout: clang stops inlining it once it holds the histogram's branch, and the
+// calls cost a busy pass about 150 instructions (callgrind). What a transition rarely does (the
+// histogram, the end of a watched window, waking the watchdog) is out of line, so that the common
+// path calls nothing but the clock of a window's start, read first, with little to keep across it:
+// a transition to an idle phase saves no register at all.
+__attribute__((always_inline)) static inline void publish(stallmon_loop *loop, uint32_t phase, uint32_t window) {
+    // Only the start of a window, and the end of a window the watchdog is sampling, need the time:
+    // idle transitions skip the clock (timestamp 0), which is most of a sleeping loop's callouts.
+    uint64_t now = phase == STALLMON_LOOP_ACTIVE ? clock_ns(CLOCK_MONOTONIC) : 0;
+    uint64_t sequence = atomic_load_explicit(&loop->sequence, memory_order_relaxed) + 1;
+    if (__builtin_expect(atomic_load_explicit(&loop->watch_sequence, memory_order_relaxed) == sequence - 1 ||
+                             loop->latency != NULL,
+                         0)) {
+        publish_rare(loop, phase, window, now, sequence);
+        return;
+    }
+    store_transition(loop, phase, window, now, sequence, atomic_load_explicit(&loop->allowed, memory_order_relaxed));
 }
 
 // Windows and nesting. The window-start observer sees kCFRunLoopEntry, kCFRunLoopBeforeTimers and
@@ -235,6 +258,12 @@ void stallmon_observer_window_start(void *observer, uintptr_t activity, void *in
     publish(loop, STALLMON_LOOP_ACTIVE, window);
 }
 
+// The exit of a nested run: the outer window resumes, and since the nested run made progress, as a
+// fresh window. Out of line, so that the window end's common paths read no clock.
+__attribute__((noinline)) static void resume_outer_window(stallmon_loop *loop) {
+    publish(loop, STALLMON_LOOP_ACTIVE, loop->level_window[level_index(loop->depth)]);
+}
+
 void stallmon_observer_window_end(void *observer, uintptr_t activity, void *info) {
     (void)observer;
     stallmon_loop *loop = info;
@@ -246,8 +275,7 @@ void stallmon_observer_window_end(void *observer, uintptr_t activity, void *info
     // Exit: the innermost run returns to the callout that started it, or leaves the loop.
     if (loop->depth > 0) loop->depth--;
     if (loop->depth > 0) {
-        // The outer window resumes, and since the nested run made progress, as a fresh window.
-        publish(loop, STALLMON_LOOP_ACTIVE, loop->level_window[level_index(loop->depth)]);
+        resume_outer_window(loop);
     } else {
         publish(loop, STALLMON_LOOP_OUTSIDE, STALLMON_WINDOW_NONE);
     }
