@@ -29,7 +29,7 @@ PRODUCTS = {
 # What each product is for, the line under its heading.
 PURPOSE = {
     "StallMonitor": "The monitor of a service's loops, its configuration, its reports and the sinks they go to.",
-    "StallJournal": "The journal schema of stallmon's entries: field names, records, the writer and the reader.",
+    "StallJournal": "stallmon's journal entries, for programs that read them: message IDs, field names, records, the reader.",
     "StallMonitorNIO": "SwiftNIO event loops: `startService()` for async servers, and `NIOStallMonitor` for a group.",
     "StallMonitorServiceLifecycle": "The monitor as a `Service` of a swift-service-lifecycle `ServiceGroup`.",
     "StallMonitorTracing": "`StallmonTracer`: spans of swift-distributed-tracing that tell the monitor which request a thread serves.",

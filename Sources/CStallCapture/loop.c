@@ -149,13 +149,12 @@ int stallmon_loop_watched_end(const stallmon_loop *loop, uint64_t sequence, uint
     return 1;
 }
 
-// The loop-latency histogram's part of a transition (off by default; publish() branches to it as
-// unlikely): counts the window that ends at this transition (unless an allowingStall scope
+// The loop-latency histogram's part of a transition (off by default; the callouts' measured form
+// of publish()): counts the window that ends at this transition (unless an allowingStall scope
 // overlapped it: its time never counts, as for stalls) and notes the start of the next.
 // window_start_ns is 0 outside a window. The end needs the time even where the ring's entry goes
 // without it.
-__attribute__((always_inline)) static inline void record_window(stallmon_loop *loop, uint32_t phase, uint64_t now,
-                                                                uint64_t allowed) {
+static inline void record_window(stallmon_loop *loop, uint32_t phase, uint64_t now, uint64_t allowed) {
     uint64_t start = loop->window_start_ns;
     if (start != 0) {
         uint64_t end = now != 0 ? now : clock_ns(CLOCK_MONOTONIC);
@@ -164,21 +163,15 @@ __attribute__((always_inline)) static inline void record_window(stallmon_loop *l
     loop->window_start_ns = phase == STALLMON_LOOP_ACTIVE ? now : 0;
 }
 
-// Inlined into each callout: clang stops inlining it once it holds the histogram's branch, and the
-// calls cost a busy pass about 150 instructions (callgrind).
-__attribute__((always_inline)) static inline void publish(stallmon_loop *loop, uint32_t phase, uint32_t window) {
-    uint64_t sequence = atomic_load_explicit(&loop->sequence, memory_order_relaxed) + 1;
-    int watched = atomic_load_explicit(&loop->watch_sequence, memory_order_relaxed) == sequence - 1;
-    // Only the start of a window, and the end of a window the watchdog is sampling, need the time:
-    // idle transitions skip the clock (timestamp 0), which is most of a sleeping loop's callouts.
-    uint64_t now = phase == STALLMON_LOOP_ACTIVE || watched ? clock_ns(CLOCK_MONOTONIC) : 0;
-    if (__builtin_expect(watched, 0)) {
-        // The watchdog is sampling a stall of the window that this transition ends.
-        atomic_store_explicit(&loop->watch_end_ns, now, memory_order_relaxed);
-        atomic_store_explicit(&loop->watch_end_sequence, sequence - 1, memory_order_release);
-    }
-    uint64_t allowed = atomic_load_explicit(&loop->allowed, memory_order_relaxed);
-    if (__builtin_expect(loop->latency != NULL, 0)) record_window(loop, phase, now, allowed);
+// The watchdog announced that it parks: the transition that takes the flag wakes it.
+__attribute__((noinline, cold)) static void wake_parked(stallmon_loop *loop) {
+    if (atomic_exchange_explicit(&loop->parked, 0, memory_order_acq_rel)) loop->wake(loop->wake_context);
+}
+
+// Publishes the entry of transition `sequence` and notes the phase; leaving an idle phase, it wakes
+// a parked watchdog.
+__attribute__((always_inline)) static inline void store_transition(stallmon_loop *loop, uint32_t phase, uint32_t window,
+                                                                   uint64_t now, uint64_t sequence, uint64_t allowed) {
     ring_entry *entry = &loop->ring[sequence % RING_SIZE];
     // Orders the entry's stores after the publication of every earlier sequence, so that a reader
     // that validates an entry against `sequence` never accepts a half-overwritten one (a compiler
@@ -200,10 +193,59 @@ __attribute__((always_inline)) static inline void publish(stallmon_loop *loop, u
         } else {
             atomic_thread_fence(memory_order_seq_cst);
         }
-        if (atomic_load_explicit(&loop->parked, memory_order_relaxed) &&
-            atomic_exchange_explicit(&loop->parked, 0, memory_order_acq_rel)) {
-            loop->wake(loop->wake_context);
+        if (__builtin_expect(atomic_load_explicit(&loop->parked, memory_order_relaxed), 0)) wake_parked(loop);
+    }
+}
+
+// A transition that ends a window the watchdog is sampling: the end is read after the watch was
+// seen, and is the entry's time too.
+__attribute__((noinline, cold)) static void publish_watched(stallmon_loop *loop, uint32_t phase, uint32_t window,
+                                                            uint64_t sequence) {
+    uint64_t now = clock_ns(CLOCK_MONOTONIC);
+    atomic_store_explicit(&loop->watch_end_ns, now, memory_order_relaxed);
+    atomic_store_explicit(&loop->watch_end_sequence, sequence - 1, memory_order_release);
+    store_transition(loop, phase, window, now, sequence, atomic_load_explicit(&loop->allowed, memory_order_relaxed));
+}
+
+// Inlined into each callout, in two forms: `measured` (a constant) for a loop with the histogram
+// on, whose callouts take it whole, and without, where what a transition rarely does (the end of a
+// watched window, waking the watchdog) is out of line, so that the common path calls nothing but
+// the clock of a window's start, read first, with little to keep across it: a transition to an
+// idle phase saves no register at all (callgrind: about 50 instructions a busy pass fewer than with
+// the rare paths inline). Each callout checks for the histogram first and leaves for its measured
+// form by a tail call.
+__attribute__((always_inline)) static inline void publish(stallmon_loop *loop, uint32_t phase, uint32_t window,
+                                                          int measured) {
+    if (measured) {
+        uint64_t sequence = atomic_load_explicit(&loop->sequence, memory_order_relaxed) + 1;
+        int watched = atomic_load_explicit(&loop->watch_sequence, memory_order_relaxed) == sequence - 1;
+        uint64_t now = phase == STALLMON_LOOP_ACTIVE || watched ? clock_ns(CLOCK_MONOTONIC) : 0;
+        if (__builtin_expect(watched, 0)) {
+            atomic_store_explicit(&loop->watch_end_ns, now, memory_order_relaxed);
+            atomic_store_explicit(&loop->watch_end_sequence, sequence - 1, memory_order_release);
         }
+        uint64_t allowed = atomic_load_explicit(&loop->allowed, memory_order_relaxed);
+        record_window(loop, phase, now, allowed);
+        store_transition(loop, phase, window, now, sequence, allowed);
+        return;
+    }
+    // Only the start of a window, and the end of a window the watchdog is sampling, need the time:
+    // idle transitions skip the clock (timestamp 0), which is most of a sleeping loop's callouts.
+    uint64_t now = phase == STALLMON_LOOP_ACTIVE ? clock_ns(CLOCK_MONOTONIC) : 0;
+    uint64_t sequence = atomic_load_explicit(&loop->sequence, memory_order_relaxed) + 1;
+    if (__builtin_expect(atomic_load_explicit(&loop->watch_sequence, memory_order_relaxed) == sequence - 1, 0)) {
+        publish_watched(loop, phase, window, sequence);
+        return;
+    }
+    store_transition(loop, phase, window, now, sequence, atomic_load_explicit(&loop->allowed, memory_order_relaxed));
+}
+
+// publish() for a transition outside the callouts, which checks for the histogram itself.
+static void publish_any(stallmon_loop *loop, uint32_t phase, uint32_t window) {
+    if (loop->latency != NULL) {
+        publish(loop, phase, window, 1);
+    } else {
+        publish(loop, phase, window, 0);
     }
 }
 
@@ -218,10 +260,7 @@ __attribute__((always_inline)) static inline void publish(stallmon_loop *loop, u
 
 static inline uint32_t level_index(uint32_t depth) { return (depth < MAX_LEVELS ? depth : MAX_LEVELS) - 1; }
 
-void stallmon_observer_window_start(void *observer, uintptr_t activity, void *info) {
-    (void)observer;
-    stallmon_loop *loop = info;
-    if (loop == NULL) return;  // CFRunLoopObserverInvalidate clears info while a callout may be on its way
+__attribute__((always_inline)) static inline void window_start(stallmon_loop *loop, uintptr_t activity, int measured) {
     uint32_t window = (activity & ACTIVITY_AFTER_WAITING) ? STALLMON_WINDOW_AFTER_WAITING : STALLMON_WINDOW_BEFORE_SOURCES;
     if (activity & ACTIVITY_ENTRY) {
         loop->depth++;
@@ -232,36 +271,88 @@ void stallmon_observer_window_start(void *observer, uintptr_t activity, void *in
         loop->depth = 1;
     }
     loop->level_window[level_index(loop->depth)] = window;
-    publish(loop, STALLMON_LOOP_ACTIVE, window);
+    publish(loop, STALLMON_LOOP_ACTIVE, window, measured);
+}
+
+__attribute__((noinline)) static void window_start_measured(stallmon_loop *loop, uintptr_t activity) {
+    window_start(loop, activity, 1);
+}
+
+void stallmon_observer_window_start(void *observer, uintptr_t activity, void *info) {
+    (void)observer;
+    stallmon_loop *loop = info;
+    if (loop == NULL) return;  // CFRunLoopObserverInvalidate clears info while a callout may be on its way
+    if (__builtin_expect(loop->latency != NULL, 0)) {
+        window_start_measured(loop, activity);
+        return;
+    }
+    window_start(loop, activity, 0);
+}
+
+// The exit of a nested run: the outer window resumes, and since the nested run made progress, as a
+// fresh window. Out of line, so that the window end's common paths read no clock.
+__attribute__((noinline)) static void resume_outer_window(stallmon_loop *loop) {
+    publish_any(loop, STALLMON_LOOP_ACTIVE, loop->level_window[level_index(loop->depth)]);
+}
+
+__attribute__((always_inline)) static inline void window_end(stallmon_loop *loop, uintptr_t activity, int measured) {
+    if (activity & ACTIVITY_BEFORE_WAITING) {
+        publish(loop, STALLMON_LOOP_ASLEEP, STALLMON_WINDOW_NONE, measured);
+        return;
+    }
+    // Exit: the innermost run returns to the callout that started it, or leaves the loop.
+    if (loop->depth > 0) loop->depth--;
+    if (loop->depth > 0) {
+        resume_outer_window(loop);
+    } else {
+        publish(loop, STALLMON_LOOP_OUTSIDE, STALLMON_WINDOW_NONE, measured);
+    }
+}
+
+__attribute__((noinline)) static void window_end_measured(stallmon_loop *loop, uintptr_t activity) {
+    window_end(loop, activity, 1);
 }
 
 void stallmon_observer_window_end(void *observer, uintptr_t activity, void *info) {
     (void)observer;
     stallmon_loop *loop = info;
     if (loop == NULL) return;
-    if (activity & ACTIVITY_BEFORE_WAITING) {
-        publish(loop, STALLMON_LOOP_ASLEEP, STALLMON_WINDOW_NONE);
+    if (__builtin_expect(loop->latency != NULL, 0)) {
+        window_end_measured(loop, activity);
         return;
     }
-    // Exit: the innermost run returns to the callout that started it, or leaves the loop.
-    if (loop->depth > 0) loop->depth--;
-    if (loop->depth > 0) {
-        // The outer window resumes, and since the nested run made progress, as a fresh window.
-        publish(loop, STALLMON_LOOP_ACTIVE, loop->level_window[level_index(loop->depth)]);
-    } else {
-        publish(loop, STALLMON_LOOP_OUTSIDE, STALLMON_WINDOW_NONE);
-    }
+    window_end(loop, activity, 0);
 }
 
 // A drain that runs the loop itself (the light drain of an async main) is one run, never nested
 // in its own callouts: one level, whose windows all come after waiting.
-void stallmon_loop_drain_window_start(stallmon_loop *loop) {
+__attribute__((always_inline)) static inline void drain_window_start(stallmon_loop *loop, int measured) {
     loop->depth = 1;
     loop->level_window[level_index(1)] = STALLMON_WINDOW_AFTER_WAITING;
-    publish(loop, STALLMON_LOOP_ACTIVE, STALLMON_WINDOW_AFTER_WAITING);
+    publish(loop, STALLMON_LOOP_ACTIVE, STALLMON_WINDOW_AFTER_WAITING, measured);
 }
 
-void stallmon_loop_drain_window_end(stallmon_loop *loop) { publish(loop, STALLMON_LOOP_ASLEEP, STALLMON_WINDOW_NONE); }
+__attribute__((noinline)) static void drain_window_start_measured(stallmon_loop *loop) { drain_window_start(loop, 1); }
+
+void stallmon_loop_drain_window_start(stallmon_loop *loop) {
+    if (__builtin_expect(loop->latency != NULL, 0)) {
+        drain_window_start_measured(loop);
+        return;
+    }
+    drain_window_start(loop, 0);
+}
+
+__attribute__((noinline)) static void drain_window_end_measured(stallmon_loop *loop) {
+    publish(loop, STALLMON_LOOP_ASLEEP, STALLMON_WINDOW_NONE, 1);
+}
+
+void stallmon_loop_drain_window_end(stallmon_loop *loop) {
+    if (__builtin_expect(loop->latency != NULL, 0)) {
+        drain_window_end_measured(loop);
+        return;
+    }
+    publish(loop, STALLMON_LOOP_ASLEEP, STALLMON_WINDOW_NONE, 0);
+}
 
 static void decode(uint64_t sequence, uint64_t timestamp, uint64_t info, stallmon_event *out) {
     out->sequence = sequence;
@@ -327,7 +418,7 @@ void stallmon_loop_allow_end(stallmon_loop *loop) {
     // old window without the scope.
     if (loop->phase == STALLMON_LOOP_ACTIVE) {
         uint32_t window = loop->depth > 0 ? loop->level_window[level_index(loop->depth)] : STALLMON_WINDOW_BEFORE_SOURCES;
-        publish(loop, STALLMON_LOOP_ACTIVE, window);
+        publish_any(loop, STALLMON_LOOP_ACTIVE, window);
     }
     atomic_store_explicit(&loop->allowed, before - 1, memory_order_relaxed);
 }

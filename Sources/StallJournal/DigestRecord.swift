@@ -12,7 +12,7 @@ public struct DigestRecord: Sendable, Hashable {
     public var priority: Int
     public var syslogIdentifier: String
 
-    public init(
+    package init(
         message: String, stalls: Int, units: Int, windowMicroseconds: UInt64, worstMicroseconds: UInt64,
         worstUnit: String, worstFrame: String, priority: Int = 6, syslogIdentifier: String = "stallmond"
     ) {
@@ -37,7 +37,7 @@ public struct DigestRecord: Sendable, Hashable {
     }
 
     /// The entry's fields, every value clamped to its bound in ``FieldLimits``.
-    public var fields: [JournalField] {
+    package var fields: [JournalField] {
         [
             JournalField("MESSAGE_ID", MessageID.collectorDigest),
             JournalField("MESSAGE", FieldLimits.clamp(message, toBytes: FieldLimits.messageBytes)),
@@ -52,7 +52,8 @@ public struct DigestRecord: Sendable, Hashable {
         ]
     }
 
-    /// Decodes an entry read from the journal, holding every field to its bound in ``FieldLimits``.
+    /// Decodes an entry read from the journal (``JournalEntry/fields``, or a line of `journalctl -o json`),
+    /// holding every field to the bound that writers clamp it to.
     /// - Throws: ``JournalDecodingError`` naming the field that is missing, malformed or out of bounds.
     public init(journalFields fields: [String: String]) throws(JournalDecodingError) {
         let reader = FieldReader(fields: fields)

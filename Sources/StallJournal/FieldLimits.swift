@@ -5,57 +5,57 @@
 /// value read back is hostile until checked. A value outside its bound makes the entry malformed
 /// (``JournalDecodingError`` names the field and the value), except the identity of the sender
 /// (``identifierBytes``), which is cut with a marker: the entry still counts, under a shortened name.
-public enum FieldLimits {
+package enum FieldLimits {
     /// The longest duration any `…_USEC` field may hold: 366 days.
-    public static let maximumMicroseconds: UInt64 = 366 * 86_400 * 1_000_000
+    package static let maximumMicroseconds: UInt64 = 366 * 86_400 * 1_000_000
     /// The largest count (samples, suppressed reports, stalls, rate-limit burst): `UInt32.max`,
     /// 49 days of samples at the smallest interval (1 ms). Summing two billion of them still fits
     /// an `Int`.
-    public static let maximumCount = Int(UInt32.max)
+    package static let maximumCount = Int(UInt32.max)
     /// Thread ids: Linux's largest `pid_max`, 2^22.
-    public static let threadIDs = 1...4_194_304
+    package static let threadIDs = 1...4_194_304
     /// syslog(3) priorities.
-    public static let priorities = 0...7
+    package static let priorities = 0...7
     /// `STALL_FINGERPRINT`: exactly this many lowercase hex digits.
-    public static let fingerprintDigits = 16
+    package static let fingerprintDigits = 16
     /// `STALL_ID`: exactly this many lowercase hex digits.
-    public static let stallIDDigits = 32
+    package static let stallIDDigits = 32
     /// A W3C trace ID (`STALL_TRACE_ID`) and span ID (`STALL_SPAN_ID`), in lowercase hex.
-    public static let traceIDDigits = 32
-    public static let spanIDDigits = 16
+    package static let traceIDDigits = 32
+    package static let spanIDDigits = 16
     /// `MESSAGE`, in bytes.
-    public static let messageBytes = 2048
+    package static let messageBytes = 2048
     /// `STALL_FRAME`, in bytes.
-    public static let frameBytes = 1024
+    package static let frameBytes = 1024
     /// `STALL_BACKTRACE`, in bytes, as readers accept it: `journalctl -o json` prints `null` for
     /// longer fields unless `--all` is given.
-    public static let backtraceBytes = 4096
+    package static let backtraceBytes = 4096
     /// `STALL_STACKS`, in bytes, for the same reason as ``backtraceBytes``.
-    public static let stacksBytes = 4096
+    package static let stacksBytes = 4096
     /// `STALL_BACKTRACE`, in bytes, as writers fill it: journalctl's 4096 bytes count the field's
     /// `NAME=` too, so a value of ``backtraceBytes`` (which a SwiftNIO loop's 64 frames reach) came
     /// out `null`. Readers still accept ``backtraceBytes``, which earlier writers filled.
-    public static let backtraceWriteBytes = 4095 - "STALL_BACKTRACE=".utf8.count
+    package static let backtraceWriteBytes = 4095 - "STALL_BACKTRACE=".utf8.count
     /// `STALL_STACKS`, in bytes, as writers fill it, for the same reason as ``backtraceWriteBytes``.
-    public static let stacksWriteBytes = 4095 - "STALL_STACKS=".utf8.count
+    package static let stacksWriteBytes = 4095 - "STALL_STACKS=".utf8.count
     /// `SYSLOG_IDENTIFIER` and the unit (`_SYSTEMD_UNIT`, `_SYSTEMD_USER_UNIT`), in bytes; systemd's
     /// own unit names are at most 256. Longer ones are cut, ending in ``truncationMarker``.
-    public static let identifierBytes = 256
+    package static let identifierBytes = 256
     /// `STALL_LOOP` and `STALL_RUNLOOP_MODE`, in bytes.
-    public static let nameBytes = 256
+    package static let nameBytes = 256
     /// `STALL_ACTIVITY`, `STALL_CALLOUT`, `STALL_THREAD_STATE` and `STALL_THREAD_SYSCALL`, in bytes.
-    public static let keywordBytes = 64
+    package static let keywordBytes = 64
     /// `STALL_THREAD_WCHAN` (a kernel symbol), in bytes.
-    public static let waitChannelBytes = 512
+    package static let waitChannelBytes = 512
     /// The reader keeps at most this many bytes of any field, so a huge field costs no memory; any
     /// field the schema reads is far shorter, so a cut one is still rejected.
-    public static let readBytes = 65_536
+    package static let readBytes = 65_536
     /// Ends a value that was cut.
-    public static let truncationMarker = "…"
+    package static let truncationMarker = "…"
 
     /// `text` cut to at most `bytes` bytes of UTF-8 on a character boundary, ending in
     /// ``truncationMarker`` when it was cut.
-    public static func clamp(_ text: String, toBytes bytes: Int) -> String {
+    package static func clamp(_ text: String, toBytes bytes: Int) -> String {
         guard text.utf8.count > bytes else { return text }
         let budget = max(0, bytes - truncationMarker.utf8.count)
         var result = ""
@@ -70,13 +70,13 @@ public enum FieldLimits {
     }
 
     /// A sender's name (`SYSLOG_IDENTIFIER`, a unit) cut to ``identifierBytes``.
-    public static func identifier(_ text: String) -> String { clamp(text, toBytes: identifierBytes) }
+    package static func identifier(_ text: String) -> String { clamp(text, toBytes: identifierBytes) }
 
     /// A duration clamped to ``maximumMicroseconds``.
-    public static func microseconds(_ value: UInt64) -> UInt64 { min(value, maximumMicroseconds) }
+    package static func microseconds(_ value: UInt64) -> UInt64 { min(value, maximumMicroseconds) }
 
     /// A count clamped to `0...`` maximumCount``.
-    public static func count(_ value: Int) -> Int { min(max(value, 0), maximumCount) }
+    package static func count(_ value: Int) -> Int { min(max(value, 0), maximumCount) }
 
     /// Whether `text` is a W3C Trace Context trace or span ID: exactly `digits` lowercase hex
     /// digits, not all zero (the all-zero ID is invalid there: no trace, or no span).
@@ -85,7 +85,7 @@ public enum FieldLimits {
     }
 
     /// Whether `text` is exactly `digits` lowercase hex digits.
-    public static func isLowercaseHex(_ text: String, digits: Int) -> Bool {
+    package static func isLowercaseHex(_ text: String, digits: Int) -> Bool {
         text.utf8.count == digits
             && text.utf8.allSatisfy {
                 (UInt8(ascii: "0")...UInt8(ascii: "9")).contains($0)

@@ -11,8 +11,8 @@ import Darwin
 /// One entry read from the journal.
 public struct JournalEntry: Sendable, Hashable {
     /// Every field, by name (binary fields are decoded as UTF-8 with replacement). A
-    /// ``JournalReader`` keeps at most ``FieldLimits/readBytes`` of each, and cuts the sender's
-    /// names (``identityFields``) to ``FieldLimits/identifierBytes`` with a marker.
+    /// ``JournalReader`` keeps at most 64 KiB of each, and cuts the sender's names (`_SYSTEMD_UNIT`,
+    /// `_SYSTEMD_USER_UNIT`, `SYSLOG_IDENTIFIER`, `_HOSTNAME`) to 256 bytes, ending in `…`.
     public var fields: [String: String]
     /// Where the entry is, for resuming after it (`sd_journal_get_cursor`).
     public var cursor: String
@@ -24,7 +24,7 @@ public struct JournalEntry: Sendable, Hashable {
     public var bootID: String
     public var monotonicMicroseconds: UInt64
 
-    public init(
+    package init(
         fields: [String: String], cursor: String, realtimeMicroseconds: UInt64, bootID: String = "",
         monotonicMicroseconds: UInt64 = 0
     ) {
@@ -35,10 +35,11 @@ public struct JournalEntry: Sendable, Hashable {
         self.monotonicMicroseconds = monotonicMicroseconds
     }
 
+    /// The value of field `name`, `nil` when the entry has none.
     public subscript(_ name: String) -> String? { fields[name] }
 
     /// The fields that name the sender, which readers group by: cut, never rejected, when too long.
-    public static let identityFields: Set<String> = [
+    package static let identityFields: Set<String> = [
         "_SYSTEMD_UNIT", "_SYSTEMD_USER_UNIT", "SYSLOG_IDENTIFIER", "_HOSTNAME",
         // A stall stallmond saw from outside is the watched process's (StallObservation.subject(of:)).
         "OBJECT_SYSTEMD_UNIT", "OBJECT_SYSTEMD_USER_UNIT",
@@ -52,7 +53,7 @@ public struct JournalEntry: Sendable, Hashable {
     }
 
     /// Whether `text` is a machine id: 32 lowercase hex digits.
-    public static func isMachineID(_ text: String) -> Bool {
+    package static func isMachineID(_ text: String) -> Bool {
         text.utf8.count == 32 && text.utf8.allSatisfy { (0x30...0x39).contains($0) || (0x61...0x66).contains($0) }
     }
 }

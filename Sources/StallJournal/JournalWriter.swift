@@ -9,16 +9,18 @@ import Darwin
 /// ``sendTimeout`` for room in journald's queue, where libsystemd's `sd_journal_sendv` would wait
 /// without limit while journald takes nothing. There is no journal but on Linux: elsewhere
 /// ``isAvailable`` is false and ``send(_:)`` throws `ENOSYS`.
-public struct JournalWriter: Sendable {
+package struct JournalWriter: Sendable {
     /// journald's native socket, where ``isAvailable`` looks and ``send(_:)`` sends.
-    public let socketPath: String
+    package let socketPath: String
     /// How long one send may wait for journald to take the entry.
-    public static let sendTimeout: Duration = .seconds(1)
+    package static let sendTimeout: Duration = .seconds(1)
     private let connection: JournalConnection
 
-    public init(socketPath: String = "/run/systemd/journal/socket") {
+    /// - Parameter sendTimeout: How long one send may wait for journald; after such a wait, sends
+    ///   are refused at once for a second (``JournalConnection``).
+    package init(socketPath: String = "/run/systemd/journal/socket", sendTimeout: Duration = Self.sendTimeout) {
         self.socketPath = socketPath
-        connection = JournalConnection(path: socketPath, timeout: Self.sendTimeout)
+        connection = JournalConnection(path: socketPath, timeout: sendTimeout)
     }
 
     /// Whether journald listens on ``socketPath``: a datagram socket connects to it.
@@ -26,7 +28,7 @@ public struct JournalWriter: Sendable {
     /// A missing socket, and a socket left behind by a journald that has since exited (it refuses
     /// every entry, `ECONNREFUSED`), both read as unavailable.
     /// Under systemd the socket belongs to PID 1, so a journald that restarts stays available.
-    public var isAvailable: Bool {
+    package var isAvailable: Bool {
         #if STALLMON_LINUX
         let descriptor = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard descriptor >= 0 else { return false }
@@ -63,7 +65,7 @@ public struct JournalWriter: Sendable {
     /// ``FieldLimits/readBytes``. The records (``StallRecord``, ``SuppressionRecord``,
     /// ``DigestRecord``) clamp their own fields, far below that.
     /// - Throws: ``JournalDecodingError`` naming the field.
-    public static func validate(_ fields: [JournalField]) throws(JournalDecodingError) {
+    package static func validate(_ fields: [JournalField]) throws(JournalDecodingError) {
         for field in fields {
             guard JournalField.isValidName(field.name) else {
                 throw JournalDecodingError(field: field.name, value: nil, reason: "not a valid journal field name")
@@ -82,13 +84,19 @@ public struct JournalWriter: Sendable {
     /// - Throws: ``SystemdError`` naming the call that failed (`ETIMEDOUT` when journald took
     ///   nothing within ``sendTimeout``), or ``JournalDecodingError`` for a bad field name or an
     ///   over-long value.
-    public func send(_ fields: [JournalField]) throws {
-        try Self.validate(fields)
-        guard !fields.isEmpty else { return }
+    package func send(_ fields: [JournalField]) throws {
         do {
-            try connection.send(JournalConnection.encode(fields))
-        } catch {
+            try deliver(fields)
+        } catch let error as JournalConnection.Failure {
             throw SystemdError(function: error.call, errno: error.code)
         }
+    }
+
+    /// ``send(_:)``, throwing the connection's own ``JournalConnection/Failure`` when journald does
+    /// not take the entry (its message says so in words, for a sink's caller).
+    package func deliver(_ fields: [JournalField]) throws {
+        try Self.validate(fields)
+        guard !fields.isEmpty else { return }
+        try connection.send(JournalConnection.encode(fields))
     }
 }

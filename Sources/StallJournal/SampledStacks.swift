@@ -1,5 +1,7 @@
 /// `STALL_STACKS`: every distinct stack sampled during a stall, with how many samples showed it, in
-/// a form that fits one journal field (at most ``FieldLimits/stacksWriteBytes``).
+/// a form that fits one journal field (at most 4 KiB). A reader gets it decoded, as
+/// ``StallRecord/sampledStacks``, and the stacks with their frames as text from
+/// ``StallRecord/resolvedStacks``.
 ///
 /// `STALL_BACKTRACE` already holds the reported stack, one frame a line, so frames are numbered
 /// after its lines: line `#0` is frame 0, line `#n-1` frame n-1. Frames that are not in the
@@ -20,7 +22,7 @@ public struct SampledStacks: Sendable, Hashable {
         public var frames: [Int]
         public var count: Int
 
-        public init(frames: [Int], count: Int) {
+        package init(frames: [Int], count: Int) {
             self.frames = frames
             self.count = count
         }
@@ -34,24 +36,25 @@ public struct SampledStacks: Sendable, Hashable {
 
     /// Most frames one stack may name, inline frames included (the sampler keeps 128 addresses,
     /// and a few inline frames per address is already a lot).
-    public static let maximumDepth = 1024
+    package static let maximumDepth = 1024
     /// Most frames all stacks of one field may name together, so ranges cannot make a 4 KiB field
     /// cost more than a few hundred KiB.
-    public static let maximumTotalFrames = 65_536
+    package static let maximumTotalFrames = 65_536
 
-    public init(frames: [String] = [], stacks: [Stack] = [], omittedSamples: Int = 0) {
+    package init(frames: [String] = [], stacks: [Stack] = [], omittedSamples: Int = 0) {
         self.frames = frames
         self.stacks = stacks
         self.omittedSamples = omittedSamples
     }
 
+    /// Whether the entry had no `STALL_STACKS`.
     public var isEmpty: Bool { stacks.isEmpty && omittedSamples == 0 }
 
     /// Samples the field accounts for, carried or not.
     public var totalSamples: Int { stacks.reduce(omittedSamples) { $0 + $1.count } }
 
     /// The field's value.
-    public var encoded: String {
+    package var encoded: String {
         var lines = frames.map { "=" + $0 }
         lines += stacks.map { Self.encode($0.frames) + " \($0.count)" }
         if omittedSamples > 0 { lines.append("* \(omittedSamples)") }
@@ -61,11 +64,11 @@ public struct SampledStacks: Sendable, Hashable {
     /// A frame to write: its line as the backtrace writes it, and the shorter text the field
     /// defines it with when it is not in the backtrace (its name and file:line, without address and
     /// offset, so that samples at two instructions of one function share a definition).
-    public struct Frame: Sendable, Hashable {
-        public var line: String
-        public var definition: String
+    package struct Frame: Sendable, Hashable {
+        package var line: String
+        package var definition: String
 
-        public init(line: String, definition: String) {
+        package init(line: String, definition: String) {
             self.line = line
             self.definition = definition
         }
@@ -74,7 +77,7 @@ public struct SampledStacks: Sendable, Hashable {
     /// Builds the field from stacks of frames, heaviest stack first: frames whose line is a line of
     /// `backtraceLines` refer to it, the others are defined. Stacks that would take the field past
     /// `maximumBytes` are left out and counted in ``omittedSamples``.
-    public init(
+    package init(
         stacks input: [(frames: [Frame], count: Int)], backtraceLines: [String],
         maximumBytes: Int = FieldLimits.stacksWriteBytes
     ) {
@@ -144,7 +147,7 @@ public struct SampledStacks: Sendable, Hashable {
 
     /// Decodes the field of an entry whose `STALL_BACKTRACE` has `backtraceLineCount` lines.
     /// - Throws: ``JournalDecodingError`` naming `STALL_STACKS`, the line and what is wrong.
-    public init(decoding text: String, backtraceLineCount: Int) throws(JournalDecodingError) {
+    package init(decoding text: String, backtraceLineCount: Int) throws(JournalDecodingError) {
         self.init()
         func failure(_ line: Substring, _ reason: String) -> JournalDecodingError {
             JournalDecodingError(field: StallRecord.Field.stacks, value: String(line), reason: reason)
@@ -217,7 +220,7 @@ public struct SampledStacks: Sendable, Hashable {
     /// The stacks with their frames as text, innermost first: backtrace lines (without their
     /// `#N `) and the frames defined in the field. Stacks left out are one frame, `(stacks not
     /// recorded)`.
-    public func resolved(backtrace: String) -> [(frames: [String], count: Int)] {
+    package func resolved(backtrace: String) -> [(frames: [String], count: Int)] {
         let table = Self.backtraceFrames(backtrace) + frames
         var result = stacks.map { stack in
             (frames: stack.frames.map { $0 < table.count ? table[$0] : "?" }, count: stack.count)
@@ -227,7 +230,7 @@ public struct SampledStacks: Sendable, Hashable {
     }
 
     /// The lines of a backtrace with their `#N ` numbers taken off.
-    public static func backtraceFrames(_ backtrace: String) -> [String] {
+    package static func backtraceFrames(_ backtrace: String) -> [String] {
         backtrace.split(separator: "\n", omittingEmptySubsequences: false).map { line in
             guard line.first == "#", let space = line.firstIndex(of: " "),
                 line[line.index(after: line.startIndex)..<space].allSatisfy(\.isNumber)

@@ -44,7 +44,7 @@ public struct StallRecord: Sendable, Hashable {
     public var fingerprint: String
     /// The frame a reader looks at first, e.g. `Service.refresh() (Service.swift:42)`.
     public var frame: String
-    /// One frame a line, at most ``StallRecord/maximumBacktraceBytes``.
+    /// One frame a line (`#0 …`), at most 4 KiB: writers cut it at a line boundary.
     public var backtrace: String
     public var priority: Int
     public var syslogIdentifier: String
@@ -66,9 +66,9 @@ public struct StallRecord: Sendable, Hashable {
     public var request: Request?
 
     /// What a writer puts in `STALL_BACKTRACE` at most (see ``FieldLimits/backtraceWriteBytes``).
-    public static let maximumBacktraceBytes = FieldLimits.backtraceWriteBytes
+    package static let maximumBacktraceBytes = FieldLimits.backtraceWriteBytes
 
-    public init(
+    package init(
         event: Event, message: String, stallID: String, durationMicroseconds: UInt64,
         thresholdMicroseconds: UInt64, activity: String, runLoopMode: String, callout: String,
         loop: String, threadID: Int, threadState: String, threadSyscall: String, threadWaitChannel: String,
@@ -99,7 +99,8 @@ public struct StallRecord: Sendable, Hashable {
         self.syslogIdentifier = syslogIdentifier
     }
 
-    public var messageID: String {
+    /// The entry's `MESSAGE_ID`, one of ``MessageID/stallReports``.
+    package var messageID: String {
         switch event {
         case .detected: MessageID.stallDetected
         case .ended: MessageID.stallEnded
@@ -109,7 +110,7 @@ public struct StallRecord: Sendable, Hashable {
 
     /// The entry's fields, in the order they are written: every value clamped to its bound in
     /// ``FieldLimits``, so that every reader accepts what the monitor writes.
-    public var fields: [JournalField] {
+    package var fields: [JournalField] {
         [
             JournalField("MESSAGE_ID", messageID),
             JournalField("MESSAGE", FieldLimits.clamp(message, toBytes: FieldLimits.messageBytes)),
@@ -185,15 +186,17 @@ public struct StallRecord: Sendable, Hashable {
             ? value : "* \(FieldLimits.count(sampledStacks.totalSamples))"
     }
 
-    /// The stacks with their frames as text, heaviest first (see ``SampledStacks/resolved(backtrace:)``);
-    /// an entry without `STALL_STACKS` gives its backtrace as the one stack.
+    /// The stacks with their frames as text, innermost first, heaviest stack first: backtrace lines
+    /// without their `#N `, and the frames ``sampledStacks`` defines; samples whose stacks were left
+    /// out are one stack, `(stacks not recorded)`. An entry without `STALL_STACKS` gives its
+    /// backtrace as the one stack.
     public var resolvedStacks: [(frames: [String], count: Int)] {
         guard sampledStacks.isEmpty else { return sampledStacks.resolved(backtrace: Self.clampBacktrace(backtrace)) }
         return [(SampledStacks.backtraceFrames(Self.clampBacktrace(backtrace)), max(1, stackSamples))]
     }
 
     /// Cuts a backtrace at a line boundary so that it fits ``maximumBacktraceBytes``.
-    public static func clampBacktrace(_ backtrace: String) -> String {
+    package static func clampBacktrace(_ backtrace: String) -> String {
         guard backtrace.utf8.count > maximumBacktraceBytes else { return backtrace }
         let marker = "…"
         let budget = maximumBacktraceBytes - marker.utf8.count
@@ -216,8 +219,9 @@ public struct StallRecord: Sendable, Hashable {
 }
 
 extension StallRecord {
-    /// Decodes an entry read from the journal (for example a line of `journalctl -o json`), holding
-    /// every field to its bound in ``FieldLimits``.
+    /// Decodes an entry read from the journal (``JournalEntry/fields``, or a line of `journalctl -o json`),
+    /// holding every field to the bound that writers clamp it to: any local user can write entries
+    /// with stallmon's MESSAGE_IDs.
     /// - Throws: ``JournalDecodingError`` naming the field that is missing, malformed or out of bounds.
     public init(journalFields fields: [String: String]) throws(JournalDecodingError) {
         let reader = FieldReader(fields: fields)
@@ -275,7 +279,7 @@ public struct JournalDecodingError: Error, Sendable, Hashable, CustomStringConve
     public var value: String?
     public var reason: String
 
-    public init(field: String, value: String?, reason: String) {
+    package init(field: String, value: String?, reason: String) {
         self.field = field
         self.value = value
         self.reason = reason

@@ -14,7 +14,7 @@ public struct SuppressionRecord: Sendable, Hashable {
     public var priority: Int
     public var syslogIdentifier: String
 
-    public init(
+    package init(
         message: String, loop: String, threadID: Int, fingerprint: String, frame: String, count: Int,
         totalDurationMicroseconds: UInt64, worstDurationMicroseconds: UInt64, rateLimitBurst: Int,
         rateLimitIntervalMicroseconds: UInt64, priority: Int, syslogIdentifier: String
@@ -42,7 +42,7 @@ public struct SuppressionRecord: Sendable, Hashable {
     }
 
     /// The entry's fields, every value clamped to its bound in ``FieldLimits``.
-    public var fields: [JournalField] {
+    package var fields: [JournalField] {
         [
             JournalField("MESSAGE_ID", MessageID.reportsSuppressed),
             JournalField("MESSAGE", FieldLimits.clamp(message, toBytes: FieldLimits.messageBytes)),
@@ -61,7 +61,8 @@ public struct SuppressionRecord: Sendable, Hashable {
         ]
     }
 
-    /// Decodes an entry read from the journal, holding every field to its bound in ``FieldLimits``.
+    /// Decodes an entry read from the journal (``JournalEntry/fields``, or a line of `journalctl -o json`),
+    /// holding every field to the bound that writers clamp it to.
     /// - Throws: ``JournalDecodingError`` naming the field that is missing, malformed or out of bounds.
     public init(journalFields fields: [String: String]) throws(JournalDecodingError) {
         let reader = FieldReader(fields: fields)

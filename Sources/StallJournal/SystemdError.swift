@@ -4,8 +4,8 @@ import Glibc
 import Darwin
 #endif
 
-/// A libsystemd call that failed. libsystemd returns `-errno`; ``check(_:_:)`` turns that
-/// convention into this error in one place.
+/// A libsystemd call that failed, as ``JournalReader`` throws it: the function and its `errno`
+/// (libsystemd returns `-errno`).
 public struct SystemdError: Error, Sendable, Hashable, CustomStringConvertible {
     /// The C function that failed, e.g. `sd_journal_open` or `send`.
     public var function: String

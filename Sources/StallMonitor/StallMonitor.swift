@@ -156,14 +156,14 @@ public final class StallMonitor: Sendable {
         if target == .mainThread, Self.isAsyncMainBeforeItsDrain { throw StallMonitorError.runLoopTargetInAsyncMain() }
         try state.withLock { (session: inout Session?) throws(StallMonitorError) in
             guard session == nil else { throw StallMonitorError.alreadyRunning() }
-            let started = try Session(target: target, monitor: self)
+            let runLoop = try RunLoopSession(target: target, monitor: self)
             do throws(StallMonitorError) {
-                started.pool = try startPool(for: target, eventLoopsWatched: eventLoopsWatched)
+                let pool = try startPool(for: target, eventLoopsWatched: eventLoopsWatched)
+                session = Session(runLoop: runLoop, pool: pool)
             } catch {
-                started.stop()
+                runLoop.stop()
                 throw error
             }
-            session = started
         }
         #else
         logger.debug("stall monitoring is unsupported on this platform (Linux only): the monitor does nothing")
@@ -346,7 +346,38 @@ public final class StallMonitor: Sendable {
     // MARK: - Session
 
     #if STALLMON_LINUX
-    fileprivate typealias Session = RunLoopSession
+    /// One start…stop span of a monitor: a watch per kind of loop it has, each a ``WatchdogSession``
+    /// with its own watchdog thread, made by the one set-up path
+    /// (``WatchdogSession/make(loops:configuration:signal:sinks:metricsFactory:logger:interruptBlockedThreads:engineLogger:backend:)``)
+    /// and stopped together: the run loop or main queue it was started for, the cooperative pool
+    /// when it is watched, and the event loops `startService()` hands it.
+    fileprivate final class Session: @unchecked Sendable {
+        let runLoop: RunLoopSession
+        let pool: CooperativePoolSession?
+        /// Set once, under the monitor's lock.
+        var eventLoops: EventLoopGroupSession?
+
+        init(runLoop: RunLoopSession, pool: CooperativePoolSession?) {
+            self.runLoop = runLoop
+            self.pool = pool
+        }
+
+        var reporter: Reporter { runLoop.reporter }
+        var watchdog: Watchdog { runLoop.watchdog }
+        var latency: LoopLatencyExporter? { runLoop.latency }
+        var loopIfCurrentThread: LoopPointer? { runLoop.loopIfCurrentThread }
+
+        /// Every watch's together.
+        var statistics: Statistics {
+            runLoop.statistics + (pool?.statistics ?? .zero) + (eventLoops?.statistics ?? .zero)
+        }
+
+        func stop() {
+            eventLoops?.stop()
+            pool?.stop()
+            runLoop.stop()
+        }
+    }
     #else
 
     /// Monitoring is unsupported here: no session is ever made.

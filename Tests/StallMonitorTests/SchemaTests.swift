@@ -296,14 +296,16 @@ struct SchemaTests {
     @Test func calloutIsRecognizedFromTheInnermostRunLoopFrame() {
         func frame(_ symbol: String) -> StallFrame { StallFrame(address: 1, symbol: symbol) }
         #expect(
-            StallReport.Callout.recognize([
+            StallReport.Callout.recognizeRunLoopCallout([
                 frame("f"), frame("__CFRUNLOOP_IS_SERVICING_THE_MAIN_DISPATCH_QUEUE__"),
                 frame("__CFRUNLOOP_IS_CALLING_OUT_TO_A_TIMER_CALLBACK_FUNCTION__"),
             ]) == .mainQueue)
         #expect(
-            StallReport.Callout.recognize([frame("__CFRUNLOOP_IS_CALLING_OUT_TO_A_SOURCE1_PERFORM_FUNCTION__")])
+            StallReport.Callout.recognizeRunLoopCallout([
+                frame("__CFRUNLOOP_IS_CALLING_OUT_TO_A_SOURCE1_PERFORM_FUNCTION__")
+            ])
                 == .source1)
-        #expect(StallReport.Callout.recognize([frame("main")]) == .unknown)
+        #expect(StallReport.Callout.recognizeRunLoopCallout([frame("main")]) == .unknown)
     }
 
     @Test func rateLimiterAdmitsABurstThenSummarizes() {

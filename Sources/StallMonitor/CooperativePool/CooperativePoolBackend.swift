@@ -33,8 +33,6 @@ final class CooperativePoolBackend: WatchdogBackend {
     /// Each slot's job count at the previous look, and whether any had changed at the latest.
     private var sequences: [UInt64] = []
     private var ranJobs = false
-    /// When the watchdog woke after the latest stop of the process: jobs count from then at the earliest.
-    private var resumedAt: UInt64 = 0
     /// The untimed job priority the latest queue probe was sent for.
     private var probedPriority: UInt32 = 0
     /// When the watchdog last swept the table of open spans.
@@ -55,31 +53,42 @@ final class CooperativePoolBackend: WatchdogBackend {
 
     private var threshold: UInt64 { engine.threshold }
 
-    func run() {
-        while !engine.isStopping {
-            var earliest = visit(now: MonotonicClock.now())
-            if earliest == nil, ranJobs {
-                earliest = MonotonicClock.now() + threshold / 2
-            }
-            sweepSpans(parking: earliest == nil)
-            if earliest == nil {
-                let parked = stallmon_pool_park()
-                // Read every slot again after announcing the park: a job that started before it
-                // is seen here, one that starts after it wakes the watchdog.
-                earliest = visit(now: MonotonicClock.now())
-                if earliest == nil, !engine.isStopping {
-                    wait(timeout: parked < 0 ? threshold : UInt64.max)
-                    continue
-                }
-                stallmon_pool_unpark()
-            }
-            guard let earliest, !engine.isStopping else { continue }
-            let now = MonotonicClock.now()
-            if earliest > now { wait(timeout: earliest - now) }
+    /// Looks at every pool thread; while no job runs, parks: the first job to start wakes the
+    /// watchdog.
+    func visit(now: UInt64) -> UInt64? {
+        var earliest = visitThreads(now: now)
+        if earliest == nil, ranJobs {
+            // Busy with short jobs: look again in half a threshold rather than park, so that the
+            // next job start does not pay for a wakeup.
+            earliest = MonotonicClock.now() + threshold / 2
         }
-        let end = MonotonicClock.now()
+        sweepSpans(parking: earliest == nil)
+        if let earliest { return earliest }
+        let parked = stallmon_pool_park()
+        // Read every slot again after announcing the park: a job that started before it is seen
+        // here, one that starts after it wakes the watchdog (its wait clears the park).
+        if let earliest = visitThreads(now: MonotonicClock.now()) {
+            stallmon_pool_unpark()
+            return earliest
+        }
+        // Parking is unsafe here: look once per threshold instead.
+        return parked < 0 ? MonotonicClock.now() + threshold : nil
+    }
+
+    /// Waits for the pool's next job (a parked watchdog), or until `deadline`.
+    func wait(until deadline: UInt64?) {
+        guard let deadline else {
+            _ = stallmon_pool_wait(UInt64.max)
+            return
+        }
+        let now = MonotonicClock.now()
+        if deadline > now { _ = stallmon_pool_wait(deadline - now) }
+    }
+
+    func finishStalls(end: UInt64) {
+        stallmon_pool_unpark()
         for (index, thread) in threads.enumerated() {
-            if let thread, case .stalled(let stall) = thread.phase { finishStall(index, thread, stall, end: end) }
+            if let thread, let stall = thread.phase.stall { finishStall(index, thread, stall, end: end) }
         }
     }
 
@@ -95,20 +104,9 @@ final class CooperativePoolBackend: WatchdogBackend {
 
     func didStop() { ServiceHealth.shared.vote(self, wedgedSince: nil) }
 
-    /// Waits for the pool's next job or for `timeout` (`UInt64.max`: none), then notes whether the
-    /// process was stopped meanwhile: a job it was timing, or one that started before the stop, is
-    /// timed from now, as a loop's cycle is (a stall already being sampled keeps its start).
-    private func wait(timeout: UInt64) {
-        let deadline = timeout == UInt64.max ? UInt64.max : MonotonicClock.now() &+ timeout
-        engine.stops.measuringWait { _ = stallmon_pool_wait(timeout) }
-        engine.noteWakeup()
-        let awake = MonotonicClock.now()
-        if engine.stops.wasStopped(wokeAt: awake, deadline: deadline) { resumedAt = awake }
-    }
-
     /// Handles what is due for every pool thread at `now`; returns the earliest time something is
     /// due next (`nil`: no job runs).
-    private func visit(now: UInt64) -> UInt64? {
+    private func visitThreads(now: UInt64) -> UInt64? {
         learnUnknownPriority()
         let count = Int(stallmon_pool_slot_count())
         if threads.count < count { threads += Array(repeating: nil, count: count - threads.count) }
@@ -136,32 +134,32 @@ final class CooperativePoolBackend: WatchdogBackend {
             ranJobs = true
         }
         guard let thread = thread(in: index, running: job, now: now) else { return nil }
-        if case .stalled(let stall) = thread.phase {
+        if let stall = thread.phase.stall {
             if let due = watchStall(index, thread, stall, job: job, now: now) { return due }
         }
         guard job.start_ns != 0 else {
             thread.phase = .idle
             return nil
         }
-        if case .timing(let sequence) = thread.phase, sequence == job.sequence {
+        if case .timing(_, let sequence) = thread.phase, sequence == job.sequence {
             // The same job as at the previous look.
         } else {
-            thread.phase = .timing(sequence: job.sequence)
+            thread.phase = .timing(start: job.start_ns, sequence: job.sequence)
             thread.cpuBase = (stallmon_thread_cpu_ns(job.tid), MonotonicClock.now())
         }
-        let start = max(job.start_ns, resumedAt)
+        // A job that began before a stop of the process counts from its end.
+        let start = engine.countedStart(job.start_ns)
         let deadline = start + threshold
         guard now >= deadline else { return deadline }
-        beginStall(index, thread, job: job, start: start, now: now)
-        if case .stalled(let stall) = thread.phase { return stall.nextSample }
-        return nil
+        let stall = beginStall(index, thread, job: job, start: start, now: now)
+        return stall.nextSample
     }
 
     /// The thread that runs `job` in slot `index`, learned anew when the slot's thread changed (the
     /// thread has exited, as libdispatch ends idle workers, and the slot may be another's).
     private func thread(in index: Int, running job: stallmon_pool_job, now: UInt64) -> PoolThread? {
         if let thread = threads[index], thread.threadID != job.tid {
-            if case .stalled(let stall) = thread.phase { finishStall(index, thread, stall, end: now) }
+            if let stall = thread.phase.stall { finishStall(index, thread, stall, end: now) }
             threads[index] = nil
         }
         if threads[index] == nil, job.tid != 0 {
@@ -186,13 +184,13 @@ final class CooperativePoolBackend: WatchdogBackend {
             return nil
         }
         engine.reportBeforeKillIfDue(stall, now: now, to: reporter, cpu: thread.cpu)
-        var due = engine.finalReportDue(stall)?.due ?? .max
         engine.sampleIfDue(stall, of: thread, inspector: thread.inspector, now: now)
-        due = min(due, stall.nextSample)
-        return due
+        return engine.nextLook(at: stall)
     }
 
-    private func beginStall(_ index: Int, _ thread: PoolThread, job: stallmon_pool_job, start: UInt64, now: UInt64) {
+    private func beginStall(_ index: Int, _ thread: PoolThread, job: stallmon_pool_job, start: UInt64, now: UInt64)
+        -> StallInProgress
+    {
         stallmon_pool_watch(Int32(index), job.sequence)
         let stall = engine.beginStall(
             start: start, sequence: job.sequence, now: now, activity: .poolJob, threadID: Int(thread.threadID))
@@ -200,6 +198,7 @@ final class CooperativePoolBackend: WatchdogBackend {
         voteOnHealth()
         engine.sample(stall, of: thread, inspector: thread.inspector)
         engine.reportDetected(stall, to: reporter, cpu: thread.cpu)
+        return stall
     }
 
     private func finishStall(_ index: Int, _ thread: PoolThread, _ stall: StallInProgress, end: UInt64) {
@@ -229,26 +228,25 @@ final class CooperativePoolBackend: WatchdogBackend {
     /// held threads leave others to run the queued jobs, however few workers live just now.
     private func voteOnHealth() {
         let held = threads.compactMap { thread -> UInt64? in
-            guard let thread, case .stalled(let stall) = thread.phase else { return nil }
-            return stall.start
+            thread?.phase.stall?.start
         }.sorted()
         let since = held.count >= Self.width ? held[Self.width - 1] : nil
         ServiceHealth.shared.vote(self, wedgedSince: since)
     }
 }
 
+extension StallReport.Callout {
+    /// A pool thread's callout: the job the trampoline runs, when its frame is on the stack.
+    static func recognizePoolCallout(_ frames: [StallFrame]) -> Self {
+        frames.contains { $0.symbol == "stallmon_pool_run_job" } ? .poolJob : .unknown
+    }
+}
+
 /// One thread of the cooperative pool, as its slot shows it.
 final class PoolThread: SampledThread {
-    enum Phase {
-        case idle
-        /// Running the job `sequence`, not yet for the threshold.
-        case timing(sequence: UInt64)
-        case stalled(StallInProgress)
-    }
-
     let threadID: pid_t
     let inspector: ThreadInspector
-    var phase = Phase.idle
+    var phase = WatchPhase.idle
     /// CPU time of the thread when its current job was first seen, and when it was read.
     var cpuBase: (cpu: Int64, time: UInt64) = (-1, 0)
 

@@ -93,7 +93,11 @@ package final class CooperativePoolSession: @unchecked Sendable {
         do throws(StallMonitorError) {
             // Pool threads come and go; the pool counts as running (jobs ran to learn its queues).
             (session, _) = try WatchdogSession.make(
-                loops: [.init(name: CooperativePoolBackend.loopName, threadID: Int(getpid()))],
+                loops: [
+                    .init(
+                        name: CooperativePoolBackend.loopName, threadID: Int(getpid()),
+                        callouts: StallReport.Callout.recognizePoolCallout)
+                ],
                 configuration: configuration, signal: signal, sinks: sinks, metricsFactory: metricsFactory,
                 logger: logger
             ) { engine, _, reporters in (CooperativePoolBackend(engine: engine, reporter: reporters[0]), []) }

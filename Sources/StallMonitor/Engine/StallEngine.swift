@@ -4,11 +4,12 @@ import Logging
 import StallJournal
 import Synchronization
 
-/// The steps every watchdog takes, whatever loop it watches: it begins a stall (suppressed in the
-/// startup grace period or under a debugger), samples it at the sample interval, reports it when
-/// detected, before a service-manager kill and when it ends, and tells waits that a stop of the
-/// process made late from waits that merely waited for a CPU. A ``WatchdogBackend`` drives these
-/// steps; the engine knows nothing of the loops' kinds.
+/// The watch loop every watchdog runs, whatever loop it watches (``run(_:)``), and the steps of a
+/// stall: it begins one (suppressed in the startup grace period or under a debugger), samples it at
+/// the sample interval, reports it when detected, before a service-manager kill and when it ends,
+/// and tells waits that a stop of the process made late from waits that merely waited for a CPU.
+/// A ``WatchdogBackend`` answers what differs per kind of loop; the engine knows nothing of the
+/// loops' kinds.
 ///
 /// Used on the watchdog thread, but for the counters and ``beginStopping()``.
 final class StallEngine: @unchecked Sendable {
@@ -24,6 +25,11 @@ final class StallEngine: @unchecked Sendable {
     private let stallCount = Atomic<Int>(0)
     private let wakeupCount = Atomic<Int>(0)
     private let watchdogThreadID = Atomic<Int32>(0)
+    /// When the process last resumed from a stop: no work item counts from before it, whichever
+    /// one a thread is in by the time the watchdog looks.
+    private(set) var resumedAt: UInt64 = 0
+    /// When the latest wait of ``run(_:)`` ended, and the deadline it was given (`UInt64.max`: none).
+    private(set) var lastWake: (woke: UInt64, deadline: UInt64) = (0, .max)
 
     /// - Parameters:
     ///   - signal: The sampling signal, `nil` when none was free.
@@ -54,6 +60,40 @@ final class StallEngine: @unchecked Sendable {
     func noteThreadStarted() { watchdogThreadID.store(stallmon_gettid(), ordering: .releasing) }
     func beginStopping() { stopping.store(true, ordering: .releasing) }
     func noteWakeup() { wakeupCount.add(1, ordering: .relaxed) }
+
+    // MARK: - The watch loop
+
+    /// The watchdog thread's loop, until ``beginStopping()``: `backend` looks at its threads and
+    /// says when it must look again, the engine waits through it, and a wait that a stop of the
+    /// process made late restarts what was being timed (``noteResumed(at:)``). At the end, the
+    /// stalls in progress get their ended reports.
+    func run(_ backend: some WatchdogBackend) {
+        stops.runQueue.open()
+        defer { stops.runQueue.close() }
+        while !isStopping {
+            let next = backend.visit(now: MonotonicClock.now())
+            guard !isStopping else { break }
+            // A deadline already past when the wait begins (the visit ran late) asks for no sleep:
+            // lateness counts from the wait's start.
+            let deadline = max(next ?? .max, MonotonicClock.now())
+            stops.measuringWait { backend.wait(until: next) }
+            noteWakeup()
+            let woke = MonotonicClock.now()
+            lastWake = (woke, deadline)
+            if stops.wasStopped(wokeAt: woke, deadline: deadline) {
+                noteResumed(at: woke)
+                backend.restartAfterStop(now: woke)
+            }
+        }
+        backend.finishStalls(end: MonotonicClock.now())
+    }
+
+    /// The process resumed from a stop at `now` (the latest wait woke that late, or a backend saw
+    /// a work item begin that long before the watchdog could look).
+    func noteResumed(at now: UInt64) { resumedAt = max(resumedAt, now) }
+
+    /// Where a work item that began at `start` counts from: not before the latest resume.
+    func countedStart(_ start: UInt64) -> UInt64 { max(start, resumedAt) }
 
     // MARK: - Stall steps
 
@@ -141,35 +181,42 @@ final class StallEngine: @unchecked Sendable {
         reporter.submit(captured(stall, .ended, end: end, paused: paused, cpu: cpu))
     }
 
-    /// Writes the report of `stall` before the service manager's watchdog kills the service, and
-    /// waits until the sinks have it or `deadline` (systemd's) passes.
-    func reportBeforeKill(
-        _ stall: StallInProgress, interval: UInt64, deadline: UInt64, paused: UInt64 = 0, to reporter: Reporter,
-        cpu: (_ duration: UInt64) -> UInt64
-    ) {
-        stall.finalReportWritten = true
-        var report = captured(stall, .watchdog, end: MonotonicClock.now(), paused: paused, cpu: cpu)
-        report.watchdogInterval = interval
-        reporter.submitNow(report, waitingUntil: deadline)
-    }
-
-    /// When the final report of `stall` is due, for a loop whose watchdog does not ping the
-    /// service manager itself: under `WatchdogSec=`, for a stall that will have held its loop past
-    /// half the interval by then (the pings have stopped for it), early enough to land before
-    /// systemd's kill; `nil` otherwise.
-    func finalReportDue(_ stall: StallInProgress) -> (due: UInt64, deadline: UInt64, interval: UInt64)? {
-        guard !stall.finalReportWritten, !stall.suppressed, let schedule = ServiceHealth.shared.finalReport,
-            schedule.due >= stall.start + schedule.interval / 2
+    /// When the final report of `stall` is due, and systemd's deadline; `nil` when none is.
+    /// - Parameter pings: The pings of a backend that pings the service manager itself: its loop's
+    ///   stall held them back, so the report is due before systemd's kill whatever the stall's
+    ///   age. `nil` for a loop whose watchdog does not ping: under `WatchdogSec=`, the report is due
+    ///   for a stall that will have held its loop past half the interval by then (the process's
+    ///   pinger holds the pings back for it, ``ServiceHealth``), early enough to land before the kill.
+    ///
+    /// A kill ends the service whatever suppressed the stall's other reports: the final one goes
+    /// out for a suppressed stall too.
+    func finalReportDue(_ stall: StallInProgress, pings: ServiceWatchdogSchedule? = nil)
+        -> (due: UInt64, deadline: UInt64, interval: UInt64)?
+    {
+        guard !stall.finalReportWritten else { return nil }
+        if let pings { return (pings.finalReportTime, pings.deadline, pings.interval) }
+        guard let schedule = ServiceHealth.shared.finalReport, schedule.due >= stall.start + schedule.interval / 2
         else { return nil }
         return schedule
     }
 
-    /// Writes the final report of `stall` once ``finalReportDue(_:)`` says it is due at `now`.
+    /// Writes the final report of `stall` once ``finalReportDue(_:pings:)`` says it is due at
+    /// `now`, and waits until the sinks have it or systemd's deadline passes.
     func reportBeforeKillIfDue(
-        _ stall: StallInProgress, now: UInt64, to reporter: Reporter, cpu: (_ duration: UInt64) -> UInt64
+        _ stall: StallInProgress, now: UInt64, pings: ServiceWatchdogSchedule? = nil, paused: UInt64 = 0,
+        to reporter: Reporter, cpu: (_ duration: UInt64) -> UInt64
     ) {
-        guard let schedule = finalReportDue(stall), now >= schedule.due else { return }
-        reportBeforeKill(stall, interval: schedule.interval, deadline: schedule.deadline, to: reporter, cpu: cpu)
+        guard let schedule = finalReportDue(stall, pings: pings), now >= schedule.due else { return }
+        stall.finalReportWritten = true
+        var report = captured(stall, .watchdog, end: MonotonicClock.now(), paused: paused, cpu: cpu)
+        report.watchdogInterval = schedule.interval
+        reporter.submitNow(report, waitingUntil: schedule.deadline)
+    }
+
+    /// When the engine must look at `stall` next: its next sample, or its final report when that
+    /// comes first.
+    func nextLook(at stall: StallInProgress, pings: ServiceWatchdogSchedule? = nil) -> UInt64 {
+        min(stall.nextSample, finalReportDue(stall, pings: pings)?.due ?? .max)
     }
 
     /// The share of CPU `threadID` used since `base`, applied to a whole stall of the duration

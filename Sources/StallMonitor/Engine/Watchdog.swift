@@ -3,9 +3,9 @@ import CStallCapture
 import Dispatch
 import Foundation
 
-/// The watchdog thread of one monitor, of whatever kind of loop: waits until something could have
-/// stalled, begins a stall, samples it, ends it and reports it. The steps are the ``StallEngine``'s;
-/// the one part that differs per kind of loop, how it learns what its loops do and waits for them,
+/// The watchdog thread of one monitor, of whatever kind of loop: it runs the ``StallEngine``'s watch
+/// loop, which waits until something could have stalled, begins a stall, samples it, ends it and
+/// reports it; what differs per kind of loop, how it learns what its loops do and waits for them,
 /// is the ``WatchdogBackend``'s.
 final class Watchdog: @unchecked Sendable {
     let engine: StallEngine
@@ -30,9 +30,7 @@ final class Watchdog: @unchecked Sendable {
         Self.startThread(named: backend.threadName) { [self] in
             engine.noteThreadStarted()
         } body: { [self] in
-            engine.stops.runQueue.open()
-            backend.run()
-            engine.stops.runQueue.close()
+            engine.run(backend)
             finished.signal()
         }
     }

@@ -3,6 +3,10 @@ import CStallCapture
 import CoreMetrics
 import Logging
 
+/// How the backend of a loop names the callout a stalled stack was in (frames innermost first):
+/// each backend knows its own loop's callouts, and its loops' reporters ask it.
+typealias CalloutNaming = @Sendable ([StallFrame]) -> StallReport.Callout
+
 /// The lifecycle every monitor shares, whatever loop it watches: a sampler slot for its watchdog
 /// thread, one reporter per loop (each with its own rate limit and status), the watchdog, the
 /// `started` and `stopped` reports, and the statistics. The sessions of each kind of loop
@@ -21,6 +25,8 @@ final class WatchdogSession: @unchecked Sendable {
     struct Loop {
         var name: String
         var threadID: Int
+        /// How its backend names the callout a stalled stack was in.
+        var callouts: CalloutNaming
         var isEventLoop = false
         /// Whether the loop counts as running from the start (a run loop is not seen running until
         /// its first turn: its status says so until then).
@@ -46,7 +52,8 @@ final class WatchdogSession: @unchecked Sendable {
         let reporters = loops.map { loop in
             let reporter = Reporter(
                 configuration: configuration, loopName: loop.name, threadID: loop.threadID, sinks: sinks,
-                seenTurning: loop.seenTurning, metrics: StallMetrics(loop: loop.name, factory: metricsFactory),
+                seenTurning: loop.seenTurning, callouts: loop.callouts,
+                metrics: StallMetrics(loop: loop.name, factory: metricsFactory),
                 logger: logger)
             let description = MonitorDescription(
                 loop: loop.name, threadID: loop.threadID, configuration: configuration, signal: signal,

@@ -112,21 +112,14 @@ final class EventLoopBackend: WatchdogBackend {
     // MARK: - Per-loop state
 
     final class LoopState {
-        enum Phase {
-            /// Not yet looked at, or its epoll descriptor could not be armed: looked at every threshold.
-            case unknown(since: UInt64)
-            /// In `epoll_wait`, with a poll of its epoll descriptor pending.
-            case idle
-            /// In a cycle that began at `start` (no tick since `sequence`).
-            case timing(start: UInt64, sequence: UInt64)
-            case stalled(StallInProgress)
-        }
-
         let loop: Loop
         /// The loop's tick state.
         let ticks: OpaquePointer
         let inspector: ThreadInspector
-        var phase: Phase = .unknown(since: 0)
+        /// `unknown` until it is looked at, or when its epoll descriptor could not be armed (then
+        /// it is looked at every threshold); `idle` in `epoll_wait` with a poll of its epoll
+        /// descriptor pending; `timing` a cycle with no tick since its `sequence`.
+        var phase: WatchPhase = .unknown(since: 0)
         /// The loop's epoll descriptor the latest poll was submitted for (-1: none).
         var registeredFD: Int32 = -1
         /// Whether that poll is still pending: it completes at the loop's next wakeup.
@@ -157,65 +150,80 @@ final class EventLoopBackend: WatchdogBackend {
 
     // MARK: - Watching
 
-    func run() {
+    /// The keys of the polls that completed in the latest wait.
+    private var completions = [UInt64](repeating: 0, count: 64)
+    private var completed = 0
+    /// Whether the loops have been looked at once.
+    private var examined = false
+
+    func visit(now: UInt64) -> UInt64? {
+        guard examined else {
+            examined = true
+            for index in loops.indices { examine(index, now: now) }
+            return nextLook()
+        }
+        // A cycle started when the loop's descriptor woke the watchdog's poll, which is when
+        // the watchdog became runnable: time it then spent waiting for a CPU is the loop's.
+        let awake = engine.lastWake.woke
+        let queued = engine.stops.lastWaitQueued
+        let woke = queued < awake ? awake - queued : awake
+        for key in completions.prefix(completed) where key != UInt64.max {
+            let index = Int(key)
+            guard loops.indices.contains(index) else { continue }
+            loops[index].pollPending = false
+            guard case .idle = loops[index].phase else { continue }
+            startCycle(index, at: woke, beatNow: false)
+        }
+        completed = 0
+        for index in loops.indices { visit(index, now: now) }
+        for exporter in latency { exporter.exportIfDue(now: now) }
+        return nextLook()
+    }
+
+    func wait(until deadline: UInt64?) {
         let now = MonotonicClock.now()
-        for index in loops.indices { examine(index, now: now) }
-        var keys = [UInt64](repeating: 0, count: 64)
-        while !engine.isStopping {
-            let timeout = nextTimeout()
-            let deadline = timeout == UInt64.max ? nil : MonotonicClock.now() &+ timeout
-            var count: Int32 = 0
-            engine.stops.measuringWait {
-                if let watch {
-                    count = keys.withUnsafeMutableBufferPointer {
-                        stallmon_watch_wait(watch, timeout, $0.baseAddress, Int32($0.count))
-                    }
-                } else {
-                    _ = stopWaiter.wait(
-                        timeout: timeout == UInt64.max ? .distantFuture : .now() + .nanoseconds(Int(timeout)))
-                }
+        let timeout = deadline.map { $0 > now ? $0 - now : 0 } ?? UInt64.max
+        if let watch {
+            let count = completions.withUnsafeMutableBufferPointer {
+                stallmon_watch_wait(watch, timeout, $0.baseAddress, Int32($0.count))
             }
-            engine.noteWakeup()
-            let awake = MonotonicClock.now()
-            if engine.stops.wasStopped(wokeAt: awake, deadline: deadline ?? UInt64.max) {
-                restartCyclesAfterStop(now: awake)
-            }
-            // A cycle started when the loop's descriptor woke the watchdog's poll, which is when
-            // the watchdog became runnable: time it then spent waiting for a CPU is the loop's.
-            let queued = engine.stops.lastWaitQueued
-            let woke = queued < awake ? awake - queued : awake
-            for key in keys.prefix(Int(max(0, count))) where key != UInt64.max {
-                let index = Int(key)
-                guard loops.indices.contains(index) else { continue }
-                loops[index].pollPending = false
-                guard case .idle = loops[index].phase else { continue }
-                startCycle(index, at: woke, beatNow: false)
-            }
-            let now = MonotonicClock.now()
-            for index in loops.indices { visit(index, now: now) }
-            for exporter in latency { exporter.exportIfDue(now: now) }
+            completed = Int(max(0, count))
+        } else {
+            _ = stopWaiter.wait(timeout: timeout == UInt64.max ? .distantFuture : .now() + .nanoseconds(Int(timeout)))
         }
-        let end = MonotonicClock.now()
+    }
+
+    /// A stall in progress ends with its cycle's tick, when that came before the stop.
+    func finishStalls(end: UInt64) {
         for index in loops.indices {
-            if case .stalled(let stall) = loops[index].phase { finish(index, stall, end: end) }
+            guard let stall = loops[index].phase.stall else { continue }
+            finish(index, stall, end: tickEnd(of: stall, in: loops[index], now: end) ?? end)
         }
+    }
+
+    /// When the stalled cycle's tick ended, once it has: exactly, when the loop saw the watch;
+    /// otherwise the latest tick's end bounds it.
+    private func tickEnd(of stall: StallInProgress, in state: LoopState, now: UInt64) -> UInt64? {
+        var end: UInt64 = 0
+        if stallmon_ticks_watched_end(state.ticks, stall.sequence, &end) == 1 { return end }
+        guard state.sequence != stall.sequence else { return nil }
+        return min(stallmon_ticks_latest_end(state.ticks), now)
     }
 
     /// The process was stopped while the watchdog waited: the cycles it was timing count from now,
-    /// as a run loop's window does, or their loops would be reported stalled for the time nothing
-    /// ran. (A stall already being sampled keeps its start: its report includes the stop.)
-    private func restartCyclesAfterStop(now: UInt64) {
+    /// with a fresh heartbeat, as any work item does (``WatchPhase/resumed(at:)``).
+    func restartAfterStop(now: UInt64) {
         for index in loops.indices {
-            switch loops[index].phase {
-            case .timing: startCycle(index, at: now)
-            case .unknown: loops[index].phase = .unknown(since: now)
-            case .idle, .stalled: break
+            if case .timing = loops[index].phase {
+                startCycle(index, at: now)
+            } else {
+                loops[index].phase = loops[index].phase.resumed(at: now)
             }
         }
     }
 
-    /// Nanoseconds until the earliest deadline or sample (UInt64.max: none; the group is idle).
-    private func nextTimeout() -> UInt64 {
+    /// When the earliest deadline or sample is due (`nil`: none; the group is idle).
+    private func nextLook() -> UInt64? {
         var earliest: UInt64?
         for state in loops {
             let next: UInt64
@@ -228,13 +236,11 @@ final class EventLoopBackend: WatchdogBackend {
                 } else {
                     next = start + threshold
                 }
-            case .stalled(let stall): next = min(stall.nextSample, engine.finalReportDue(stall)?.due ?? .max)
+            case .stalled(let stall): next = engine.nextLook(at: stall)
             }
             earliest = min(earliest ?? next, next)
         }
-        guard let earliest else { return UInt64.max }
-        let now = MonotonicClock.now()
-        return earliest > now ? earliest - now : 0
+        return earliest
     }
 
     /// What the loop does now: idle in `epoll_wait` (then armed), or in a cycle since its latest tick.
@@ -342,12 +348,8 @@ final class EventLoopBackend: WatchdogBackend {
             guard now >= deadline, isAwake(index, now: now) else { return }
             beginStall(index, start: start, sequence: sequence, now: now)
         case .stalled(let stall):
-            var end: UInt64 = 0
-            if stallmon_ticks_watched_end(state.ticks, stall.sequence, &end) == 1 {
+            if let end = tickEnd(of: stall, in: state, now: now) {
                 finish(index, stall, end: end)
-            } else if state.sequence != stall.sequence {
-                // The tick ended before the loop saw the watch: the latest tick end bounds it.
-                finish(index, stall, end: min(stallmon_ticks_latest_end(state.ticks), now))
             } else {
                 engine.reportBeforeKillIfDue(stall, now: now, to: reporters[index], cpu: state.cpu)
                 engine.sampleIfDue(stall, of: state.loop, inspector: state.inspector, now: now)
@@ -362,7 +364,7 @@ final class EventLoopBackend: WatchdogBackend {
     private func voteOnHealth() {
         var since: UInt64?
         for state in loops {
-            if case .stalled(let stall) = state.phase { since = min(since ?? stall.start, stall.start) }
+            if let stall = state.phase.stall { since = min(since ?? stall.start, stall.start) }
         }
         ServiceHealth.shared.vote(self, wedgedSince: since)
     }

@@ -1,4 +1,10 @@
 extension StallReport.Callout {
+    /// An event loop's callout, for its reporters: the loop's work ``recognizeEventLoopWork(_:)``
+    /// names, `unknown` otherwise.
+    static func recognizeEventLoopCallout(_ frames: [StallFrame]) -> Self {
+        recognizeEventLoopWork(frames) ?? .unknown
+    }
+
     /// What an event loop (SwiftNIO) was running, from the innermost frame that tells: a future's
     /// callback, a channel write or read through its pipeline, a scheduled task or an `execute`
     /// task.

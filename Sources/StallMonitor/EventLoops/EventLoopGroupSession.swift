@@ -46,7 +46,11 @@ package final class EventLoopGroupSession: @unchecked Sendable {
         self.latency = latency
         let backend: EventLoopBackend
         (session, backend) = try WatchdogSession.make(
-            loops: loops.map { .init(name: $0.0.name, threadID: Int($0.0.threadID), isEventLoop: true) },
+            loops: loops.map {
+                .init(
+                    name: $0.0.name, threadID: Int($0.0.threadID),
+                    callouts: StallReport.Callout.recognizeEventLoopCallout, isEventLoop: true)
+            },
             configuration: configuration, signal: signal, sinks: sinks, metricsFactory: factory, logger: logger
         ) { (engine, slot, reporters) throws(StallMonitorError) in
             (

@@ -22,6 +22,8 @@ final class Reporter: @unchecked Sendable {
     private let lanes: [SinkLane]
     private let configuration: StallMonitor.Configuration
     private let loopName: String
+    /// How the loop's backend names the callout a stalled stack was in.
+    private let callouts: CalloutNaming
     private let threadID: Int
     private let pending = AtomicCounter()
     let droppedReports = AtomicCounter()
@@ -48,9 +50,11 @@ final class Reporter: @unchecked Sendable {
     ///   sees its first transition.
     init(
         configuration: StallMonitor.Configuration, loopName: String, threadID: Int, sinks: [any ReportSink],
-        seenTurning: Bool = false, metrics: StallMetrics? = nil, logger: Logger? = nil
+        seenTurning: Bool = false, callouts: @escaping CalloutNaming = { _ in .unknown }, metrics: StallMetrics? = nil,
+        logger: Logger? = nil
     ) {
         self.configuration = configuration
+        self.callouts = callouts
         self.metrics = metrics
         self.loopName = loopName
         self.threadID = threadID
@@ -237,7 +241,7 @@ final class Reporter: @unchecked Sendable {
             threshold: configuration.threshold,
             activity: stall.activity,
             runLoopMode: stall.runLoopMode,
-            callout: StallReport.Callout.recognize(frames),
+            callout: callouts(frames),
             threadState: String(stall.threadState),
             syscall: stall.kernelView.syscall,
             waitChannel: stall.kernelView.waitChannel,

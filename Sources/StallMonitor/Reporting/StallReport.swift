@@ -75,36 +75,6 @@ public struct StallReport: Sendable, Hashable {
             case .poolJob: "pool job"
             }
         }
-
-        /// The CoreFoundation functions that call each kind out (their frames sit right above the
-        /// callout), and the light drain of an async main, which calls the main queue's drain.
-        static let functionNames: [String: Callout] = [
-            "stallmon_async_main_light_drain": .mainQueue,
-            "stallmon_pool_run_job": .poolJob,
-            "__CFRUNLOOP_IS_CALLING_OUT_TO_A_TIMER_CALLBACK_FUNCTION__": .timer,
-            "__CFRUNLOOP_IS_CALLING_OUT_TO_A_SOURCE0_PERFORM_FUNCTION__": .source0,
-            "__CFRUNLOOP_IS_CALLING_OUT_TO_A_SOURCE1_PERFORM_FUNCTION__": .source1,
-            "__CFRUNLOOP_IS_SERVICING_THE_MAIN_DISPATCH_QUEUE__": .mainQueue,
-            "__CFRUNLOOP_IS_CALLING_OUT_TO_AN_OBSERVER_CALLBACK_FUNCTION__": .observer,
-            "__CFRUNLOOP_IS_CALLING_OUT_TO_A_BLOCK__": .performBlock,
-        ]
-
-        #if STALLMON_LINUX
-        /// The innermost callout on a stack (frames innermost first): by the names of
-        /// CoreFoundation's callout functions, or, where its local symbols are missing, by the
-        /// call sites the probe run learned (``CalloutSites``). A main-queue callout that runs a
-        /// Swift job (`swift_job_run` between it and the stalling code) is a main-actor job.
-        static func recognize(_ frames: [StallFrame]) -> Callout {
-            var runsSwiftJob = false
-            for frame in frames {
-                if frame.symbol == "swift_job_run" { runsSwiftJob = true }
-                guard let kind = frame.symbol.flatMap({ functionNames[$0] }) ?? CalloutSites.kind(at: frame.address)
-                else { continue }
-                return kind == .mainQueue && runsSwiftJob ? .mainActor : kind
-            }
-            return recognizeEventLoopWork(frames) ?? .unknown
-        }
-        #endif
     }
 
     /// How the reported stack was taken.

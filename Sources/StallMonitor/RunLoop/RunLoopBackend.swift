@@ -30,6 +30,14 @@ final class RunLoopBackend: WatchdogBackend {
     private let reporter: Reporter
 
     // Owned by the watchdog thread.
+    /// The loop's phase: `idle` while it sleeps or runs outside its windows, `timing` a window
+    /// (counted from the window's start as the watchdog last looked), `stalled` one past the
+    /// threshold, with ``stall`` holding the run loop's part of it.
+    private var phase = WatchPhase.idle
+    private var stall: Stall?
+    /// Why the watchdog waits, when it waits parked or on a quiet loop: what its next look learns
+    /// from that wait.
+    private var waiting: Waiting?
     private var armedSequence: UInt64 = 0
     /// The thread's CPU clock when the watchdog first saw the armed window, and the reading
     /// before that (with whether the loop slept from it until the window began).
@@ -40,9 +48,6 @@ final class RunLoopBackend: WatchdogBackend {
     private var lastCPUReading: (reading: CPUReading, sequence: UInt64, asleep: Bool)?
     /// A window may not count from before this point (set after a stop, an idle sample or an allowed stall).
     private var floor: (sequence: UInt64, time: UInt64) = (0, 0)
-    /// When the process last resumed from a stop: no window counts from before it, whichever
-    /// window the loop is in by the time the watchdog looks.
-    private var resumedAt: UInt64 = 0
     /// Whether the next idle phase parks the watchdog. After the observer woke it, it first waits
     /// out one quiet threshold: a loop that sleeps briefly on every pass would otherwise wake it
     /// on every pass.
@@ -117,49 +122,103 @@ final class RunLoopBackend: WatchdogBackend {
 
     // MARK: - Watching
 
-    func run() {
-        while !engine.isStopping {
-            var event = stallmon_event()
-            guard stallmon_loop_latest(loop, &event) == 1 else {
-                awaitFirstTurn()
-                continue
-            }
-            if firstTurn != .seen {
-                notice(firstTurn == .warned ? .turnedLate(waited: MonotonicClock.now() - engine.startedAt) : .turned)
-                firstTurn = .seen
-            }
-            pingServiceWatchdog(event)
-            latency?.exportIfDue()
-            switch event.phase {
-            case UInt32(STALLMON_LOOP_ACTIVE.rawValue):
-                watchWindow(event)
-            default:
-                noteCPUWhileIdle(event)
-                if !parkNext {
-                    // A window that starts from now on cannot cross the threshold before now +
-                    // threshold, so this wait delays no detection. A loop that stayed quiet
-                    // throughout gets the watchdog parked next time.
-                    waitNoticingStops(until: cappedByPing(MonotonicClock.now() + threshold))
-                    var latest = stallmon_event()
-                    parkNext = stallmon_loop_latest(loop, &latest) == 1 && latest.sequence == event.sequence
-                    continue
-                }
-                // Asleep or outside the loop: nothing can stall until the observer wakes us (or
-                // the service manager's watchdog wants its next ping).
-                switch stallmon_loop_park(loop, event.sequence) {
-                case 1:
-                    wait(until: serviceWatchdog?.nextPing)
-                    noteLateWakeFromPark(after: event.sequence)
-                    parkNext = false
-                case -1:
-                    // Parking is unsafe here: poll once per threshold instead.
-                    waitNoticingStops(until: cappedByPing(MonotonicClock.now() + threshold))
-                default:
-                    break
-                }
-                _ = stallmon_loop_unpark(loop)
-            }
+    /// What a wait that is not a window's was for.
+    private enum Waiting {
+        /// Parked before the loop's first transition.
+        case firstTurn
+        /// Parked while the loop slept or ran outside its windows after transition `sequence`.
+        case parked(sequence: UInt64)
+        /// Parking was unsafe: a threshold's wait instead.
+        case polling
+        /// A quiet threshold's wait after the observer woke the watchdog, before it parks again.
+        case quiet(sequence: UInt64)
+    }
+
+    func visit(now: UInt64) -> UInt64? {
+        if let waiting {
+            self.waiting = nil
+            endWait(waiting)
         }
+        if let stall = phase.stall {
+            if let next = followStall(stall) { return next }
+            // The stall ended; a stopping watchdog looks at nothing more.
+            if engine.isStopping { return nil }
+        }
+        var event = stallmon_event()
+        guard stallmon_loop_latest(loop, &event) == 1 else { return awaitFirstTurn() }
+        if firstTurn != .seen {
+            notice(firstTurn == .warned ? .turnedLate(waited: MonotonicClock.now() - engine.startedAt) : .turned)
+            firstTurn = .seen
+        }
+        pingServiceWatchdog(event)
+        latency?.exportIfDue()
+        if event.phase == UInt32(STALLMON_LOOP_ACTIVE.rawValue) { return watchWindow(event) }
+        phase = .idle
+        noteCPUWhileIdle(event)
+        if !parkNext {
+            // A window that starts from now on cannot cross the threshold before now + threshold,
+            // so this wait delays no detection. A loop that stays quiet throughout gets the
+            // watchdog parked next time.
+            waiting = .quiet(sequence: event.sequence)
+            return cappedByPing(MonotonicClock.now() + threshold)
+        }
+        // Asleep or outside the loop: nothing can stall until the observer wakes us (or the
+        // service manager's watchdog wants its next ping).
+        return park(after: event.sequence, until: serviceWatchdog?.nextPing, pollingUntil: cappedByPing)
+    }
+
+    /// Parks the watchdog until the observer publishes a transition after `sequence` (0: the
+    /// first), or until `deadline`; where parking is unsafe, a wait of a threshold (passed
+    /// through `polling`) instead. Returns the deadline of the wait.
+    private func park(after sequence: UInt64, until deadline: UInt64?, pollingUntil polling: (UInt64) -> UInt64)
+        -> UInt64?
+    {
+        switch stallmon_loop_park(loop, sequence) {
+        case 1:
+            waiting = sequence == 0 ? .firstTurn : .parked(sequence: sequence)
+            return deadline
+        case -1:
+            waiting = .polling
+            return polling(MonotonicClock.now() + threshold)
+        default:
+            // A transition came first: look again at once.
+            _ = stallmon_loop_unpark(loop)
+            return MonotonicClock.now()
+        }
+    }
+
+    /// What the watchdog learns from a wait it took outside a window.
+    private func endWait(_ waiting: Waiting) {
+        switch waiting {
+        case .firstTurn, .polling:
+            _ = stallmon_loop_unpark(loop)
+        case .parked(let sequence):
+            _ = stallmon_loop_unpark(loop)
+            noteLateWakeFromPark(after: sequence)
+            parkNext = false
+        case .quiet(let sequence):
+            var latest = stallmon_event()
+            parkNext = stallmon_loop_latest(loop, &latest) == 1 && latest.sequence == sequence
+        }
+    }
+
+    /// Waits on the semaphore, which the observer signals, until `deadline`.
+    func wait(until deadline: UInt64?) {
+        guard let deadline else {
+            semaphore.wait()
+            return
+        }
+        let now = MonotonicClock.now()
+        if deadline > now { _ = semaphore.wait(timeout: .now() + .nanoseconds(Int(deadline - now))) }
+    }
+
+    /// A stall in progress ends where its window ended, when it closed before the stop.
+    func finishStalls(end: UInt64) {
+        if waiting != nil { _ = stallmon_loop_unpark(loop) }
+        waiting = nil
+        guard let core = phase.stall, let stall else { return }
+        accountLatestWait()
+        finishStall(end: windowEnd(of: core, watchedAt: stall.watchedAt) ?? end)
     }
 
     // MARK: - Before the loop turns
@@ -168,7 +227,7 @@ final class RunLoopBackend: WatchdogBackend {
     /// thread that never runs its own), or the monitor started inside a callout. A loop never seen
     /// turning is not healthy, so the service watchdog gets no ping; nothing can stall either, so
     /// the watchdog parks until the first transition wakes it, once waking at the deadline to warn.
-    private func awaitFirstTurn() {
+    private func awaitFirstTurn() -> UInt64? {
         var deadline: UInt64?
         if firstTurn == .awaited {
             let grace = UInt64(configuration.startupGracePeriod.nanoseconds)
@@ -178,19 +237,10 @@ final class RunLoopBackend: WatchdogBackend {
             if let due = deadline, MonotonicClock.now() >= due {
                 firstTurn = .warned
                 notice(.notTurning(waited: MonotonicClock.now() - engine.startedAt))
-                return
+                return MonotonicClock.now()
             }
         }
-        switch stallmon_loop_park(loop, 0) {
-        case 1:
-            wait(until: deadline)
-        case -1:
-            // Parking is unsafe here: poll once per threshold instead.
-            wait(until: min(deadline ?? .max, MonotonicClock.now() + threshold))
-        default:
-            break
-        }
-        _ = stallmon_loop_unpark(loop)
+        return park(after: 0, until: deadline) { min(deadline ?? .max, $0) }
     }
 
     /// Reads the thread's CPU clock once per sleep of the loop: while the loop sleeps, that is the
@@ -226,7 +276,8 @@ final class RunLoopBackend: WatchdogBackend {
         return min(deadline, nextPing)
     }
 
-    private func watchWindow(_ event: stallmon_event) {
+    /// Times the loop's current window; returns when to look again.
+    private func watchWindow(_ event: stallmon_event) -> UInt64? {
         if event.sequence != armedSequence {
             armedSequence = event.sequence
             armedBefore = lastCPUReading.map { ($0.reading, $0.asleep && $0.sequence + 1 == event.sequence) }
@@ -235,30 +286,28 @@ final class RunLoopBackend: WatchdogBackend {
             if !configuration.interruptBlockedThreads { stallmon_sampler_note_running(slot, source.threadID) }
         }
         let windowStart = windowStart(of: event)
+        phase = .timing(start: windowStart, sequence: event.sequence)
         let deadline = windowStart + threshold
         let now = MonotonicClock.now()
-        if now < deadline {
-            waitNoticingStops(until: cappedByPing(deadline))
-            return
-        }
+        if now < deadline { return cappedByPing(deadline) }
         if stops.wasStoppedSinceWake() {
             // The process was stopped and continued since the watchdog woke: the time it spent
             // stopped is no stall, so the window counts from now.
-            resumedAt = now
-            return
+            engine.noteResumed(at: now)
+            return now
         }
         if stallmon_loop_allowed(loop) > 0 {
             // Work inside allowingStall: look again later; its end starts a fresh window.
             floor = (event.sequence, now)
-            return
+            return now
         }
-        handleStall(event, windowStart: windowStart)
+        return beginStall(event, windowStart: windowStart)
     }
 
     /// Where a window counts from: its first transition, unless the process resumed from a stop
     /// since, or the watchdog restarted the window (allowed work, an idle sample).
     private func windowStart(of event: stallmon_event) -> UInt64 {
-        var start = max(event.timestamp_ns, resumedAt)
+        var start = engine.countedStart(event.timestamp_ns)
         if floor.sequence == event.sequence { start = max(start, floor.time) }
         return start
     }
@@ -274,68 +323,52 @@ final class RunLoopBackend: WatchdogBackend {
         else { return }
         let now = MonotonicClock.now()
         if stops.isLate(now, after: event.timestamp_ns) {
-            resumedAt = now
-        }
-    }
-
-    /// Waits on the semaphore until `deadline` (CLOCK_MONOTONIC; `nil` waits for a signal only),
-    /// and notes how long of it the thread spent waiting for a CPU; returns the time it woke.
-    @discardableResult
-    private func wait(until deadline: UInt64?) -> UInt64 {
-        stops.measuringWait {
-            if let deadline {
-                let now = MonotonicClock.now()
-                if deadline > now {
-                    _ = semaphore.wait(timeout: .now() + .nanoseconds(Int(deadline - now)))
-                }
-            } else {
-                semaphore.wait()
-            }
-        }
-        return MonotonicClock.now()
-    }
-
-    /// Waits until `deadline`; when the process was stopped meanwhile, the current window counts
-    /// from now.
-    private func waitNoticingStops(until deadline: UInt64) {
-        let woke = wait(until: deadline)
-        if stops.wasStopped(wokeAt: woke, deadline: deadline) {
-            resumedAt = MonotonicClock.now()
+            engine.noteResumed(at: now)
         }
     }
 
     // MARK: - Stalls
 
-    /// A window past the threshold while the watchdog samples it.
+    /// The run loop's part of a window past the threshold while the watchdog samples it.
     private struct Stall {
-        /// The engine's part: counts from the window's start, numbered by its transition.
-        let core: StallInProgress
         /// When the watchdog began to watch for the window's end.
         let watchedAt: UInt64
         var time: StallTimeAccount
+        /// The end of the latest wait recorded in ``time``: each wait counts once.
+        var accountedWake: UInt64
 
-        /// The CPU time the thread used in the stall, for a report that ends at `start + paused + duration`.
-        func cpu(_ duration: UInt64) -> UInt64 { time.used(until: core.start + time.paused + duration) }
+        /// The CPU time the thread used in `stall`, for a report that ends at `start + paused + duration`.
+        func cpu(of stall: StallInProgress) -> (UInt64) -> UInt64 {
+            { [time] duration in time.used(until: stall.start + time.paused + duration) }
+        }
     }
 
-    private func handleStall(_ event: stallmon_event, windowStart: UInt64) {
+    /// Begins the stall of a window past the threshold: asks the observer for its exact end, takes
+    /// the first sample and hands over the detected report. Returns when to look again.
+    private func beginStall(_ event: stallmon_event, windowStart: UInt64) -> UInt64 {
         stallmon_loop_watch(loop, event.sequence)
-        defer { stallmon_loop_watch(loop, 0) }
         let watchedAt = MonotonicClock.now()
         var latest = stallmon_event()
-        guard stallmon_loop_latest(loop, &latest) == 1, latest.sequence == event.sequence else {
-            return  // the window closed just as it crossed the threshold
+        guard stallmon_loop_latest(loop, &latest) == 1, latest.sequence == event.sequence,
+            let (core, stall) = sampleFirst(event, windowStart: windowStart, watchedAt: watchedAt)
+        else {
+            // The window closed just as it crossed the threshold, or the loop idles in it.
+            stallmon_loop_watch(loop, 0)
+            return MonotonicClock.now()
         }
-        guard var stall = beginStall(event, windowStart: windowStart, watchedAt: watchedAt) else { return }
-        engine.reportDetected(stall.core, paused: stall.time.paused, to: reporter, cpu: stall.cpu)
-        let end = sampleUntilEnd(&stall)
-        finishStall(&stall, end: end)
+        phase = .stalled(core)
+        self.stall = stall
+        engine.reportDetected(core, paused: stall.time.paused, to: reporter, cpu: stall.cpu(of: core))
+        core.nextSample = MonotonicClock.now() + engine.sampleInterval
+        return engine.nextLook(at: core, pings: serviceWatchdog)
     }
 
     /// Takes the first sample of a window that crossed the threshold, and starts its time account.
     /// - Returns: The stall, or `nil` when the sample shows the loop idle in its own wait (a nested
     ///   run in a mode the observers do not see): then there is no stall.
-    private func beginStall(_ event: stallmon_event, windowStart: UInt64, watchedAt: UInt64) -> Stall? {
+    private func sampleFirst(_ event: stallmon_event, windowStart: UInt64, watchedAt: UInt64)
+        -> (StallInProgress, Stall)?
+    {
         let sequence = event.sequence
         let activity: StallReport.Activity =
             event.window == UInt32(STALLMON_WINDOW_AFTER_WAITING.rawValue) ? .afterWaiting : .beforeSources
@@ -354,54 +387,56 @@ final class RunLoopBackend: WatchdogBackend {
             windowStart: windowStart, before: armed ? armedBefore?.reading : nil,
             sleptUntilStart: armed && armedBefore?.sleptUntilStart == true,
             after: [armed ? armedReading : nil, startReading].compactMap { $0 })
-        var stall = Stall(core: core, watchedAt: watchedAt, time: time)
+        var stall = Stall(watchedAt: watchedAt, time: time, accountedWake: engine.lastWake.woke)
         stall.time.record(clocks, stopped: stops.sampleWasStopped(&sampleBegan), late: sampleBegan.lateness)
-        return stall
+        return (core, stall)
     }
 
-    /// Samples until the window closes, and returns its end. With a service watchdog, no pings go
-    /// out meanwhile, and a stall that outlasts most of its interval gets a final report before
-    /// systemd kills us.
-    private func sampleUntilEnd(_ stall: inout Stall) -> UInt64 {
-        let core = stall.core
-        core.nextSample = MonotonicClock.now() + engine.sampleInterval
-        while true {
-            var target = core.nextSample
-            if let schedule = serviceWatchdog, !core.finalReportWritten {
-                target = min(target, schedule.finalReportTime)
-            }
-            let woke = wait(until: target)
-            // Late by a stop, less any time spent waiting for a CPU (no stop); the thread's
-            // runnable time tells when the stop began.
-            let stopped = stops.wasStopped(wokeAt: woke, deadline: target)
-            stall.time.record(clocks, stopped: stopped, late: stops.lateness(wokeAt: woke, deadline: target))
-            if let schedule = serviceWatchdog, !core.finalReportWritten,
-                MonotonicClock.now() >= schedule.finalReportTime
-            {
-                // Not past systemd's deadline: should the stall end before it (and the reports
-                // queued before this one not), the pings must resume.
-                engine.reportBeforeKill(
-                    core, interval: schedule.interval, deadline: schedule.deadline, paused: stall.time.paused,
-                    to: reporter, cpu: stall.cpu)
-            }
-            if let end = windowEnd(of: stall) { return end }
-            if engine.isStopping { return MonotonicClock.now() }
-            if MonotonicClock.now() >= core.nextSample {
-                var sampleBegan = stops.sampleStarts()
-                guard engine.sample(core, of: source, inspector: inspector) else {
-                    let end = MonotonicClock.now()
-                    floor = (core.sequence, end)
-                    return end
-                }
-                stall.time.record(clocks, stopped: stops.sampleWasStopped(&sampleBegan), late: sampleBegan.lateness)
-                engine.scheduleNextSample(core)
-            }
+    /// After each wait of a stall: accounts the wait, writes the final report when due (with a
+    /// service watchdog, no pings go out meanwhile), ends the stall once the window closed, and
+    /// samples when due. Returns when to look again, `nil` once the stall has ended.
+    private func followStall(_ core: StallInProgress) -> UInt64? {
+        accountLatestWait()
+        guard let stall else { return nil }
+        // Not past systemd's deadline: should the stall end before it (and the reports queued
+        // before this one not), the pings must resume.
+        engine.reportBeforeKillIfDue(
+            core, now: MonotonicClock.now(), pings: serviceWatchdog, paused: stall.time.paused, to: reporter,
+            cpu: stall.cpu(of: core))
+        if let end = windowEnd(of: core, watchedAt: stall.watchedAt) {
+            finishStall(end: end)
+            return nil
         }
+        if MonotonicClock.now() >= core.nextSample {
+            var sampleBegan = stops.sampleStarts()
+            guard engine.sample(core, of: source, inspector: inspector) else {
+                let end = MonotonicClock.now()
+                floor = (core.sequence, end)
+                finishStall(end: end)
+                return nil
+            }
+            self.stall?.time.record(clocks, stopped: stops.sampleWasStopped(&sampleBegan), late: sampleBegan.lateness)
+            engine.scheduleNextSample(core)
+        }
+        return engine.nextLook(at: core, pings: serviceWatchdog)
+    }
+
+    /// Records the engine's latest wait, once, in the stall's time account: late by a stop, less
+    /// any time spent waiting for a CPU (no stop); the thread's runnable time tells when the stop
+    /// began.
+    private func accountLatestWait() {
+        let (woke, deadline) = engine.lastWake
+        guard var stall, woke > stall.accountedWake else { return }
+        stall.accountedWake = woke
+        stall.time.record(
+            clocks, stopped: stops.wasStopped(wokeAt: woke, deadline: deadline),
+            late: stops.lateness(wokeAt: woke, deadline: deadline))
+        self.stall = stall
     }
 
     /// The end of the stall's window, once the loop has left it.
-    private func windowEnd(of stall: Stall) -> UInt64? {
-        let sequence = stall.core.sequence
+    private func windowEnd(of core: StallInProgress, watchedAt: UInt64) -> UInt64? {
+        let sequence = core.sequence
         var endTime: UInt64 = 0
         if stallmon_loop_watched_end(loop, sequence, &endTime) == 1 { return endTime }
         var current = stallmon_event()
@@ -415,12 +450,14 @@ final class RunLoopBackend: WatchdogBackend {
         if stallmon_loop_event_after(loop, sequence, &next) == 1, next.timestamp_ns != 0 {
             return next.timestamp_ns
         }
-        return stall.watchedAt
+        return watchedAt
     }
 
     /// Takes a reading after the end, and hands over the ended report.
-    private func finishStall(_ stall: inout Stall, end: UInt64) {
-        let sequence = stall.core.sequence
+    private func finishStall(end: UInt64) {
+        guard let core = phase.stall, var stall else { return }
+        stallmon_loop_watch(loop, 0)
+        let sequence = core.sequence
         // The loop slept from the end through the reading if no transition followed its sleep.
         let reading = stall.time.recordAfterEnd(clocks)
         var afterEnd = stallmon_event()
@@ -428,8 +465,10 @@ final class RunLoopBackend: WatchdogBackend {
             stallmon_loop_latest(loop, &afterEnd) == 1 && afterEnd.sequence == sequence + 1
             && afterEnd.phase == UInt32(STALLMON_LOOP_ASLEEP.rawValue)
         if let reading { lastCPUReading = (reading, sequence, false) }
+        phase = .idle
+        self.stall = nil
         let time = stall.time
-        engine.finishStall(stall.core, end: end, paused: time.paused, to: reporter) { _ in time.used(until: end) }
+        engine.finishStall(core, end: end, paused: time.paused, to: reporter) { _ in time.used(until: end) }
     }
 }
 #endif  // STALLMON_LINUX

@@ -20,10 +20,9 @@ extension StallMonitor {
         }
     }
 
-    /// One start…stop span of a monitor of a run loop or an async main's main queue: the loop
-    /// state its observers (or the main queue's drain) publish into, the shared ``WatchdogSession``
-    /// around the ``RunLoopBackend``, and the cooperative pool's and event loops' sessions, which
-    /// stop with it.
+    /// The watch of a run loop or an async main's main queue in one start…stop span of a monitor:
+    /// the loop state its observers (or the main queue's drain) publish into, and the shared
+    /// ``WatchdogSession`` around the ``RunLoopBackend``.
     final class RunLoopSession: @unchecked Sendable {
         let session: WatchdogSession
         let backend: RunLoopBackend
@@ -33,11 +32,6 @@ extension StallMonitor {
         let logger: Logger
         /// The light drain of ``Target/asyncMain`` feeds the loop state, not run-loop observers.
         let lightDrain: Bool
-        /// The cooperative pool's monitor, when the pool is watched.
-        var pool: CooperativePoolSession?
-        /// The event loops of the service's group, when `startService()` watches them.
-        var eventLoops: EventLoopGroupSession?
-
         var watchdog: Watchdog { session.watchdog }
         var reporter: Reporter { session.reporters[0] }
         /// The loop's latency histogram, when `loop_latency` is on.
@@ -55,7 +49,11 @@ extension StallMonitor {
             let logger = logger
             var loop: LoopPointer?
             (session, backend) = try WatchdogSession.make(
-                loops: [.init(name: loopName, threadID: Int(target.threadID), seenTurning: false)],
+                loops: [
+                    .init(
+                        name: loopName, threadID: Int(target.threadID),
+                        callouts: StallReport.Callout.recognizeRunLoopCallout, seenTurning: false)
+                ],
                 configuration: configuration, signal: signal, sinks: monitor.sinks, metricsFactory: metricsFactory,
                 logger: logger, interruptBlockedThreads: configuration.interruptBlockedThreads, engineLogger: logger
             ) { (engine, slot, reporters) throws(StallMonitorError) in
@@ -240,12 +238,7 @@ extension StallMonitor {
 
         // MARK: - Running
 
-        /// The loop's, the cooperative pool's and the event loops' together.
-        var statistics: Statistics {
-            loopStatistics + (pool?.statistics ?? .zero) + (eventLoops?.statistics ?? .zero)
-        }
-
-        var loopStatistics: Statistics { session.statistics }
+        var statistics: Statistics { session.statistics }
 
         /// Drops the session's reference to the loop state. CFRunLoopObserverInvalidate does not wait
         /// for a callout that is already running on the monitored thread, so unless this is that
@@ -273,15 +266,13 @@ extension StallMonitor {
         }
 
         func stop() {
-            eventLoops?.stop()
-            pool?.stop()
             if lightDrain { stallmon_async_main_drain_attach(nil) }
             for observer in observers {
                 CFRunLoopObserverInvalidate(observer)
             }
             session.stop()
             releaseLoopState()
-            logger.debug("stallmon stopped", metadata: ["stallmon.stalls": "\(loopStatistics.stalls)"])
+            logger.debug("stallmon stopped", metadata: ["stallmon.stalls": "\(statistics.stalls)"])
         }
 
         // MARK: - The run loop

@@ -8,14 +8,14 @@ import StallJournal
 /// and counts as lost otherwise. Every entry tries the journal first, so reports return to it as
 /// soon as journald listens again, whether or not it listened when the sink was made.
 public struct JournalSink: ReportSink {
-    private let connection: JournalConnection
+    private let writer: JournalWriter
     private let syslogIdentifier: String
     private let fallback: (any ReportSink)?
     private let failures: FailureCounter
 
     /// - Parameters:
     ///   - syslogIdentifier: `SYSLOG_IDENTIFIER` of stall entries; `nil` uses the program's name.
-    ///     Cut to ``FieldLimits/identifierBytes`` (with a marker), the longest readers accept.
+    ///     Cut to 256 bytes (ending in `…`), the longest readers accept.
     ///   - socketPath: journald's native socket (`/run/systemd/journal.NAMESPACE/socket` for a
     ///     journal namespace).
     ///   - sendTimeout: How long one entry may wait for a journald that takes none; after such a
@@ -27,29 +27,30 @@ public struct JournalSink: ReportSink {
         syslogIdentifier: String? = nil, socketPath: String = "/run/systemd/journal/socket",
         sendTimeout: Duration = .milliseconds(100), fallback: (any ReportSink)? = nil
     ) {
-        self.connection = JournalConnection(path: socketPath, timeout: sendTimeout)
+        self.writer = JournalWriter(socketPath: socketPath, sendTimeout: sendTimeout)
         self.syslogIdentifier = FieldLimits.identifier(syslogIdentifier ?? ProgramName.current)
         self.fallback = fallback
         self.failures = FailureCounter()
     }
 
-    /// Whether journald listens (see ``JournalWriter/isAvailable``).
-    public var isAvailable: Bool { JournalWriter(socketPath: connection.path).isAvailable }
+    /// Whether journald listens on the socket: a datagram socket connects to it. A socket left
+    /// behind by a journald that has since exited refuses every entry, and reads as unavailable.
+    public var isAvailable: Bool { writer.isAvailable }
 
     /// Entries that journald did not take (for example while it is down), whether or not the
     /// fallback then had them.
     public var failedEntries: Int { failures.count }
 
     /// Sends the event to the journal, or to the fallback when journald does not take it.
-    /// - Throws: ``JournalDecodingError`` for a field journald would drop or no reader would accept
-    ///   (``JournalWriter/validate(_:)``); without a fallback, the reason journald did not take the
-    ///   entry; with one, the fallback's error.
+    /// - Throws: ``JournalDecodingError`` for a field journald would drop or no reader would accept;
+    ///   without a fallback, the reason journald did not take the entry; with one, the fallback's error.
     public func emit(_ event: StallMonitorEvent) throws {
         let fields = Self.fields(for: event, syslogIdentifier: syslogIdentifier)
         guard !fields.isEmpty else { return }
-        try JournalWriter.validate(fields)
         do {
-            try connection.send(JournalConnection.encode(fields))
+            try writer.deliver(fields)
+        } catch let error as JournalDecodingError {
+            throw error
         } catch {
             failures.increment()
             guard let fallback else { throw error }
@@ -59,10 +60,7 @@ public struct JournalSink: ReportSink {
 
     /// What ``emit(_:)`` does past the mapping of the event to fields, without a fallback: checks
     /// the fields and sends them (the benchmark times this part alone).
-    package func send(_ fields: [JournalField]) throws {
-        try JournalWriter.validate(fields)
-        try connection.send(JournalConnection.encode(fields))
-    }
+    package func send(_ fields: [JournalField]) throws { try writer.deliver(fields) }
 
     /// The journal fields of an event: the one mapping from reports to the schema; none for a kind
     /// this version does not know.
