@@ -37,10 +37,13 @@ let package = Package(
             pkgConfig: "libsystemd",
             providers: [.apt(["libsystemd-dev"])]
         ),
+        // The one platform header of the C targets: whether they build their Linux implementation.
+        .target(name: "CStallPlatform"),
         // Async-signal-safe capture: the run-loop observer callouts, the sample slot and the signal handler;
         // and the in-place unwinder of threads blocked in the kernel (libunwind's remote interface).
         .target(
             name: "CStallCapture",
+            dependencies: ["CStallPlatform"],
             linkerSettings: [
                 .linkedLibrary("unwind", .when(platforms: [.linux])),
                 .linkedLibrary("unwind-generic", .when(platforms: [.linux])),
@@ -49,6 +52,7 @@ let package = Package(
         // Symbolication of captured addresses through elfutils' libdw, and Swift demangling.
         .target(
             name: "CSymbolize",
+            dependencies: ["CStallPlatform"],
             linkerSettings: [
                 .linkedLibrary("dw", .when(platforms: [.linux])), .linkedLibrary("elf", .when(platforms: [.linux])),
             ]
@@ -58,6 +62,7 @@ let package = Package(
         // the in-place unwinder of another process's blocked threads, through elfutils' libdwfl.
         .target(
             name: "CStallWatch",
+            dependencies: ["CStallPlatform"],
             exclude: ["bpf"],
             linkerSettings: [
                 .linkedLibrary("bpf", .when(platforms: [.linux])), .linkedLibrary("dw", .when(platforms: [.linux])),
@@ -316,8 +321,8 @@ LinuxImplementation.apply(to: package)
 /// Linux only. Elsewhere the libraries compile to a monitor that does nothing and says so
 /// (`StallMonitor.isSupported` is false), so a service that depends on them still builds on a
 /// developer's Mac. Swift code tests `#if STALLMON_LINUX`; C code `#if STALLMON_LINUX` after
-/// including its target's header, which defines it on Linux (CStallCapture's `stallmon_platform.h`,
-/// which its other headers include; CSymbolize's `symbolize.h`).
+/// including its target's header, which defines it on Linux: every C target's headers include
+/// CStallPlatform's `stallmon_platform.h`.
 ///
 /// `PRETEND_NON_LINUX=1` builds on Linux as on any other platform: the C headers and sources and
 /// the Swift sources take their non-Linux branches, the Linux-only dependencies and libraries drop

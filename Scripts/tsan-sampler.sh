@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-clang -std=gnu11 -g -O1 -fsanitize=thread -DSTALLMON_LINUX=1 -ISources/CStallCapture/include -ISources/CStallCapture \
+clang -std=gnu11 -g -O1 -fsanitize=thread -DSTALLMON_LINUX=1 -ISources/CStallPlatform/include -ISources/CStallCapture/include -ISources/CStallCapture \
     Sources/CStallCapture/*.c Tests/SamplerTSan/sampler_tsan.c -o "$out/sampler_tsan" -lunwind-generic -lunwind -ldl -lpthread \
     -L/opt/swift/usr/lib/swift/linux -Wl,-rpath,/opt/swift/usr/lib/swift/linux -ldispatch -lBlocksRuntime
 TSAN_OPTIONS="halt_on_error=1 exitcode=66 second_deadlock_stack=1" "$out/sampler_tsan"

@@ -1,6 +1,6 @@
 #include "stallwatch.h"
 
-#if defined(STALLWATCH_LINUX)
+#if defined(STALLMON_LINUX)
 
 #include <elfutils/libdwfl.h>
 #include <fcntl.h>

@@ -11,18 +11,15 @@
 
 #include "stallwatch_ticks.h"
 
-// The Linux implementation. Elsewhere (and under STALLMON_PRETEND_NON_LINUX, with which CI builds
-// on Linux as on other platforms: see Package.swift) this header declares nothing and the sources
-// compile to nothing. (The same lines as CStallCapture's stallmon_platform.h.)
-#if defined(__linux__) && !defined(STALLMON_PRETEND_NON_LINUX)
-#define STALLWATCH_LINUX 1
-#endif
+// STALLMON_LINUX: the Linux implementation. Elsewhere this header declares nothing and the sources
+// compile to nothing.
+#include "stallmon_platform.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#if defined(STALLWATCH_LINUX)
+#if defined(STALLMON_LINUX)
 
 typedef struct stallwatch stallwatch;
 

@@ -8,12 +8,9 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-// The Linux implementation. Elsewhere (and under STALLMON_PRETEND_NON_LINUX, with which CI builds
-// on Linux as on other platforms: see Package.swift) this header declares only what the portable
+// STALLMON_LINUX: the Linux implementation. Elsewhere this header declares only what the portable
 // Swift code calls, and the sources compile to (nearly) nothing.
-#if defined(__linux__) && !defined(STALLMON_PRETEND_NON_LINUX)
-#define STALLMON_LINUX 1
-#endif
+#include "stallmon_platform.h"
 
 #ifdef __cplusplus
 extern "C" {
