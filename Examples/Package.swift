@@ -71,6 +71,8 @@ let package = Package(
                 .product(name: "StallMonitorNIO", package: "stallmon"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "NIOCore", package: "swift-nio"),
+                // MultiThreadedEventLoopGroup.singleton: the /loop-* routes stall one of its loops.
+                .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),

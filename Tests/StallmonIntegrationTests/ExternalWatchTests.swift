@@ -94,17 +94,18 @@ extension Serial {
             func remove() { rmdir(path) }
         }
 
-        /// stallmond with a configuration of its own that watches the epoll service's executable;
+        /// stallmond with a configuration of its own that watches `patterns` (executable paths, unit globs);
         /// under `setpriv` with `setprivArguments` when they are given. It writes its metrics to
         /// `DIRECTORY/stallmon.prom` every second, counts what is written from its start on
         /// (`cold_start_entries` 0: earlier runs' stalls are in this machine's journal), and gives
         /// every unit a series of its own.
-        static func startStallmond(watching pattern: String, directory: String, setprivArguments: [String] = []) throws
-            -> Executable.Running
+        static func startStallmond(watching patterns: String..., directory: String, setprivArguments: [String] = [])
+            throws -> Executable.Running
         {
             let configuration = directory + "/stallmond.json"
+            let watch = patterns.map { "\"\($0)\"" }.joined(separator: ", ")
             let json =
-                #"{"metrics_path": "\#(directory)/stallmon.prom", "metrics_interval_s": 1, "cold_start_entries": 0, "max_units": 100000, "state_directory": "\#(directory)/state", "digest_interval_s": 0, "watch": ["\#(pattern)"], "watch_threshold_ms": 100}"#
+                #"{"metrics_path": "\#(directory)/stallmon.prom", "metrics_interval_s": 1, "cold_start_entries": 0, "max_units": 100000, "state_directory": "\#(directory)/state", "digest_interval_s": 0, "watch": [\#(watch)], "watch_threshold_ms": 100}"#
             try json.write(toFile: configuration, atomically: true, encoding: .utf8)
             guard !setprivArguments.isEmpty else { return try Executable.stallmond.start(["--config", configuration]) }
             let process = Process()

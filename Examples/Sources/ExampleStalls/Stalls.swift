@@ -71,17 +71,7 @@ public func sleepInHandler(milliseconds: Int) -> StallAnswer {
 @inline(never)
 public func waitForLockInHandler(milliseconds: Int) -> StallAnswer {
     let start = monotonicNanoseconds()
-    let mutex = HeldMutex()
-    let held = DispatchSemaphore(value: 0)
-    let holder = Thread {
-        mutex.lock()
-        held.signal()
-        usleep(UInt32(milliseconds) * 1000)
-        mutex.unlock()
-    }
-    holder.name = "lock-holder"
-    holder.start()
-    held.wait()
+    let mutex = HeldMutex.held(for: milliseconds)
     pthread_mutex_lock(mutex.pointer)
     pthread_mutex_unlock(mutex.pointer)
     return StallAnswer(handler: "waitForLockInHandler(milliseconds:)", start: start)
@@ -112,6 +102,26 @@ public func spinOnEventLoop(milliseconds: Int) -> StallAnswer {
     return StallAnswer(handler: "spinOnEventLoop(milliseconds:)", start: start)
 }
 
+/// Blocks in `usleep` (`clock_nanosleep`) for `milliseconds` on the event loop itself (a synchronous
+/// handler, or a task submitted to the loop): the loop thread sits in a system call, not its wait.
+@inline(never)
+public func sleepOnEventLoop(milliseconds: Int) -> StallAnswer {
+    let start = monotonicNanoseconds()
+    usleep(UInt32(milliseconds) * 1000)
+    return StallAnswer(handler: "sleepOnEventLoop(milliseconds:)", start: start)
+}
+
+/// Waits on the event loop itself for a mutex that another plain thread holds for `milliseconds`:
+/// the loop thread sits in `futex`.
+@inline(never)
+public func waitForLockOnEventLoop(milliseconds: Int) -> StallAnswer {
+    let start = monotonicNanoseconds()
+    let mutex = HeldMutex.held(for: milliseconds)
+    pthread_mutex_lock(mutex.pointer)
+    pthread_mutex_unlock(mutex.pointer)
+    return StallAnswer(handler: "waitForLockOnEventLoop(milliseconds:)", start: start)
+}
+
 /// Keeps a spin loop's result alive, so that the optimizer leaves the loop in. Each stalling
 /// function spins in its own body: a debug build inlines nothing, and a helper would be the
 /// report's frame instead of the function.
@@ -136,6 +146,23 @@ final class HeldMutex: @unchecked Sendable {
 
     func lock() { pthread_mutex_lock(pointer) }
     func unlock() { pthread_mutex_unlock(pointer) }
+
+    /// A mutex that a plain thread (`lock-holder`) has locked by the time this returns, and unlocks
+    /// `milliseconds` later. The caller locks it itself, so that its own frame is where it waits.
+    static func held(for milliseconds: Int) -> HeldMutex {
+        let mutex = HeldMutex()
+        let held = DispatchSemaphore(value: 0)
+        let holder = Thread {
+            mutex.lock()
+            held.signal()
+            usleep(UInt32(milliseconds) * 1000)
+            mutex.unlock()
+        }
+        holder.name = "lock-holder"
+        holder.start()
+        held.wait()
+        return mutex
+    }
 }
 
 extension StallAnswer {

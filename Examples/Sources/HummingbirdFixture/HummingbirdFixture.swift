@@ -11,12 +11,16 @@ import ExampleOTel
 //   GET /main-actor?ms=N    hops to the main actor and spins there N ms
 //   GET /child-cpu?ms=N     spins N ms in a `Task {}` the handler makes and awaits
 //   GET /deep?ms=N&depth=D  spins N ms at the bottom of D nested calls (1 to 200, default 100)
+//   GET /loop-cpu?ms=N      spins N ms on an event loop of the NIO singleton (submitted to it and awaited)
+//   GET /loop-sleep?ms=N    blocks N ms in usleep on an event loop
+//   GET /loop-lock?ms=N     waits N ms for a mutex on an event loop
 //
 // It listens on 127.0.0.1:$PORT (8080; 0 picks a free port) and prints `{"event":"listening","port":N}`
 // once it does. STALLMON_* variables configure the monitor (config/README.md). SIGTERM shuts it down.
 // For the tests and the benchmark (stallmon-bench), the same binary runs:
 //
-//   EXAMPLE_STALLMON=off       without stallmon (the two lines below skipped)
+//   EXAMPLE_STALLMON=off       without stallmon: its monitor never made nor started, so no thread, signal
+//                              handler or hook of stallmon's is in the process (stallmond watches it from outside)
 //   EXAMPLE_PRINT_REPORTS=1    with the reports on standard output instead of the journal, one line each:
 //                              `report <event> start_ns=N duration_ns=N threshold_ns=N emitted_ns=N tid=N`
 //   EXAMPLE_DENY_IO_URING=1    with io_uring_setup(2) failing (a seccomp filter), as valgrind needs
@@ -35,6 +39,7 @@ import Foundation
 import Hummingbird
 import Logging
 import NIOCore
+import NIOPosix
 import ServiceLifecycle
 import StallMonitorNIO
 import UnixSignals
@@ -122,7 +127,28 @@ struct HummingbirdFixture {
         router.get("main-actor") { request, _ in
             await spinOnMainActor(milliseconds: milliseconds(request)).json
         }
+        // Hummingbird runs every handler on the cooperative pool; code that stalls its event loops
+        // runs there in a ChannelHandler or an EventLoopFuture's callback. These routes stand for it:
+        // the stall is a task of one of the singleton's loops, inside one of its ticks.
+        router.get("loop-cpu") { request, _ in
+            let duration = milliseconds(request)
+            return try await onEventLoop { spinOnEventLoop(milliseconds: duration) }.json
+        }
+        router.get("loop-sleep") { request, _ in
+            let duration = milliseconds(request)
+            return try await onEventLoop { sleepOnEventLoop(milliseconds: duration) }.json
+        }
+        router.get("loop-lock") { request, _ in
+            let duration = milliseconds(request)
+            return try await onEventLoop { waitForLockOnEventLoop(milliseconds: duration) }.json
+        }
         return router
+    }
+
+    /// Runs `stall` as a task of one of `MultiThreadedEventLoopGroup.singleton`'s loops (the group
+    /// the application serves on) and waits for its answer.
+    static func onEventLoop(_ stall: @escaping @Sendable () -> StallAnswer) async throws -> StallAnswer {
+        try await MultiThreadedEventLoopGroup.singleton.any().submit(stall).get()
     }
 
     static func milliseconds(_ request: Request) -> Int {

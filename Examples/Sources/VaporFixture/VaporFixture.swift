@@ -10,9 +10,14 @@
 //   GET /main-actor?ms=N    hops to the main actor and spins there N ms
 //   GET /child-cpu?ms=N     spins N ms in a `Task {}` the handler makes and awaits
 //   GET /sync-cpu?ms=N      spins N ms in a synchronous handler, on the event loop
+//   GET /sync-sleep?ms=N    blocks N ms in usleep in a synchronous handler, on the event loop
+//   GET /sync-lock?ms=N     waits N ms for a mutex in a synchronous handler, on the event loop
 //
 // It listens on 127.0.0.1:$PORT (8080; 0 picks a free port) and prints `{"event":"listening","port":N}`
 // once it does. STALLMON_* variables configure the monitor (config/README.md).
+// EXAMPLE_STALLMON=off runs the same binary without stallmon: the monitor is never made nor started,
+// so no thread, signal handler or hook of stallmon's is in the process (stallmond watches such a
+// process from outside; ExternalFrameworkWatchTests).
 // EXAMPLE_NIO_TAKEOVER=before|after installs NIO's singleton event loops as Swift Concurrency's
 // global executor before or after stallmon starts (as Vapor's template did in 2024), and prints
 // `{"event":"nio-takeover","when":…,"installed":true|false}`. EXAMPLE_TRACING=stallmon|memory adds
@@ -30,8 +35,8 @@ enum VaporFixture {
         var env = try Environment.detect()
         try LoggingSystem.bootstrap(from: &env)
         if ServiceEnvironment.nioTakeover == "before" { takeOverConcurrency() }
-        let stallmon = try StallMonitor()
-        try stallmon.startService()  // main actor, cooperative pool, NIO singleton
+        let stallmon = ServiceEnvironment.stallmon ? try StallMonitor() : nil
+        try stallmon?.startService()  // main actor, cooperative pool, NIO singleton
         if ServiceEnvironment.nioTakeover == "after" { takeOverConcurrency() }
         // EXAMPLE_TRACING: InstrumentationSystem.bootstrap(StallmonTracer()), so that stalls name their requests.
         let traced = ExampleTracing.bootstrap()
@@ -73,6 +78,12 @@ enum VaporFixture {
         // Synchronous: Vapor runs it on the request's event loop.
         app.get("sync-cpu") { (request: Request) -> String in
             spinOnEventLoop(milliseconds: milliseconds(request)).json
+        }
+        app.get("sync-sleep") { (request: Request) -> String in
+            sleepOnEventLoop(milliseconds: milliseconds(request)).json
+        }
+        app.get("sync-lock") { (request: Request) -> String in
+            waitForLockOnEventLoop(milliseconds: milliseconds(request)).json
         }
     }
 
