@@ -151,10 +151,8 @@ extension Serial {
         /// `ended` entry of one stall ID) on the loop thread it ran on, the kernel's duration within
         /// ``tolerance`` of the handler's, with the stalled function's frame.
         func checkLoopStalls(of kind: FrameworkService.Kind) throws {
-            try #require(Journald.host.ensureRunning(), "journald is not running and cannot be started")
-            try #require(TestRequirement.mountTracefs(), "tracefs could not be mounted at /sys/kernel/tracing")
+            let directory = try ExternalWatchTests.prepareWatch()
             let start = Date()
-            let directory = try ScratchDirectory.make()
             defer { try? FileManager.default.removeItem(atPath: directory) }
             let service = try Self.startUnmonitored(kind)
             defer { service.stop() }
@@ -225,10 +223,8 @@ extension Serial {
         /// stall of each is reported once, by its own monitor.
         @Test(.requires(.bpf, .example(.hummingbirdFixture), .example(.vaporFixture)))
         func anIdleMinuteIsNeverReportedAndAMonitoredServiceOnlyByItsOwnMonitor() throws {
-            try #require(Journald.host.ensureRunning(), "journald is not running and cannot be started")
-            try #require(TestRequirement.mountTracefs(), "tracefs could not be mounted at /sys/kernel/tracing")
+            let directory = try ExternalWatchTests.prepareWatch()
             let start = Date()
-            let directory = try ScratchDirectory.make()
             defer { try? FileManager.default.removeItem(atPath: directory) }
             let kinds: [FrameworkService.Kind] = [.hummingbirdFixture, .vaporFixture]
             let unmonitored = try kinds.map(Self.startUnmonitored)

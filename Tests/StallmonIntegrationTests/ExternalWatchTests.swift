@@ -119,6 +119,15 @@ extension Serial {
             return Executable.Running(process: process, output: output, errors: errors)
         }
 
+        /// What every test of the watcher needs first: journald listening, tracefs mounted (libbpf
+        /// finds the tracepoints there), and a scratch directory for stallmond's configuration and
+        /// metrics, which the caller removes.
+        static func prepareWatch() throws -> String {
+            try #require(Journald.host.ensureRunning(), "journald is not running and cannot be started")
+            try #require(TestRequirement.mountTracefs(), "tracefs could not be mounted at /sys/kernel/tracing")
+            return try ScratchDirectory.make()
+        }
+
         static func occurrences(of text: String, in log: String) -> Int {
             log.components(separatedBy: text).count - 1
         }
@@ -129,9 +138,7 @@ extension Serial {
 
         @Test(.requires(.bpf))
         func eachStallOfAnUnlinkedEpollLoopIsReportedOnceWithTheKernelsDuration() throws {
-            try #require(Journald.host.ensureRunning())
-            try #require(TestRequirement.mountTracefs(), "tracefs could not be mounted at /sys/kernel/tracing")
-            let directory = try ScratchDirectory.make()
+            let directory = try Self.prepareWatch()
             defer { try? FileManager.default.removeItem(atPath: directory) }
             let service = try EpollService()
             defer { service.stop() }
@@ -210,9 +217,7 @@ extension Serial {
 
         @Test(.requires(.bpf))
         func aProcessThatRunsItsOwnMonitorIsNotWatchedFromOutside() throws {
-            try #require(Journald.host.ensureRunning())
-            try #require(TestRequirement.mountTracefs(), "tracefs could not be mounted at /sys/kernel/tracing")
-            let directory = try ScratchDirectory.make()
+            let directory = try Self.prepareWatch()
             defer { try? FileManager.default.removeItem(atPath: directory) }
             // The run-loop fixture, monitored by its own linked monitor for 4 s.
             let fixture = try Executable.fixture.start(["idle", "--seconds", "4"])
@@ -238,9 +243,7 @@ extension Serial {
 
         @Test(.requires(.bpf))
         func aLoopThatWaitsInIOUringEnterIsWatchedToo() throws {
-            try #require(Journald.host.ensureRunning())
-            try #require(TestRequirement.mountTracefs(), "tracefs could not be mounted at /sys/kernel/tracing")
-            let directory = try ScratchDirectory.make()
+            let directory = try Self.prepareWatch()
             defer { try? FileManager.default.removeItem(atPath: directory) }
             let service = try EpollService(arguments: ["--io-uring"])
             defer { service.stop() }
@@ -263,9 +266,7 @@ extension Serial {
 
         @Test(.requires(.bpf))
         func aServiceThatEndsInsideAStallHasThatStallEndedByItsExit() throws {
-            try #require(Journald.host.ensureRunning())
-            try #require(TestRequirement.mountTracefs(), "tracefs could not be mounted at /sys/kernel/tracing")
-            let directory = try ScratchDirectory.make()
+            let directory = try Self.prepareWatch()
             defer { try? FileManager.default.removeItem(atPath: directory) }
             let service = try EpollService()
             defer { service.stop() }
@@ -287,9 +288,7 @@ extension Serial {
 
         @Test(.requires(.bpf))
         func aProcessThatStartsInAWatchedUnitIsWatchedWithinSeconds() throws {
-            try #require(Journald.host.ensureRunning())
-            try #require(TestRequirement.mountTracefs(), "tracefs could not be mounted at /sys/kernel/tracing")
-            let directory = try ScratchDirectory.make()
+            let directory = try Self.prepareWatch()
             defer { try? FileManager.default.removeItem(atPath: directory) }
             let prefix = "stallmon-watch-test-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
             let daemon = try Self.startStallmond(watching: prefix + "-*.service", directory: directory)
@@ -366,9 +365,7 @@ extension Serial {
 
         @Test(.requires(.bpf, .tool(["setpriv"], package: "util-linux")))
         func withoutCapBPFStallmondSaysOnceWhatToGrantAndKeepsCollecting() throws {
-            try #require(Journald.host.ensureRunning())
-            try #require(TestRequirement.mountTracefs(), "tracefs could not be mounted at /sys/kernel/tracing")
-            let directory = try ScratchDirectory.make()
+            let directory = try Self.prepareWatch()
             defer { try? FileManager.default.removeItem(atPath: directory) }
             let service = try EpollService()
             defer { service.stop() }
