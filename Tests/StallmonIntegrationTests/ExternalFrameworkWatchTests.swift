@@ -126,10 +126,13 @@ extension Serial {
             }
         }
 
-        /// The example's executable as `watch` must name it: the file `/proc/PID/exe` links to, after
-        /// symbolic links (`Examples/.build/debug` is one, to the target triple's directory).
+        /// The example's executable as an operator names it: through `Examples/.build/debug`, a
+        /// symbolic link to the target triple's directory, which stallmond resolves, since
+        /// `/proc/PID/exe` names the file itself.
         static func watchPath(_ kind: FrameworkService.Kind) throws -> String {
-            try FrameworkService.requiredBinary(kind).resolvingSymlinksInPath().path
+            let path = try FrameworkService.requiredBinary(kind).path
+            #expect(path != URL(fileURLWithPath: path).resolvingSymlinksInPath().path, "watch names a link")
+            return path
         }
 
         static func watched(_ pid: Int32, by daemon: Executable.Running, timeout: Double = 15) -> Bool {

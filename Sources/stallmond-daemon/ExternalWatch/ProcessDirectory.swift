@@ -9,11 +9,13 @@ import Glibc
 /// view of one of their threads. Plain reads of small files; nothing stops or signals them.
 enum ProcessDirectory {
     /// The processes that `patterns` name, leaving out stallmond itself and those that run their
-    /// own stall monitor (``runsOwnMonitor(_:)``).
+    /// own stall monitor (``runsOwnMonitor(_:)``). An executable path is resolved first, at each
+    /// look (``resolvingLinks(_:)``).
     static func processes(matching patterns: [WatchPattern]) -> Set<Int32> {
         guard !patterns.isEmpty, let names = try? FileManager.default.contentsOfDirectory(atPath: "/proc") else {
             return []
         }
+        let patterns = patterns.map(resolvingLinks)
         let own = getpid()
         var found: Set<Int32> = []
         for name in names {
@@ -24,6 +26,17 @@ enum ProcessDirectory {
             }
         }
         return found
+    }
+
+    /// An executable path with its symbolic links resolved (`realpath`), since `/proc/PID/exe`
+    /// names the file itself: `/usr/local/bin/web` linked to `/opt/web/bin/web` names the processes
+    /// that run the latter. Resolved at each look, so a link moved to a new release names the
+    /// new file from the next look on; a path that does not resolve (no such file yet) stays as
+    /// written. A unit glob is returned unchanged.
+    static func resolvingLinks(_ pattern: WatchPattern) -> WatchPattern {
+        guard case .executable(let path) = pattern, let resolved = realpath(path, nil) else { return pattern }
+        defer { free(resolved) }
+        return .executable(String(cString: resolved))
     }
 
     /// The file process `pid` runs (`/proc/PID/exe`), without the ` (deleted)` the kernel adds
