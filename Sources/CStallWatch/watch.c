@@ -158,6 +158,10 @@ int stallwatch_forget(stallwatch *watch, uint32_t tid) {
     return bpf_map_delete_elem(watch->ticks_fd, &tid) ? -errno : 0;
 }
 
+int stallwatch_tick_of(stallwatch *watch, uint32_t tid, struct stallwatch_tick *tick) {
+    return bpf_map_lookup_elem(watch->ticks_fd, &tid, tick) ? -errno : 0;
+}
+
 /// One lookup per entry: two system calls each. For kernels that refuse batch lookups of hashes.
 static int stallwatch_read_one_by_one(stallwatch *watch, stallwatch_thread *threads, int capacity) {
     int count = 0;

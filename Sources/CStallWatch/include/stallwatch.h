@@ -73,6 +73,10 @@ int stallwatch_unwatch(stallwatch *watch, uint32_t tgid);
 /// Removes a thread's entry (its process is no longer watched). 0, or a negative errno.
 int stallwatch_forget(stallwatch *watch, uint32_t tid);
 
+/// Copies thread `tid`'s entry into `tick`: one lookup, for a look at one stalled thread while
+/// the scan goes on. 0, or a negative errno (-ENOENT: no such loop thread).
+int stallwatch_tick_of(stallwatch *watch, uint32_t tid, struct stallwatch_tick *tick);
+
 /// Copies up to `capacity` loop threads into `threads`; returns how many (at most `capacity`; the
 /// map holds at most 65536): all of them when fewer than `capacity`. Batch lookups, a few system
 /// calls a scan whatever the number of threads (one lookup per entry where the kernel has none).

@@ -19,14 +19,15 @@ final class TickWatcher: @unchecked Sendable {
     private let patterns: [WatchPattern]
     private let threshold: Duration
     private let logger: Logger
-    private let writer = JournalWriter()
+    private let reporter: ExternalStallReporter
     /// Confined to the watcher's thread from ``start()`` on.
     private var watched: Set<Int32> = []
     private var stalls = ExternalStallTracker()
-    /// The threads of the stalls in progress, as seen when each was detected, by stall ID.
-    private var views: [String: ExternalStall.ThreadView] = [:]
-    /// A symbolicator per watched process that stalled, dropped when it is no longer watched.
-    private var symbolicators: [Int32: Symbolicator] = [:]
+    /// The processes taken out of the watch since the last batch handed to the reporter.
+    private var unwatched: Set<Int32> = []
+    /// How many stalls were open after the last scan: fewer now (a thread gone) has the reporter
+    /// drop what it kept of them.
+    private var lastOpenStallCount = 0
     private var lastLookup: UInt64?
     /// Whether the log said that no process runs that `watch` names, since one last ran.
     private var saidNoneRuns = false
@@ -42,6 +43,7 @@ final class TickWatcher: @unchecked Sendable {
             return nil
         }
         self.handle = handle
+        self.reporter = ExternalStallReporter(handle: handle, threshold: threshold, logger: logger)
         self.patterns = patterns
         self.threshold = threshold
         self.logger = logger
@@ -85,8 +87,9 @@ final class TickWatcher: @unchecked Sendable {
         }
     }
 
-    /// Starts the watcher's thread; it runs as long as the process.
+    /// Starts the watcher's threads, the scan's and the reporter's; they run as long as the process.
     func start() {
+        reporter.start()
         let thread = Thread { [self] in run() }
         thread.name = "stallmond-ticks"
         thread.start()
@@ -128,7 +131,7 @@ final class TickWatcher: @unchecked Sendable {
         for pid in watched.subtracting(current) {
             _ = stallwatch_unwatch(handle, UInt32(pid))
             watched.remove(pid)
-            symbolicators[pid] = nil
+            unwatched.insert(pid)
         }
     }
 
@@ -139,7 +142,7 @@ final class TickWatcher: @unchecked Sendable {
             buffer = [stallwatch_thread](repeating: stallwatch_thread(), count: buffer.count * 4)
             count = Int(stallwatch_read(handle, &buffer, Int32(buffer.count)))
         }
-        guard count > 0 else { return }
+        guard count >= 0 else { return }
         let ticks = buffer[..<count].map { thread in
             LoopTick(
                 pid: Int32(bitPattern: thread.tick.tgid), tid: Int32(bitPattern: thread.tid),
@@ -153,60 +156,19 @@ final class TickWatcher: @unchecked Sendable {
         for tick in ticks where !watched.contains(tick.pid) || tick.exited {
             _ = stallwatch_forget(handle, UInt32(bitPattern: tick.tid))
         }
-        for event in events { report(event) }
-        if views.count > stalls.openStallCount {
-            let open = stalls.openStallIDs
-            views = views.filter { open.contains($0.key) }
+        // The thread as it is now goes with a detected stall (an ended one is described as it was
+        // detected); its stack is the reporter's to take, off this thread.
+        guard !events.isEmpty || !unwatched.isEmpty || stalls.openStallCount < lastOpenStallCount else {
+            lastOpenStallCount = stalls.openStallCount
+            return
         }
-    }
-
-    /// The stack of a stalled thread, symbolicated with the process's images, and how it was
-    /// taken: blocked in a system call, unwound in place (CStallWatch's `stallwatch_unwind_blocked`,
-    /// `kernel`); running, from a perf event on it (`stallwatch_sample_running`, `perf`), waiting at
-    /// most half the threshold (at most 100 ms) for the thread to run a millisecond: on a crowded
-    /// machine a running thread waits for a CPU too. No stack, and why, when neither gives one.
-    private func stack(pid: Int32, tid: Int32) -> (frames: [StallFrame], source: String, noStackReason: String) {
-        var addresses = [UInt64](repeating: 0, count: 128)
-        guard let before = ProcessDirectory.threadSyscallView(pid: pid, tid: tid) else {
-            let timeout = Int32(min(threshold / 2, .milliseconds(100)).milliseconds)
-            let count = Int(stallwatch_sample_running(pid, tid, max(timeout, 1), &addresses, Int32(addresses.count)))
-            guard count > 0 else {
-                return ([], "", "on the CPU, and no sample came from a perf event on the thread")
-            }
-            return (symbolicate(addresses.prefix(count), pid: pid), "perf", "")
-        }
-        let count = Int(
-            stallwatch_unwind_blocked(
-                pid, tid, before.stackPointer, before.programCounter, &addresses, Int32(addresses.count)))
-        guard count > 0 else { return ([], "", "the blocked thread's stack could not be read") }
-        guard ProcessDirectory.threadSyscallView(pid: pid, tid: tid) == before else {
-            return ([], "", "the thread left its system call while its stack was read")
-        }
-        return (symbolicate(addresses.prefix(count), pid: pid), "kernel", "")
-    }
-
-    private func symbolicate(_ addresses: ArraySlice<UInt64>, pid: Int32) -> [StallFrame] {
-        let symbolicator = symbolicators[pid] ?? Symbolicator(pid: pid)
-        symbolicators[pid] = symbolicator
-        return symbolicator.symbolicate(addresses.map { UInt($0) })
-    }
-
-    private func report(_ event: ExternalStallTracker.Event) {
-        let view: ExternalStall.ThreadView
-        switch event.kind {
-        case .detected:
-            var seen = ExternalStall.ThreadView(pid: event.pid, tid: event.tid)
-            (seen.stack, seen.stackSource, seen.noStackReason) = stack(pid: event.pid, tid: event.tid)
-            view = seen
-            views[event.stallID] = view
-        case .ended:
-            view = views.removeValue(forKey: event.stallID) ?? ExternalStall.ThreadView(pid: event.pid, tid: event.tid)
-        }
-        let stall = ExternalStall(event: event, view: view, threshold: threshold)
-        do {
-            try writer.send(stall.fields)
-        } catch {
-            logger.warning("cannot write an external stall report: \(error)")
-        }
+        lastOpenStallCount = stalls.openStallCount
+        reporter.submit(
+            ExternalStallReporter.Batch(
+                events: events.map {
+                    ($0, $0.kind == .detected ? ExternalStall.ThreadView(pid: $0.pid, tid: $0.tid) : nil)
+                },
+                openStallIDs: stalls.openStallIDs, unwatched: unwatched))
+        unwatched = []
     }
 }

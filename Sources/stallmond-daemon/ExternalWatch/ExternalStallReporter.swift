@@ -1,0 +1,159 @@
+import CStallWatch
+import Foundation
+import Logging
+import StallCollector
+import StallJournal
+import StallMonitor
+
+/// The tick watcher's second thread (`stallmond-stacks`): it takes the stack of each stall the
+/// scan detected and writes the stall's entries, in the order the scan found them, so that the
+/// scan itself never waits for a stack. A look at a thread on the CPU waits for a perf sample (up
+/// to half the threshold, at most 100 ms); done by the scan, that wait would delay the detection of
+/// every other loop's stall by as much.
+final class ExternalStallReporter: @unchecked Sendable {
+    /// What one scan hands over: its events, each with the thread as the scan saw it (`detected`),
+    /// the stalls still open after it, and the processes no longer watched.
+    struct Batch {
+        var events: [(event: ExternalStallTracker.Event, view: ExternalStall.ThreadView?)]
+        var openStallIDs: Set<String>
+        var unwatched: Set<Int32>
+        /// Whether its detected stalls get a stack; not when the queue was full.
+        var takesStacks = true
+    }
+
+    /// At most this many batches wait; past it, a detected stall is written at once without a
+    /// stack (the reason says why), so that a flood of stalls cannot grow the queue without bound
+    /// or put their entries minutes late.
+    static let queueLimit = 64
+
+    /// The tick watcher's program, for a look at one thread's entry; it lives as long as stallmond.
+    private let handle: OpaquePointer
+    private let threshold: Duration
+    private let logger: Logger
+    private let writer = JournalWriter()
+    private let condition = NSCondition()
+    /// Guarded by `condition`.
+    private var queue: [Batch] = []
+    /// Confined to the reporter's thread: the threads of the stalls in progress as seen when each
+    /// was detected, by stall ID; a symbolicator per watched process that stalled.
+    private var views: [String: ExternalStall.ThreadView] = [:]
+    private var symbolicators: [Int32: Symbolicator] = [:]
+
+    init(handle: OpaquePointer, threshold: Duration, logger: Logger) {
+        self.handle = handle
+        self.threshold = threshold
+        self.logger = logger
+    }
+
+    func start() {
+        let thread = Thread { [self] in run() }
+        thread.name = "stallmond-stacks"
+        thread.start()
+    }
+
+    /// Queues a scan's batch; called by the scan thread. A batch over the limit keeps its events,
+    /// less the stacks of its detected stalls.
+    func submit(_ batch: Batch) {
+        condition.lock()
+        var batch = batch
+        if queue.count >= Self.queueLimit {
+            batch.takesStacks = false
+            for index in batch.events.indices {
+                batch.events[index].view?.noStackReason =
+                    "stallmond was still taking the stacks of \(queue.count) earlier scans' stalls"
+            }
+        }
+        queue.append(batch)
+        condition.signal()
+        condition.unlock()
+    }
+
+    private func run() -> Never {
+        while true {
+            condition.lock()
+            while queue.isEmpty { condition.wait() }
+            let batch = queue.removeFirst()
+            condition.unlock()
+            handle(batch)
+        }
+    }
+
+    private func handle(_ batch: Batch) {
+        for (event, seen) in batch.events {
+            let view: ExternalStall.ThreadView
+            switch event.kind {
+            case .detected:
+                var detected = seen ?? ExternalStall.ThreadView(pid: event.pid, tid: event.tid)
+                if batch.takesStacks {
+                    (detected.stack, detected.stackSource, detected.noStackReason) = stack(of: event)
+                }
+                view = detected
+                views[event.stallID] = view
+            case .ended:
+                view =
+                    views.removeValue(forKey: event.stallID) ?? ExternalStall.ThreadView(pid: event.pid, tid: event.tid)
+            }
+            write(ExternalStall(event: event, view: view, threshold: threshold))
+        }
+        if views.count > batch.openStallIDs.count {
+            views = views.filter { batch.openStallIDs.contains($0.key) }
+        }
+        for pid in batch.unwatched { symbolicators[pid] = nil }
+    }
+
+    private func write(_ stall: ExternalStall) {
+        do {
+            try writer.send(stall.fields)
+        } catch {
+            logger.warning("cannot write an external stall report: \(error)")
+        }
+    }
+
+    /// Whether the stall's thread is still inside the tick that stalled: its entry in the
+    /// program's map still has that tick's start, and no wait or exit since. A stack taken while
+    /// this holds, before and after, is the stall's; one taken after the tick ended would show the
+    /// loop's next wait or its next tick's work, under this stall's name.
+    private func isStillStalled(_ event: ExternalStallTracker.Event) -> Bool {
+        var tick = stallwatch_tick()
+        guard stallwatch_tick_of(handle, UInt32(bitPattern: event.tid), &tick) == 0 else { return false }
+        return tick.tick_start_ns == event.start && tick.wait_start_ns < tick.tick_start_ns && tick.exit_ns == 0
+    }
+
+    /// The stack of a stalled thread, symbolicated with the process's images, and how it was
+    /// taken: blocked in a system call, unwound in place (CStallWatch's `stallwatch_unwind_blocked`,
+    /// `kernel`); running, from a perf event on it (`stallwatch_sample_running`, `perf`), waiting at
+    /// most half the threshold (at most 100 ms) for the thread to run a millisecond: on a crowded
+    /// machine a running thread waits for a CPU too. No stack, and why, when neither gives one, or
+    /// when the stall ended before its stack was taken.
+    private func stack(of event: ExternalStallTracker.Event) -> (
+        frames: [StallFrame], source: String, noStackReason: String
+    ) {
+        let (pid, tid) = (event.pid, event.tid)
+        let ended = "the stall ended before stallmond took its stack"
+        guard isStillStalled(event) else { return ([], "", ended) }
+        var addresses = [UInt64](repeating: 0, count: 128)
+        guard let before = ProcessDirectory.threadSyscallView(pid: pid, tid: tid) else {
+            let timeout = Int32(min(threshold / 2, .milliseconds(100)).milliseconds)
+            let count = Int(stallwatch_sample_running(pid, tid, max(timeout, 1), &addresses, Int32(addresses.count)))
+            guard count > 0 else {
+                return ([], "", "on the CPU, and no sample came from a perf event on the thread")
+            }
+            guard isStillStalled(event) else { return ([], "", ended) }
+            return (symbolicate(addresses.prefix(count), pid: pid), "perf", "")
+        }
+        let count = Int(
+            stallwatch_unwind_blocked(
+                pid, tid, before.stackPointer, before.programCounter, &addresses, Int32(addresses.count)))
+        guard count > 0 else { return ([], "", "the blocked thread's stack could not be read") }
+        guard ProcessDirectory.threadSyscallView(pid: pid, tid: tid) == before, isStillStalled(event) else {
+            return ([], "", "the thread left its system call while its stack was read")
+        }
+        return (symbolicate(addresses.prefix(count), pid: pid), "kernel", "")
+    }
+
+    private func symbolicate(_ addresses: ArraySlice<UInt64>, pid: Int32) -> [StallFrame] {
+        let symbolicator = symbolicators[pid] ?? Symbolicator(pid: pid)
+        symbolicators[pid] = symbolicator
+        return symbolicator.symbolicate(addresses.map { UInt($0) })
+    }
+}
