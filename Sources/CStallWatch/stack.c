@@ -156,6 +156,15 @@ int stallwatch_unwind_blocked(pid_t pid, pid_t tid, uint64_t sp, uint64_t pc, ui
     return stallwatch_unwind(pid, &context);
 }
 
+int stallwatch_unwind_blocked_registers(pid_t pid, pid_t tid, const struct stallwatch_user_registers *registers,
+                                        uint64_t *frames, int capacity) {
+    stallwatch_unwind_context context = {.tid = tid, .all_registers = 1, .pc = registers->pc,
+                                         .frames = frames, .capacity = capacity};
+    for (int i = 0; i < STALLWATCH_DWARF_REGISTERS; i++) context.registers[i] = registers->dwarf[i];
+    context.sp = context.registers[STALLWATCH_DWARF_SP];
+    return stallwatch_unwind(pid, &context);
+}
+
 #if defined(__x86_64__)
 
 // MARK: - A running thread, from a perf event

@@ -22,6 +22,9 @@ struct stallwatch {
     int link_count;
     int watched_fd;
     int ticks_fd;
+    /// The `user_registers` iterator, NULL where the kernel refused it (another architecture, a
+    /// kernel without bpf_task_pt_regs or task iterators by TID).
+    struct bpf_program *registers;
     // stallwatch_read's batch buffers, grown to the largest capacity asked; `batching` 0 once the
     // kernel refused a batch lookup (then one lookup per entry).
     uint32_t *keys;
@@ -75,6 +78,34 @@ static void stallwatch_skip_missing_tracepoints(struct bpf_object *object) {
     }
 }
 
+static int stallwatch_is_iterator(const struct bpf_program *program) {
+    return strncmp(bpf_program__section_name(program), "iter/", 5) == 0;
+}
+
+/// Opens the embedded object into `watch->object` and loads it, its iterator too when
+/// `with_registers`. 0, or -1 with `failure` filled (`watch->object` NULL when it did not open).
+static int stallwatch_load(stallwatch *watch, stallwatch_failure *failure, int with_registers) {
+    LIBBPF_OPTS(bpf_object_open_opts, options, .object_name = "stallmon_ticks");
+    watch->object = bpf_object__open_mem(stallwatch_ticks_object, stallwatch_ticks_object_size, &options);
+    long error = libbpf_get_error(watch->object);
+    if (error) {
+        watch->object = NULL;
+        stallwatch_fail(failure, STALLWATCH_STEP_OPEN, (int)error, "embedded object");
+        return -1;
+    }
+    stallwatch_skip_missing_tracepoints(watch->object);
+    struct bpf_program *program;
+    bpf_object__for_each_program(program, watch->object) {
+        if (!with_registers && stallwatch_is_iterator(program)) bpf_program__set_autoload(program, false);
+    }
+    int loaded = bpf_object__load(watch->object);
+    if (loaded) {
+        stallwatch_fail(failure, STALLWATCH_STEP_LOAD, loaded, "stallmon_ticks");
+        return -1;
+    }
+    return 0;
+}
+
 stallwatch *stallwatch_open(uint64_t threshold_ns, stallwatch_failure *failure) {
     memset(failure, 0, sizeof *failure);
     stallwatch_libbpf_last[0] = 0;
@@ -93,19 +124,16 @@ stallwatch *stallwatch_open(uint64_t threshold_ns, stallwatch_failure *failure) 
         stallwatch_fail(failure, STALLWATCH_STEP_OPEN, ENOMEM, "");
         return NULL;
     }
-    LIBBPF_OPTS(bpf_object_open_opts, options, .object_name = "stallmon_ticks");
-    watch->object = bpf_object__open_mem(stallwatch_ticks_object, stallwatch_ticks_object_size, &options);
-    long error = libbpf_get_error(watch->object);
-    if (error) {
+    // With the registers iterator first; a kernel that refuses it still gets the tick watcher.
+    int loaded = stallwatch_load(watch, failure, 1);
+    if (loaded == 0) {
+        watch->registers = bpf_object__find_program_by_name(watch->object, "user_registers");
+    } else if (watch->object != NULL) {
+        bpf_object__close(watch->object);
         watch->object = NULL;
-        stallwatch_fail(failure, STALLWATCH_STEP_OPEN, (int)error, "embedded object");
-        stallwatch_close(watch);
-        return NULL;
+        loaded = stallwatch_load(watch, failure, 0);
     }
-    stallwatch_skip_missing_tracepoints(watch->object);
-    int loaded = bpf_object__load(watch->object);
     if (loaded) {
-        stallwatch_fail(failure, STALLWATCH_STEP_LOAD, loaded, "stallmon_ticks");
         stallwatch_close(watch);
         return NULL;
     }
@@ -130,9 +158,10 @@ stallwatch *stallwatch_open(uint64_t threshold_ns, stallwatch_failure *failure) 
     }
     struct bpf_program *program;
     bpf_object__for_each_program(program, watch->object) {
-        if (!bpf_program__autoload(program)) continue;
+        // The iterator is attached to one thread at a time, by stallwatch_blocked_registers.
+        if (!bpf_program__autoload(program) || stallwatch_is_iterator(program)) continue;
         struct bpf_link *link = bpf_program__attach(program);
-        error = libbpf_get_error(link);
+        long error = libbpf_get_error(link);
         if (error || watch->link_count == (int)(sizeof watch->links / sizeof watch->links[0])) {
             if (!error) bpf_link__destroy(link);
             stallwatch_fail(failure, STALLWATCH_STEP_ATTACH, error ? (int)error : E2BIG,
@@ -160,6 +189,29 @@ int stallwatch_forget(stallwatch *watch, uint32_t tid) {
 
 int stallwatch_tick_of(stallwatch *watch, uint32_t tid, struct stallwatch_tick *tick) {
     return bpf_map_lookup_elem(watch->ticks_fd, &tid, tick) ? -errno : 0;
+}
+
+int stallwatch_blocked_registers(stallwatch *watch, uint32_t tid, struct stallwatch_user_registers *registers) {
+    if (!watch->registers) return -EOPNOTSUPP;
+    union bpf_iter_link_info target;
+    memset(&target, 0, sizeof target);
+    target.task.tid = tid;
+    LIBBPF_OPTS(bpf_iter_attach_opts, options, .link_info = &target, .link_info_len = sizeof target);
+    struct bpf_link *link = bpf_program__attach_iter(watch->registers, &options);
+    long error = libbpf_get_error(link);
+    if (error) return (int)error;
+    int result = -ENOENT;
+    int descriptor = bpf_iter_create(bpf_link__fd(link));
+    if (descriptor < 0) {
+        result = -errno;
+    } else {
+        // One record for the one thread; none when it is gone.
+        ssize_t got = read(descriptor, registers, sizeof *registers);
+        result = got == (ssize_t)sizeof *registers ? 0 : got < 0 ? -errno : -ENOENT;
+        close(descriptor);
+    }
+    bpf_link__destroy(link);
+    return result;
 }
 
 /// One lookup per entry: two system calls each. For kernels that refuse batch lookups of hashes.

@@ -188,12 +188,16 @@ extension Serial {
                 let cpuError = cpu > truth.cpu ? cpu - truth.cpu : truth.cpu - cpu
                 #expect(cpuError <= .milliseconds(12), "\(truth.command): CPU \(cpu), truth \(truth.cpu)")
             }
-            // A blocked thread's stack, unwound in place from the process's memory: the stalled
-            // function's frame, with its line (the fixture is built with debug information).
+            // A blocked thread's stack, unwound in place from the process's memory and the registers
+            // the kernel saved at its system call: the stalled function's frame, with its line (the
+            // fixture is built with debug information), and through the fixture's frame-pointer
+            // frames down to the thread's start.
             for record in records where record.threadSyscall != "" {
                 #expect(record.stackSource == "kernel")
                 #expect(record.frame.hasPrefix("run (main.c:"), "\(record.backtrace)")
                 #expect(record.backtrace.hasPrefix("#0 "), "\(record.backtrace)")
+                #expect(record.backtrace.contains(" loop + "), "\(record.backtrace)")
+                #expect(record.backtrace.contains("start_thread"), "\(record.backtrace)")
             }
             // A running thread's, from a perf event's copy of its registers and stack: the spin's
             // own code, down to the thread's start.

@@ -175,3 +175,46 @@ int thread_exits(void *context) {
     bpf_map_delete_elem(&ticks, &tid);
     return 0;
 }
+
+// MARK: - A blocked thread's registers
+
+/// The user registers the kernel saves at the top of a task's kernel stack when it enters the
+/// kernel (x86-64's `struct pt_regs`, by field name: CO-RE finds them in the running kernel's BTF;
+/// on another architecture the names do not resolve and stallmond loads the program without this
+/// iterator).
+struct pt_regs___x86_64 {
+    unsigned long r15, r14, r13, r12, bp, bx, r11, r10, r9, r8, ax, cx, dx, si, di, ip, sp;
+} __attribute__((preserve_access_index));
+
+struct bpf_iter_meta {
+    struct seq_file *seq;
+} __attribute__((preserve_access_index));
+
+struct bpf_iter__task {
+    struct bpf_iter_meta *meta;
+    struct task_struct *task;
+} __attribute__((preserve_access_index));
+
+/// Writes the user registers of the task the iterator visits: stallmond attaches it to one thread
+/// (the link's `task.tid`, in stallmond's PID namespace) that sits blocked in a system call, for
+/// the callee-saved registers (rbp above all) that /proc/PID/task/TID/syscall does not give: with
+/// them the unwinding goes on through frame-pointer frames to the thread's start. Reads only; the
+/// thread is not stopped.
+SEC("iter/task")
+int user_registers(struct bpf_iter__task *context) {
+    struct task_struct *task = context->task;
+    if (!task) return 0;
+    struct pt_regs___x86_64 *registers = (struct pt_regs___x86_64 *)bpf_task_pt_regs(task);
+    if (!registers) return 0;
+    struct stallwatch_user_registers out = {
+        .dwarf = {BPF_CORE_READ(registers, ax), BPF_CORE_READ(registers, dx), BPF_CORE_READ(registers, cx),
+                  BPF_CORE_READ(registers, bx), BPF_CORE_READ(registers, si), BPF_CORE_READ(registers, di),
+                  BPF_CORE_READ(registers, bp), BPF_CORE_READ(registers, sp), BPF_CORE_READ(registers, r8),
+                  BPF_CORE_READ(registers, r9), BPF_CORE_READ(registers, r10), BPF_CORE_READ(registers, r11),
+                  BPF_CORE_READ(registers, r12), BPF_CORE_READ(registers, r13), BPF_CORE_READ(registers, r14),
+                  BPF_CORE_READ(registers, r15)},
+        .pc = BPF_CORE_READ(registers, ip),
+    };
+    bpf_seq_write(context->meta->seq, &out, sizeof out);
+    return 0;
+}

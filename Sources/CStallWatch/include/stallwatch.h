@@ -3,7 +3,9 @@
 
 // stallmond's tick watcher: loads the BPF program of bpf/ticks.bpf.c with libbpf, attaches it to
 // the wait system calls' tracepoints, and gives the daemon its maps: the processes watched, and
-// the ticks of their loops. Not thread-safe: one owner serializes all calls.
+// the ticks of their loops. Not thread-safe: one owner serializes all calls, except
+// stallwatch_tick_of and stallwatch_blocked_registers, which only read what stallwatch_open set
+// and may run on another thread beside them.
 
 #include <stddef.h>
 #include <stdint.h>
@@ -77,6 +79,14 @@ int stallwatch_forget(stallwatch *watch, uint32_t tid);
 /// the scan goes on. 0, or a negative errno (-ENOENT: no such loop thread).
 int stallwatch_tick_of(stallwatch *watch, uint32_t tid, struct stallwatch_tick *tick);
 
+/// The user registers of thread `tid` (in the caller's PID namespace) as the kernel saved them
+/// when it entered the kernel, through the program's task iterator attached to that one thread
+/// (bpf_task_pt_regs; Linux 6.1 or later, x86-64). For a thread blocked in a system call they are
+/// its registers at the call: rbp and the other callee-saved ones that its syscall file lacks. The
+/// thread is not stopped: a caller checks it is still blocked in the same call afterwards. 0, or a
+/// negative errno (-EOPNOTSUPP: the kernel refused the iterator; -ENOENT: no such thread).
+int stallwatch_blocked_registers(stallwatch *watch, uint32_t tid, struct stallwatch_user_registers *registers);
+
 /// Copies up to `capacity` loop threads into `threads`; returns how many (at most `capacity`; the
 /// map holds at most 65536): all of them when fewer than `capacity`. Batch lookups, a few system
 /// calls a scan whatever the number of threads (one lookup per entry where the kernel has none).
@@ -93,6 +103,11 @@ void stallwatch_close(stallwatch *watch);
 /// `pc` first and return addresses after; returns how many, or -1 when the process's memory or
 /// images cannot be read.
 int stallwatch_unwind_blocked(pid_t pid, pid_t tid, uint64_t sp, uint64_t pc, uint64_t *frames, int capacity);
+
+/// As stallwatch_unwind_blocked, from every register (stallwatch_blocked_registers): the walk goes
+/// on through frame-pointer frames, where sp and pc alone stop at the first.
+int stallwatch_unwind_blocked_registers(pid_t pid, pid_t tid, const struct stallwatch_user_registers *registers,
+                                        uint64_t *frames, int capacity);
 
 /// The stack of thread `tid` of process `pid` while it runs: a perf event on the thread (task
 /// clock, user space) copies its registers and stack top once it has run a millisecond, waiting up

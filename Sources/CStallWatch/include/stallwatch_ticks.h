@@ -32,6 +32,14 @@ struct stallwatch_tick {
     unsigned int waits;
 };
 
+/// A thread's user-space registers as the kernel saved them when it entered the kernel (for a
+/// thread blocked in a system call: at the call), in DWARF's x86-64 numbering (rax rdx rcx rbx rsi
+/// rdi rbp rsp r8-r15), and its program counter. What the `user_registers` iterator writes.
+struct stallwatch_user_registers {
+    unsigned long long dwarf[16];
+    unsigned long long pc;
+};
+
 /// The one entry of the `config` array map, set by stallmond before the first process is watched.
 struct stallwatch_config {
     /// A tick this long or longer is recorded in `long_tick_*` when it ends.

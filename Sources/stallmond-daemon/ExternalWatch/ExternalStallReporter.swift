@@ -141,9 +141,19 @@ final class ExternalStallReporter: @unchecked Sendable {
             guard isStillStalled(event) else { return ([], "", ended) }
             return (symbolicate(addresses.prefix(count), pid: pid), "perf", "")
         }
-        let count = Int(
-            stallwatch_unwind_blocked(
-                pid, tid, before.stackPointer, before.programCounter, &addresses, Int32(addresses.count)))
+        // Every register where the kernel gives them (its registers at the call, which the syscall
+        // file's sp and pc must match): the walk then goes on through frame-pointer frames.
+        var registers = stallwatch_user_registers()
+        let count =
+            if stallwatch_blocked_registers(handle, UInt32(bitPattern: tid), &registers) == 0,
+                registers.pc == before.programCounter, registers.dwarf.7 == before.stackPointer
+            {
+                Int(stallwatch_unwind_blocked_registers(pid, tid, &registers, &addresses, Int32(addresses.count)))
+            } else {
+                Int(
+                    stallwatch_unwind_blocked(
+                        pid, tid, before.stackPointer, before.programCounter, &addresses, Int32(addresses.count)))
+            }
         guard count > 0 else { return ([], "", "the blocked thread's stack could not be read") }
         guard ProcessDirectory.threadSyscallView(pid: pid, tid: tid) == before, isStillStalled(event) else {
             return ([], "", "the thread left its system call while its stack was read")
