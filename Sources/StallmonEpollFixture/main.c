@@ -5,6 +5,8 @@
 //   spin MS    burns the CPU for MS milliseconds
 //   sleep MS   sleeps MS milliseconds in nanosleep (blocked in a system call)
 //   lock MS    waits MS milliseconds for a mutex another thread holds (blocked in futex)
+//   spinsleep MS  a stall that moves on: burns the CPU for 200 ms (past a 100 ms threshold, where
+//              it is first seen), then sleeps in nanosleep for the rest of MS
 //   ticks N    N quick ticks of 200 us on the CPU each, between waits that return at once (a busy
 //              server's loop: epoll_wait with a zero timeout, then the work it found)
 //   die MS     burns the CPU for MS milliseconds, then ends the process inside that tick
@@ -83,6 +85,11 @@ static void run(int epoll, const char *command, long milliseconds) {
         }
     } else if (strcmp(command, "sleep") == 0) {
         struct timespec pause = {milliseconds / 1000, (milliseconds % 1000) * 1000000};
+        while (nanosleep(&pause, &pause) != 0 && errno == EINTR) {}
+    } else if (strcmp(command, "spinsleep") == 0) {
+        spin_ns(200000000u);
+        long rest = milliseconds > 200 ? milliseconds - 200 : 0;
+        struct timespec pause = {rest / 1000, (rest % 1000) * 1000000};
         while (nanosleep(&pause, &pause) != 0 && errno == EINTR) {}
     } else if (strcmp(command, "lock") == 0) {
         // The holder takes the mutex first (the handoff), and the loop waits for it in futex.

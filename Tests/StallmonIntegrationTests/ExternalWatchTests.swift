@@ -245,6 +245,39 @@ extension Serial {
             #expect(Self.occurrences(of: "watch names no running process", in: daemon.errorsSoFar) == 1, "said once")
         }
 
+        /// A stall is looked at through its course, not only when it is detected: one that spins
+        /// past the threshold and then sleeps for most of its time is detected on the CPU, and its
+        /// ended entry shows the sleep, where its time went, with every stack seen and its count.
+        @Test(.requires(.bpf))
+        func aStallThatMovesOnIsReportedWhereItsTimeWent() throws {
+            let directory = try Self.prepareWatch()
+            defer { try? FileManager.default.removeItem(atPath: directory) }
+            let service = try EpollService()
+            defer { service.stop() }
+            let daemon = try Self.startStallmond(watching: Executable.epollFixture.url.path, directory: directory)
+            defer { _ = daemon.terminate() }
+            #expect(daemon.waitForOutput { _, errors in errors.contains("pid=\(service.pid) ") })
+
+            // 200 ms on the CPU, then 600 ms in nanosleep; stallmond looks every 50 ms.
+            _ = try service.stall("spinsleep", milliseconds: 800)
+            let entries = try Journald.host.entries(
+                ["STALL_SOURCE=external", "OBJECT_PID=\(service.pid)"], atLeast: 2, timeout: 10)
+            #expect(daemon.process.isRunning, "\(daemon.errorsSoFar)")
+            let records = try entries.map { try StallRecord(journalFields: $0) }
+            let detected = try #require(records.first { $0.event == .detected }, "\(daemon.errorsSoFar)")
+            let ended = try #require(records.first { $0.event == .ended })
+            #expect(detected.threadSyscall == "", "on the CPU when detected")
+            #expect(detected.stackSource == "perf", "\(detected.backtrace)")
+            #expect(detected.samples == 1)
+            #expect(ended.stackSource == "kernel", "the heaviest stack is the sleep's: \(ended.backtrace)")
+            #expect(ended.backtrace.contains("__nanosleep"), "\(ended.backtrace)")
+            #expect(ended.frame.hasPrefix("run (main.c:"), "\(ended.frame)")
+            #expect(ended.samples >= 6, "looks through 600 ms of sleep: \(ended.samples)")
+            #expect(ended.stackSamples * 2 > ended.samples, "\(ended.stackSamples) of \(ended.samples)")
+            #expect(ended.sampledStacks.stacks.count >= 2, "the spin's stack and the sleep's: \(ended.sampledStacks)")
+            #expect(ended.sampledStacks.totalSamples == ended.samples - ended.samplesUnanswered)
+        }
+
         @Test(.requires(.bpf))
         func aLoopThatWaitsInIOUringEnterIsWatchedToo() throws {
             let directory = try Self.prepareWatch()

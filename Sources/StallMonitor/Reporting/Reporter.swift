@@ -231,7 +231,7 @@ final class Reporter: @unchecked Sendable {
     }
 
     private func makeReport(_ stall: CapturedStall, symbolicator: Symbolicator) -> StallReport {
-        let (frames, stackSamples, index) = Self.heaviestStack(stall.stacks, symbolicator: symbolicator)
+        let (frames, stackSamples, index) = SampledStack.heaviest(stall.stacks, symbolicator: symbolicator)
         var report = StallReport(
             event: stall.event,
             stallID: stall.stallID,
@@ -268,38 +268,6 @@ final class Reporter: @unchecked Sendable {
                     threadID: report.threadID, frame: report.culprit?.summary ?? "", loop: report.loop))
         }
         return report
-    }
-}
-
-extension Reporter {
-    /// The stack seen most often, counting stacks that share their frames from the culprit on
-    /// (the fingerprint) as one: a thread busy inside one function of the program is one stack,
-    /// whatever library code it happened to be in at each sample.
-    static func heaviestStack(
-        _ stacks: [(stack: [UInt], count: Int)], symbolicator: Symbolicator
-    ) -> (frames: [StallFrame], samples: Int, index: Int?) {
-        var groups: [String: (total: Int, best: [StallFrame], bestCount: Int, order: Int, bestIndex: Int)] = [:]
-        for (order, entry) in stacks.enumerated() {
-            let frames = symbolicator.symbolicate(entry.stack)
-            let key = StallReport.fingerprint(of: frames)
-            if var group = groups[key] {
-                group.total += entry.count
-                if entry.count > group.bestCount {
-                    (group.best, group.bestCount, group.bestIndex) = (frames, entry.count, order)
-                }
-                groups[key] = group
-            } else {
-                groups[key] = (entry.count, frames, entry.count, order, order)
-            }
-        }
-        guard
-            let heaviest = groups.values.max(by: {
-                $0.total < $1.total || ($0.total == $1.total && $0.order > $1.order)
-            })
-        else {
-            return ([], 0, nil)
-        }
-        return (heaviest.best, heaviest.total, heaviest.bestIndex)
     }
 }
 #endif  // STALLMON_LINUX

@@ -23,6 +23,12 @@ struct ExternalStall {
         var stack: [StallFrame] = []
         /// `kernel` or `perf` (``StallRecord/stackSource``).
         var stackSource = ""
+        /// The looks taken at the thread while it stalled, those that gave no stack, and those
+        /// whose stack is ``stack`` (the heaviest); every distinct stack with its count.
+        var samples = 0
+        var unansweredSamples = 0
+        var stackSamples = 0
+        var sampledStacks: [SampledStack] = []
         /// Why ``stack`` is empty: a stack is taken when the stall is detected, and one that ended
         /// between two scans (a scan late by the whole threshold) was not.
         var noStackReason = "the stall ended before stallmond looked at the thread"
@@ -77,8 +83,8 @@ struct ExternalStall {
             durationMicroseconds: event.duration / 1000, thresholdMicroseconds: UInt64(threshold.microseconds),
             activity: "event-loop-cycle", runLoopMode: "", callout: "unknown", loop: view.threadName,
             threadID: Int(event.tid), threadState: view.state, threadSyscall: view.syscall,
-            threadWaitChannel: view.waitChannel, cpuMicroseconds: cpuTime / 1000, samples: stacked ? 1 : 0,
-            samplesUnanswered: 0, stackSamples: stacked ? 1 : 0,
+            threadWaitChannel: view.waitChannel, cpuMicroseconds: cpuTime / 1000, samples: view.samples,
+            samplesUnanswered: view.unansweredSamples, stackSamples: stacked ? view.stackSamples : 0,
             fingerprint: StallReport.fingerprint(of: view.stack),
             frame: culprit?.summary ?? "(no stack: \(view.noStackReason))",
             backtrace: !stacked
@@ -86,6 +92,9 @@ struct ExternalStall {
                 : view.stack.enumerated().map { "#\($0) \($1.backtraceLine)" }.joined(separator: "\n"),
             priority: duration >= threshold * 8 ? 3 : 4, syslogIdentifier: view.processName)
         record.stackSource = stacked ? view.stackSource : ""
+        if !view.sampledStacks.isEmpty {
+            record.sampledStacks = SampledStacks(view.sampledStacks, backtrace: record.backtrace)
+        }
         return record
     }
 
