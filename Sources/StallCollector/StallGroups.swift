@@ -19,6 +19,9 @@ package struct StallGroup: Sendable, Hashable, Codable {
     /// its W3C trace ID: `nil` when it served none (or its trace is unknown).
     package var endpoint: String?
     package var traceID: String?
+    /// How many of them stallmond saw from outside (``StallObservation/seenFromOutside``): `nil`
+    /// when none, so that a group of linked monitors' stalls reads as it always did.
+    package var seenFromOutside: Int?
 
     /// What ``group(_:by:)`` puts in one group besides the unit.
     package enum Grouping: String, Sendable, CaseIterable {
@@ -69,7 +72,9 @@ package struct StallGroup: Sendable, Hashable, Codable {
                 p50Microseconds: durations[(durations.count - 1) / 2], maxMicroseconds: durations.last!,
                 callout: callouts.max { ($0.value, $1.key) < ($1.value, $0.key) }!.key, heaviestFrame: worst.frame,
                 watchdogKills: members.filter(\.isWatchdog).count, hosts: Set(members.map(\.machineID)).count,
-                endpoint: endpoint.isEmpty ? nil : endpoint, traceID: traceID.isEmpty ? nil : traceID)
+                endpoint: endpoint.isEmpty ? nil : endpoint, traceID: traceID.isEmpty ? nil : traceID,
+                seenFromOutside: members.contains(where: \.seenFromOutside)
+                    ? members.filter(\.seenFromOutside).count : nil)
         }.sorted { ($0.count, $0.maxMicroseconds, $1.unit) > ($1.count, $1.maxMicroseconds, $0.unit) }
     }
 }

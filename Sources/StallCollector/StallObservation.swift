@@ -24,6 +24,9 @@ package struct StallObservation: Sendable, Hashable {
     package var owner: String?
     /// The request the stall served (`STALL_REQUEST_*`, `STALL_TRACE_ID`), `nil` outside any.
     package var request: StallRecord.Request?
+    /// Whether stallmond saw it from outside and it is attributed to the watched process
+    /// (``isSeenFromOutside(_:)``).
+    package var seenFromOutside = false
 
     package init(
         unit: String, stallID: String, fingerprint: String, frame: String, callout: String,
@@ -56,10 +59,9 @@ package struct StallObservation: Sendable, Hashable {
     /// which journald added as `OBJECT_SYSTEMD_UNIT`, `OBJECT_UID`, … . journald adds those for a
     /// writer of UID 0 only, and a writer that is not root cannot pass its own for the
     /// underscore fields: its entries stay its own.
+    /// `_PID` is the watched process's too (`OBJECT_PID`), for those who show it.
     package static func subject(of fields: [String: String]) -> [String: String] {
-        guard fields[externalSourceField] == "external", fields["_UID"] == "0", fields["OBJECT_PID"] != nil else {
-            return fields
-        }
+        guard isSeenFromOutside(fields) else { return fields }
         var subject = fields
         for (trusted, object) in objectFields {
             subject[trusted] = fields[object]
@@ -67,15 +69,21 @@ package struct StallObservation: Sendable, Hashable {
         return subject
     }
 
-    /// `STALL_SOURCE`: `external` on the entries of stallmond's watch from outside.
-    package static let externalSourceField = "STALL_SOURCE"
+    /// Whether an entry is a stall stallmond saw from outside that counts as the watched
+    /// process's: ``StallJournal/StallRecord/Source/external`` (`STALL_SOURCE=external`), with
+    /// `OBJECT_PID=`, written by root (`_UID` 0). Anyone may write `STALL_SOURCE=external`; on
+    /// another writer's entry it is the writer's own stall, attributed to the writer.
+    package static func isSeenFromOutside(_ fields: [String: String]) -> Bool {
+        fields[StallRecord.Field.source] == StallRecord.Source.external.rawValue && fields["_UID"] == "0"
+            && fields["OBJECT_PID"] != nil
+    }
 
     /// The trusted fields of a writer and the `OBJECT_` fields journald adds for the process an
-    /// entry names.
+    /// entry names (`OBJECT_PID` itself is the writer's, trusted as root's).
     static let objectFields = [
         ("_SYSTEMD_UNIT", "OBJECT_SYSTEMD_UNIT"), ("_SYSTEMD_USER_UNIT", "OBJECT_SYSTEMD_USER_UNIT"),
         ("_SYSTEMD_OWNER_UID", "OBJECT_SYSTEMD_OWNER_UID"), ("_SYSTEMD_SLICE", "OBJECT_SYSTEMD_SLICE"),
-        ("_UID", "OBJECT_UID"), ("_COMM", "OBJECT_COMM"),
+        ("_UID", "OBJECT_UID"), ("_COMM", "OBJECT_COMM"), ("_PID", "OBJECT_PID"),
     ]
 
     /// The unit an entry names, before its writer's uid: `_SYSTEMD_UNIT`, `_SYSTEMD_USER_UNIT`, or
@@ -131,5 +139,6 @@ package struct StallObservation: Sendable, Hashable {
             record: record, unit: Self.unit(of: entry.fields), realtimeMicroseconds: entry.realtimeMicroseconds,
             machineID: entry.machineID ?? "", host: entry["_HOSTNAME"] ?? "")
         owner = Self.owner(of: entry.fields)
+        seenFromOutside = Self.isSeenFromOutside(entry.fields)
     }
 }

@@ -13,6 +13,19 @@ public struct StallRecord: Sendable, Hashable {
         case watchdog
     }
 
+    /// Who saw the stall (`STALL_SOURCE`).
+    ///
+    /// Later versions may add cases: a `switch` over it keeps a `default`.
+    public enum Source: String, Sendable, Hashable {
+        /// The monitor inside the stalled process, which linked stallmon. Its entries have no
+        /// `STALL_SOURCE`: this value is never written, and read where the field is absent.
+        case monitor
+        /// stallmond, watching the process's event loops from outside through eBPF
+        /// (`STALL_SOURCE=external`). Its entry names the process in `OBJECT_PID`, and journald
+        /// adds that process's `OBJECT_` fields to it when stallmond writes as root.
+        case external
+    }
+
     public var event: Event
     /// The one-line summary a human reads first.
     public var message: String
@@ -60,6 +73,10 @@ public struct StallRecord: Sendable, Hashable {
     /// shows), `previous` (samples that got no stack of their own, counted unanswered: the latest
     /// stack taken earlier in the stall); empty when there is no stack.
     public var stackSource: String = ""
+
+    /// Who saw the stall: ``Source/monitor`` for a linked monitor's entry (no `STALL_SOURCE`),
+    /// ``Source/external`` for one stallmond wrote from outside.
+    public var source: Source = .monitor
 
     /// The request the stalled work served, where a span of swift-distributed-tracing was known
     /// for it (`STALL_REQUEST_*`, `STALL_TRACE_ID`, `STALL_SPAN_ID`); `nil` for a stall outside any request.
@@ -142,6 +159,7 @@ public struct StallRecord: Sendable, Hashable {
                 : [])
             + (sampledStacks.isEmpty ? [] : [JournalField(Field.stacks, sampledStacksValue)])
             + (stackSource.isEmpty ? [] : [JournalField(Field.stackSource, stackSource)])
+            + (source == .monitor ? [] : [JournalField(Field.source, source.rawValue)])
             + (request?.fields ?? [])
     }
 
@@ -167,6 +185,9 @@ public struct StallRecord: Sendable, Hashable {
         public static let frame = "STALL_FRAME"
         public static let backtrace = "STALL_BACKTRACE"
         public static let stackSource = "STALL_STACK_SOURCE"
+        /// Who saw the stall (``StallRecord/source``): `external` for stallmond watching from
+        /// outside; absent on a linked monitor's entries.
+        public static let source = "STALL_SOURCE"
         public static let watchdogMicroseconds = "STALL_WATCHDOG_USEC"
         public static let stacks = "STALL_STACKS"
         public static let requestOperation = "STALL_REQUEST_OPERATION"
@@ -261,6 +282,7 @@ extension StallRecord {
         frame = try reader.optionalString(Field.frame, maximumBytes: FieldLimits.frameBytes) ?? ""
         backtrace = try reader.optionalString(Field.backtrace, maximumBytes: FieldLimits.backtraceBytes) ?? ""
         stackSource = try reader.optionalString(Field.stackSource, maximumBytes: FieldLimits.keywordBytes) ?? ""
+        source = try Self.source(reader)
         // Held to its bounds wherever it appears, but part of watchdog records only: the writer
         // writes it on those alone, so that every record reads back as written.
         let watchdog = try reader.optionalMicroseconds(Field.watchdogMicroseconds) ?? 0
@@ -270,6 +292,23 @@ extension StallRecord {
             sampledStacks = try SampledStacks(decoding: stacks, backtraceLineCount: lines)
         }
         request = try Request(reader)
+    }
+}
+
+extension StallRecord {
+    /// `STALL_SOURCE` of an entry: absent is the linked monitor's. A value no writer writes is
+    /// refused rather than read as the monitor's, so that a reader never shows a stall as seen
+    /// from inside that its writer said was seen otherwise; `monitor`, never written, reads as absent.
+    static func source(_ reader: FieldReader) throws(JournalDecodingError) -> Source {
+        guard let written = try reader.optionalString(Field.source, maximumBytes: FieldLimits.keywordBytes) else {
+            return .monitor
+        }
+        guard let source = Source(rawValue: written) else {
+            throw JournalDecodingError(
+                field: Field.source, value: written,
+                reason: "not a known source (external; absent for the monitor in the process)")
+        }
+        return source
     }
 }
 

@@ -45,17 +45,23 @@ struct Follow: ParsableCommand {
         let journalDescriptor: Int32
         do {
             journalDescriptor = try reader.fileDescriptor()
-            for messageID in [
-                MessageID.stallDetected, MessageID.stallEnded, MessageID.watchdogStall, MessageID.reportsSuppressed,
-            ] {
-                try reader.addMatch("MESSAGE_ID", messageID)
+            for unitMatches in UnitMatch.terms(unit) {
+                for messageID in [
+                    MessageID.stallDetected, MessageID.stallEnded, MessageID.watchdogStall,
+                    MessageID.reportsSuppressed,
+                ] {
+                    try reader.addMatch("MESSAGE_ID", messageID)
+                }
+                for (field, value) in unitMatches { try reader.addMatch(field, value) }
+                try reader.addDisjunction()
             }
-            if let unit { try reader.addMatch("_SYSTEMD_UNIT", unit) }
             // Step back onto the entry before the first one to show (next() then moves past it);
             // with fewer entries than that, show them all.
             try reader.seekTail()
             var steps = 0
-            while steps < lines + 1, try reader.previous() != nil { steps += 1 }
+            while steps < lines + 1, let entry = try reader.previous() {
+                if UnitMatch.accepts(entry, unit: unit) { steps += 1 }
+            }
             if steps < lines + 1 { try reader.seekHead() }
         } catch {
             JournalSource.complain("follow", "cannot read the journal: \(error)")
@@ -65,6 +71,7 @@ struct Follow: ParsableCommand {
         following: while true {
             do {
                 while let entry = try reader.next() {
+                    guard UnitMatch.accepts(entry, unit: unit) else { continue }
                     switch Self.render(entry, json: json) {
                     case .success(let text):
                         // Unbuffered: whoever reads a pipe sees each stall as it happens.
@@ -119,8 +126,9 @@ struct Follow: ParsableCommand {
     }
 
     /// One line: time, what happened, the unit (as ``StallObservation/unit(of:)`` names it) and
-    /// PID, the message, the fingerprint and the request the stall served (its endpoint and trace
-    /// ID), every part from the journal escaped.
+    /// PID, ` (seen from outside)` for a stall stallmond saw from outside (its unit and PID are the
+    /// watched process's), the message, the fingerprint and the request the stall served (its
+    /// endpoint and trace ID), every part from the journal escaped.
     static func line(_ entry: JournalEntry, fingerprint: String?, request: StallRecord.Request? = nil) -> String {
         let time = Date(timeIntervalSince1970: Double(entry.realtimeMicroseconds) / 1e6)
         let formatter = DateFormatter()
@@ -130,7 +138,8 @@ struct Follow: ParsableCommand {
         let unit = StallObservation.unit(
             named: DisplayText.cell(StallObservation.name(of: entry.fields), limit: 64),
             owner: StallObservation.owner(of: entry.fields))
-        let pid = DisplayText.cell(entry["_PID"] ?? "?", limit: 12)
+        let pid = DisplayText.cell(StallObservation.subject(of: entry.fields)["_PID"] ?? "?", limit: 12)
+        let outside = StallObservation.isSeenFromOutside(entry.fields) ? " (seen from outside)" : ""
         let marker: String
         switch entry["MESSAGE_ID"] {
         case MessageID.stallDetected: marker = "stalling"
@@ -139,17 +148,23 @@ struct Follow: ParsableCommand {
         default: marker = "limited "
         }
         var text =
-            "\(formatter.string(from: time)) \(marker) \(unit)[\(pid)]: \(DisplayText.escaped(entry["MESSAGE"] ?? ""))"
+            "\(formatter.string(from: time)) \(marker) \(unit)[\(pid)]\(outside): \(DisplayText.escaped(entry["MESSAGE"] ?? ""))"
         if let fingerprint { text += " [\(fingerprint)]" }
         return text + RequestText.suffix(request)
     }
 
     /// The entry's schema fields (as the schema bounds them), where it came from (its unit, PID and
-    /// writer's uid, journald's trusted fields) and its cursor.
+    /// writer's uid, journald's trusted fields) and its cursor. A stall stallmond saw from outside
+    /// (`STALL_SOURCE=external`, written by root) also has the watched process's `OBJECT_PID`,
+    /// `OBJECT_SYSTEMD_UNIT` and `OBJECT_UID`, which it is attributed by; its `_SYSTEMD_UNIT`,
+    /// `_PID` and `_UID` are stallmond's, the writer's.
     static func json(_ entry: JournalEntry, fields: [JournalField]) -> String {
         var object: [String: String] = [:]
         for field in fields { object[field.name] = field.value }
         for name in ["_SYSTEMD_UNIT", "_PID", "_UID"] { object[name] = entry[name] }
+        if StallObservation.isSeenFromOutside(entry.fields) {
+            for name in ["OBJECT_PID", "OBJECT_SYSTEMD_UNIT", "OBJECT_UID"] { object[name] = entry[name] }
+        }
         object["__REALTIME_TIMESTAMP"] = String(entry.realtimeMicroseconds)
         object["__CURSOR"] = entry.cursor
         guard let data = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys]) else {

@@ -105,12 +105,14 @@ struct Report: ParsableCommand {
         do {
             for reader in readers {
                 for messageID in [MessageID.stallEnded, MessageID.watchdogStall] {
-                    try reader.addMatch("MESSAGE_ID", messageID)
-                    if let unit { try reader.addMatch("_SYSTEMD_UNIT", unit) }
-                    if let host {
-                        try reader.addMatch(JournalEntry.isMachineID(host) ? "_MACHINE_ID" : "_HOSTNAME", host)
+                    for unitMatches in UnitMatch.terms(unit) {
+                        try reader.addMatch("MESSAGE_ID", messageID)
+                        for (field, value) in unitMatches { try reader.addMatch(field, value) }
+                        if let host {
+                            try reader.addMatch(JournalEntry.isMachineID(host) ? "_MACHINE_ID" : "_HOSTNAME", host)
+                        }
+                        try reader.addDisjunction()
                     }
-                    if messageID == MessageID.stallEnded { try reader.addDisjunction() }
                 }
                 if let since, let date = TimeSpec.parse(since, now: Date()) {
                     try reader.seek(realtimeMicroseconds: UInt64(max(0, date.timeIntervalSince1970) * 1_000_000))
@@ -118,6 +120,7 @@ struct Report: ParsableCommand {
                     try reader.seekHead()
                 }
                 while let entry = try reader.next() {
+                    guard UnitMatch.accepts(entry, unit: unit) else { continue }
                     do {
                         let record = try StallRecord(journalFields: entry.fields)
                         if drawing {
@@ -171,6 +174,7 @@ struct Report: ParsableCommand {
                 group.unit, group.fingerprint, String(group.count), String(group.hosts),
                 milliseconds(group.p50Microseconds), maximum(group), group.callout, group.heaviestFrame,
             ].enumerated().map { column, cell in DisplayText.cell(cell, limit: columnLimits[column]) }
+            cells[0] += outsideMark(group)
             if requests { cells.insert(contentsOf: requestCells(group), at: 7) }
             return cells
         }
@@ -185,7 +189,7 @@ struct Report: ParsableCommand {
         let rows = groups.map { group in
             let request = requestCells(group)
             return [
-                DisplayText.cell(group.unit, limit: columnLimits[0]),
+                DisplayText.cell(group.unit, limit: columnLimits[0]) + outsideMark(group),
                 group.endpoint == nil ? "(no request)" : request[0],
                 String(group.count), String(group.hosts), milliseconds(group.p50Microseconds),
                 DisplayText.cell(maximum(group), limit: columnLimits[5]), request[1],
@@ -201,6 +205,13 @@ struct Report: ParsableCommand {
             group.endpoint.map { RequestText.endpoint($0) } ?? "-",
             group.traceID.map { DisplayText.cell($0, limit: 32) } ?? "-",
         ]
+    }
+
+    /// What follows the unit of a group stallmond saw from outside: ` (seen from outside)`, or
+    /// ` (N seen from outside)` where only some of its stalls were; nothing for a linked monitor's.
+    static func outsideMark(_ group: StallGroup) -> String {
+        guard let outside = group.seenFromOutside, outside > 0 else { return "" }
+        return outside == group.count ? " (seen from outside)" : " (\(outside) seen from outside)"
     }
 
     static func maximum(_ group: StallGroup) -> String {

@@ -170,6 +170,7 @@ extension Serial {
             let settled = try Self.externalEntries(of: service.pid)
             #expect(settled.count == entries.count, "no entry after the stalls ended")
             let records = try settled.map { try StallRecord(journalFields: $0) }
+            #expect(records.allSatisfy { $0.source == .external }, "read back through the schema")
             let ended = records.filter { $0.event == .ended }
             let detected = records.filter { $0.event == .detected }
             try #require(ended.count == 3, "\(settled.map { $0["MESSAGE"] ?? "" })")

@@ -4,9 +4,9 @@ import StallJournal
 import StallMonitor
 
 /// A stall seen from outside, as its journal entry: the same entry as a linked monitor's
-/// (``StallRecord``), with `STALL_SOURCE=external` and `OBJECT_PID=` the service's PID, so that
-/// journald adds the service's trusted `OBJECT_SYSTEMD_UNIT` (stallmond writes as root) and
-/// `journalctl -u the.service` shows it.
+/// (``StallRecord``), its source ``StallRecord/Source/external`` (`STALL_SOURCE=external`), with
+/// `OBJECT_PID=` the service's PID, so that journald adds the service's trusted
+/// `OBJECT_SYSTEMD_UNIT` (stallmond writes as root) and `journalctl -u the.service` shows it.
 struct ExternalStall {
     /// What stallmond saw of the thread when the stall was detected: an `ended` entry says how the
     /// thread was stalled, not how it waits now.
@@ -42,10 +42,6 @@ struct ExternalStall {
             cpuTime = ProcessDirectory.threadCPUTime(pid: pid, tid: tid)
         }
     }
-
-    /// `STALL_SOURCE`: who saw the stall. Linked monitors do not write it.
-    static let sourceField = StallObservation.externalSourceField
-    static let source = "external"
 
     var event: ExternalStallTracker.Event
     var view: ThreadView
@@ -95,11 +91,12 @@ struct ExternalStall {
         if !view.sampledStacks.isEmpty {
             record.sampledStacks = SampledStacks(view.sampledStacks, backtrace: record.backtrace)
         }
+        record.source = .external
         return record
     }
 
-    /// The entry's fields: the record's, then `STALL_SOURCE` and `OBJECT_PID`.
+    /// The entry's fields: the record's (`STALL_SOURCE` among them), then `OBJECT_PID`.
     var fields: [JournalField] {
-        record.fields + [JournalField(Self.sourceField, Self.source), JournalField("OBJECT_PID", String(event.pid))]
+        record.fields + [JournalField("OBJECT_PID", String(event.pid))]
     }
 }
