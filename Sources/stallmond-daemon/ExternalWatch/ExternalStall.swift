@@ -89,7 +89,9 @@ struct ExternalStall {
             priority: duration >= threshold * 8 ? 3 : 4, syslogIdentifier: view.processName)
         record.stackSource = stacked ? view.stackSource : ""
         if !view.sampledStacks.isEmpty {
-            record.sampledStacks = SampledStacks(view.sampledStacks, backtrace: record.backtrace)
+            // Frame numbers refer to the backtrace as written: cut to its 4 KiB.
+            record.sampledStacks = SampledStacks(
+                view.sampledStacks, backtrace: StallRecord.clampBacktrace(record.backtrace))
         }
         record.source = .external
         return record
