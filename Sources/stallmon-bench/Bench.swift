@@ -42,8 +42,6 @@ struct Bench {
         if options.nioOnly, let nio { return try runNIOOnly(nio, started: started) }
         let hummingbird = try makeHummingbirdBench()
         let external = try makeExternalWatchBench()
-        let journald = try external.flatMap { _ in try BenchJournal.ensureListening() }
-        defer { journald.map(BenchJournal.stop) }
         progress(
             "stallmon-bench: \(options.rounds) round\(options.rounds == 1 ? "" : "s") at scale \(Report.format(options.scale)); "
                 + "work pass hashes \(plan.workBytes) bytes (about 50 µs)"

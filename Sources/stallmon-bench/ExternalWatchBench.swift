@@ -91,7 +91,7 @@ struct ExternalWatchBench {
                         : "")
             )
         }
-        round.stalls = try stalls(service)
+        (round.stalls, round.onCPULatencies, round.blockedLatencies) = try stalls(service)
         if let stalls = round.stalls {
             progress(
                 "[\(index)/\(total)] external watch loop stalls: \(stalls.detected) of \(stalls.count) detected, "
@@ -133,9 +133,15 @@ struct ExternalWatchBench {
     /// measurement|, which the kernel's tick exceeds by the request's parsing and answer. The first
     /// stalls are not counted: stallmond loads the service's symbols at its first (its latency is
     /// kept apart).
-    private func stalls(_ service: NIOServerChild) throws -> NIOBench.Stalls {
+    private func stalls(_ service: NIOServerChild) throws -> (NIOBench.Stalls, onCPU: [Double], blocked: [Double]) {
         let pid = service.process.processIdentifier
         let threshold = UInt64(plan.thresholdMilliseconds) * 1_000_000
+        // Checked for every round's stalls: on a shared machine another user's journald may be gone.
+        let journald = try BenchJournal.ensureListening()
+        defer { journald.map(BenchJournal.stop) }
+        if let journald {
+            progress("external watch: started journald (pid \(journald.processIdentifier)) for the stalls")
+        }
         let since = Kernel.now()
         let daemon = try watch(pid)
         defer { daemon.stop() }
@@ -162,6 +168,8 @@ struct ExternalWatchBench {
         var latencies: [Double] = []
         var durationErrors: [Double] = []
         var first: Double?
+        var onCPU: [Double] = []
+        var blocked: [Double] = []
         for (index, (start, truth, tid)) in handlers.enumerated() {
             // The stall's detected entry: of its thread, arrived while it lasted or within 2 s after.
             let end = start + UInt64(truth * 1000)
@@ -181,6 +189,7 @@ struct ExternalWatchBench {
             if index == 0 { first = latency }
             guard index >= plan.stallWarmup else { continue }
             latencies.append(latency)
+            if index % routes.count == 0 { onCPU.append(latency) } else { blocked.append(latency) }
             if let ended = entries.first(where: { $0.event == "ended" && $0.stallID == detected.stallID }) {
                 durationErrors.append(abs(ended.durationMicroseconds - truth) / 1000)
             }
@@ -191,9 +200,10 @@ struct ExternalWatchBench {
                     "external watch: latencies \(latencies.map(Report.format)) ms, duration errors \(durationErrors.map(Report.format)) ms\n"
                         .utf8))
         }
-        return NIOBench.Stalls(
+        let stalls = NIOBench.Stalls(
             count: plan.stallCount, detected: latencies.count, latencies: latencies, durationErrors: durationErrors,
             firstLatency: first)
+        return (stalls, onCPU, blocked)
     }
 }
 
@@ -208,6 +218,10 @@ struct ExternalWatchRound: WrkComparison, Sendable {
     /// The tick watcher's programs: nanoseconds a run, over every process's waits.
     var bpfNanosecondsPerRun: Double?
     var stalls: NIOBench.Stalls?
+    /// Detection latencies of the stalls on the CPU (`/loop-cpu`: stallmond takes the stack from a
+    /// perf sample) and of those blocked (`/loop-sleep`, `/loop-lock`: unwound in place).
+    var onCPULatencies: [Double] = []
+    var blockedLatencies: [Double] = []
 }
 
 /// Durations and settings of the part watched from outside, at a scale.
@@ -264,24 +278,14 @@ extension Bench {
         return bench
     }
 
-    /// Runs `body` with journald listening: the host's, or one started for it and stopped after.
-    func withJournald<Result>(_ body: () throws -> Result) throws -> Result {
-        let started = try BenchJournal.ensureListening()
-        if let started { progress("stallmon-bench: started journald (pid \(started.processIdentifier)) for the run") }
-        defer { started.map(BenchJournal.stop) }
-        return try body()
-    }
-
     /// --external-only: the rounds watched from outside, and their figures alone.
     func runExternalWatchOnly(_ external: ExternalWatchBench, started: UInt64) throws -> Int32 {
         progress("stallmon-bench: watched from outside only, \(options.rounds) round\(options.rounds == 1 ? "" : "s")")
         var rounds: [RoundResults] = []
-        try withJournald {
-            for round in 1...options.rounds {
-                var results = RoundResults()
-                results.external = try external.round(round, of: options.rounds)
-                rounds.append(results)
-            }
+        for round in 1...options.rounds {
+            var results = RoundResults()
+            results.external = try external.round(round, of: options.rounds)
+            rounds.append(results)
         }
         let figures = Figures.compute(rounds: rounds, memory: nil).filter { $0.key.hasPrefix("external_watch_") }
         let elapsed = Int(Double(Kernel.now() - started) / 1e9)
@@ -338,7 +342,9 @@ extension ExternalWatchBench {
                 + "detected \(stalls.map(\.detected).reduce(0, +)) of \(stalls.map(\.count).reduce(0, +)); latency = "
                 + "detected entry at journald − (handler start + threshold) p50 "
                 + median(stalls.compactMap(\.latencyP50)) + " ms, p99 " + median(stalls.compactMap(\.latencyP99))
-                + " ms; duration error p99 " + median(stalls.compactMap(\.durationErrorP99)) + " ms; the first stall "
+                + " ms (on the CPU p50 " + median(runs.compactMap { Statistics.percentile($0.onCPULatencies, 0.5) })
+                + " ms, blocked p50 " + median(runs.compactMap { Statistics.percentile($0.blockedLatencies, 0.5) })
+                + " ms); duration error p99 " + median(stalls.compactMap(\.durationErrorP99)) + " ms; the first stall "
                 + "(stallmond loads the service's symbols) " + median(stalls.compactMap(\.firstLatency)) + " ms",
         ]
     }
