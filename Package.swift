@@ -69,6 +69,8 @@ let package = Package(
                 .linkedLibrary("elf", .when(platforms: [.linux])),
             ]
         ),
+        // The benchmark's perf_event_open and bpf calls (no glibc wrappers; syscall(2) is variadic).
+        .target(name: "CStallBench", dependencies: ["CStallPlatform"]),
         .target(
             name: "StallJournal",
             dependencies: ["CSystemd"]
@@ -175,7 +177,7 @@ let package = Package(
             name: "stallmon-bench",
             dependencies: [
                 "StallMonitor", "CStallCapture", "StallCollector", "StallJournal", "StallMonitorTracing",
-                "StallmonBenchTracer",
+                "StallmonBenchTracer", "CStallBench",
                 .product(name: "Tracing", package: "swift-distributed-tracing"),
                 .product(name: "InMemoryTracing", package: "swift-distributed-tracing"),
             ]

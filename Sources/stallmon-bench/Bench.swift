@@ -30,6 +30,10 @@ struct Bench {
         }
         let started = Kernel.now()
         defer { runner.removeLog() }
+        if options.externalOnly {
+            guard let external = try makeExternalWatchBench() else { return 1 }
+            return try runExternalWatchOnly(external, started: started)
+        }
         if options.hummingbirdOnly {
             guard let hummingbird = try makeHummingbirdBench() else { return 1 }
             return try runHummingbirdOnly(hummingbird, started: started)
@@ -37,6 +41,7 @@ struct Bench {
         let nio = try options.nio ? makeNIOBench() : nil
         if options.nioOnly, let nio { return try runNIOOnly(nio, started: started) }
         let hummingbird = try makeHummingbirdBench()
+        let external = try makeExternalWatchBench()
         progress(
             "stallmon-bench: \(options.rounds) round\(options.rounds == 1 ? "" : "s") at scale \(Report.format(options.scale)); "
                 + "work pass hashes \(plan.workBytes) bytes (about 50 µs)"
@@ -91,6 +96,7 @@ struct Bench {
             )
             if let nio { results.nio = try nio.round(round, of: options.rounds) }
             if let hummingbird { results.hummingbird = try hummingbird.round(round, of: options.rounds) }
+            if let external { results.external = try external.round(round, of: options.rounds) }
             rounds.append(results)
         }
 
@@ -146,6 +152,10 @@ struct Bench {
             table += HummingbirdBench.reportLines(
                 rounds: rounds, instructions: instructions, service: hummingbird.service
             ).map { $0 + "\n" }.joined()
+        }
+        if let external {
+            table += ExternalWatchBench.reportLines(rounds: rounds, service: external.watchPath).map { $0 + "\n" }
+                .joined()
         }
         Report.emit(table: table, figures: figures, json: options.json)
         return 0

@@ -43,6 +43,8 @@ struct RoundResults: Sendable {
     var nio: NIORound?
     /// The Hummingbird benchmark's round (`nil` with --no-hummingbird or without the service built).
     var hummingbird: HummingbirdRound?
+    /// The part watched from outside (`nil` with --no-external, or when it cannot run here).
+    var external: ExternalWatchRound?
 
     subscript(workload: Workload, variant: Variant) -> [String: Double]? {
         get { results[workload]?[variant] }
@@ -181,6 +183,22 @@ enum Figures {
             add("hummingbird_pool_duration_error_p99_ms") { $0.hummingbird?.stalls?.durationErrorP99 }
             add("hummingbird_pool_stalls_undetected", .atMost(0)) {
                 $0.hummingbird?.stalls.map { Double($0.count - $0.detected) }
+            }
+        }
+        // The Hummingbird fixture without stallmon, watched from outside by stallmond (when it can run).
+        if rounds.contains(where: { $0.external != nil }) {
+            add("external_watch_requests_ratio", .atLeast(0.98)) { $0.external?.requestsRatio }
+            add("external_watch_requests_cpu_ratio", .atLeast(0.98)) { $0.external?.requestsCPURatio }
+            add("external_watch_p99_latency_ratio", .atMost(1.02)) { $0.external?.p99LatencyRatio }
+            add("external_watch_stallmond_cpu_ms_per_1k_ticks") { $0.external?.stallmondCPUMillisecondsPer1kTicks }
+            add("external_watch_stallmond_cpu_pct") { $0.external?.stallmondCPUPercent }
+            add("external_watch_ticks_per_request") { $0.external?.ticksPerRequest }
+            add("external_watch_bpf_ns_per_program_run") { $0.external?.bpfNanosecondsPerRun }
+            add("external_watch_detection_latency_p50_ms") { $0.external?.stalls?.latencyP50 }
+            add("external_watch_detection_latency_p99_ms") { $0.external?.stalls?.latencyP99 }
+            add("external_watch_duration_error_p99_ms", .atMost(10)) { $0.external?.stalls?.durationErrorP99 }
+            add("external_watch_stalls_undetected", .atMost(0)) {
+                $0.external?.stalls.map { Double($0.count - $0.detected) }
             }
         }
         // Only when counted (not in a quick run, nor without valgrind).

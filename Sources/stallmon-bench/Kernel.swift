@@ -1,4 +1,5 @@
 import CStallCapture
+import Foundation
 
 #if canImport(Glibc)
 import Glibc
@@ -34,6 +35,16 @@ enum Kernel {
     static func threadCPU(_ tid: Int32) -> UInt64? {
         let value = stallmon_thread_cpu_ns(tid)
         return value >= 0 ? UInt64(value) : nil
+    }
+
+    /// CPU time of all the threads of process `pid` (`/proc/PID/task/*/schedstat`), in nanoseconds:
+    /// the scheduler's own count, finer than `/proc/PID/stat`'s clock ticks.
+    static func cpuNanoseconds(ofProcess pid: Int32) -> UInt64 {
+        let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []
+        return tasks.reduce(0) { total, tid in
+            let first = contents(of: "/proc/\(pid)/task/\(tid)/schedstat")?.split(separator: " ").first
+            return total + (first.flatMap { UInt64($0) } ?? 0)
+        }
     }
 
     /// The calling thread's kernel id.

@@ -209,6 +209,8 @@ struct NIOBench {
         var deliveries: [Double] = []
         /// Milliseconds between the ended report's duration and the handler's own measurement.
         var durationErrors: [Double] = []
+        /// The latency of the first stall, a warm-up one, where a part keeps it apart.
+        var firstLatency: Double?
         var latencyP50: Double? { Statistics.percentile(latencies, 0.5) }
         var latencyP99: Double? { Statistics.percentile(latencies, 0.99) }
         var durationErrorP99: Double? { Statistics.percentile(durationErrors, 0.99) }

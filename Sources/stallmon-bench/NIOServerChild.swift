@@ -119,14 +119,7 @@ final class NIOServerChild: @unchecked Sendable {
     }
 
     /// CPU time of all the server's threads (`/proc/PID/task/*/schedstat`), in nanoseconds.
-    func cpuNanoseconds() -> UInt64 {
-        let pid = process.processIdentifier
-        let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []
-        return tasks.reduce(0) { total, tid in
-            let first = Kernel.contents(of: "/proc/\(pid)/task/\(tid)/schedstat")?.split(separator: " ").first
-            return total + (first.flatMap { UInt64($0) } ?? 0)
-        }
-    }
+    func cpuNanoseconds() -> UInt64 { Kernel.cpuNanoseconds(ofProcess: process.processIdentifier) }
 
     /// Voluntary context switches of one of the server's threads: a watchdog that sleeps between
     /// looks makes one each time it goes back to sleep, i.e. one per wakeup (preemptions, which

@@ -22,11 +22,16 @@ struct Options: Sendable {
     var hummingbird = true
     var hummingbirdPath: String?
     var hummingbirdOnly = false
+    /// Whether the part watched from outside runs (the Hummingbird fixture without stallmon under
+    /// stallmond's BPF tick watcher), and whether only it does.
+    var external = true
+    var externalOnly = false
 
     static let usage = """
         USAGE: stallmon-bench [--rounds N] [--scale X] [--quick] [--json] [--callgrind | --no-callgrind]
                               [--cf-run-loop] [--no-nio | --nio-only]
                               [--hummingbird PATH | --no-hummingbird | --hummingbird-only]
+                              [--no-external | --external-only]
 
         Measures stallmon's cost against an unmonitored loop, a no-op observer and the blog design.
         Each workload runs in a fresh child process; the variants alternate in every round.
@@ -54,6 +59,10 @@ struct Options: Sendable {
           --no-hummingbird Skips the Hummingbird benchmark.
           --hummingbird-only
                            Runs the Hummingbird benchmark alone.
+          --no-external    Skips the part watched from outside: the HummingbirdFixture without stallmon
+                           under stallmond's BPF tick watcher (stallmond and stallmond-daemon built
+                           next to stallmon-bench; root; skipped with a note when it cannot run).
+          --external-only  Runs the part watched from outside alone.
           -h, --help       Shows this help.
         """
 
@@ -92,6 +101,8 @@ struct Options: Sendable {
                 hummingbirdPath = value
             case "--no-hummingbird": hummingbird = false
             case "--hummingbird-only": hummingbirdOnly = true
+            case "--no-external": external = false
+            case "--external-only": externalOnly = true
             default: throw UsageError(description: "unknown argument '\(argument)'")
             }
         }
@@ -101,6 +112,12 @@ struct Options: Sendable {
         }
         if hummingbirdOnly && nioOnly {
             throw UsageError(description: "--hummingbird-only and --nio-only exclude each other")
+        }
+        if externalOnly && !external {
+            throw UsageError(description: "--external-only and --no-external exclude each other")
+        }
+        if externalOnly && (nioOnly || hummingbirdOnly) {
+            throw UsageError(description: "--external-only excludes --nio-only and --hummingbird-only")
         }
         if quick {
             rounds = 1

@@ -3,10 +3,13 @@
 //
 //   stallmon-bench [--rounds N] [--scale X] [--quick] [--json] [--callgrind | --no-callgrind]
 //                  [--no-nio | --nio-only] [--hummingbird PATH | --no-hummingbird | --hummingbird-only]
+//                  [--no-external | --external-only]
 //
 // Children are this executable again: /proc/self/exe --child VARIANT WORKLOAD [--NAME VALUE]...
 // The SwiftNIO part runs StallmonNIOServer, found next to this executable, under wrk (NIOBench.swift);
-// the Hummingbird part runs the example service Examples/.build/*/HummingbirdFixture (HummingbirdBench.swift).
+// the Hummingbird part runs the example service Examples/.build/*/HummingbirdFixture (HummingbirdBench.swift);
+// the part watched from outside runs that service without stallmon under stallmond, found next to this
+// executable, and its BPF tick watcher (ExternalWatchBench.swift).
 // STALLMON_BENCH_DEBUG=1 makes the stall children print their latencies, duration errors and
 // memory growth to standard error.
 
