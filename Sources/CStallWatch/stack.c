@@ -54,9 +54,26 @@ typedef struct {
 /// the live stack, which has moved on): a thread's stack is at most this far from its sp here.
 static const uint64_t stallwatch_stack_reach = 8u << 20;
 
+/// A process whose images libdwfl has read, kept between looks: reading the images' unwind tables
+/// again for each look cost 30-40 ms for a Swift service's 120 MB debug build. Its `dwfl` is
+/// attached to the process once (the callbacks' argument is this entry, whose `current` is the
+/// look in progress) and reported again when /proc/PID/maps changes (a library loaded or unloaded,
+/// or the PID taken by another process). Used by the one thread that takes stacks.
+typedef struct {
+    pid_t pid;
+    Dwfl *dwfl;
+    uint64_t maps_hash;
+    uint64_t last_use;
+    stallwatch_unwind_context *current;
+} stallwatch_process;
+
+enum { STALLWATCH_PROCESSES = 8 };
+static stallwatch_process stallwatch_processes[STALLWATCH_PROCESSES];
+static uint64_t stallwatch_uses;
+
 static pid_t stallwatch_next_thread(Dwfl *dwfl, void *argument, void **thread_argument) {
     (void)dwfl;
-    stallwatch_unwind_context *context = argument;
+    stallwatch_unwind_context *context = ((stallwatch_process *)argument)->current;
     if (*thread_argument != NULL) return 0;
     *thread_argument = context;
     return context->tid;
@@ -64,7 +81,7 @@ static pid_t stallwatch_next_thread(Dwfl *dwfl, void *argument, void **thread_ar
 
 static bool stallwatch_get_thread(Dwfl *dwfl, pid_t tid, void *argument, void **thread_argument) {
     (void)dwfl;
-    stallwatch_unwind_context *context = argument;
+    stallwatch_unwind_context *context = ((stallwatch_process *)argument)->current;
     if (tid != context->tid) return false;
     *thread_argument = context;
     return true;
@@ -72,7 +89,7 @@ static bool stallwatch_get_thread(Dwfl *dwfl, pid_t tid, void *argument, void **
 
 static bool stallwatch_memory_read(Dwfl *dwfl, Dwarf_Addr address, Dwarf_Word *result, void *argument) {
     (void)dwfl;
-    stallwatch_unwind_context *context = argument;
+    stallwatch_unwind_context *context = ((stallwatch_process *)argument)->current;
     if (context->copy != NULL && address >= context->sp && address - context->sp < stallwatch_stack_reach) {
         if (address - context->sp + sizeof *result > context->copy_size) return false;
         memcpy(result, context->copy + (address - context->sp), sizeof *result);
@@ -126,6 +143,71 @@ static const Dwfl_Callbacks stallwatch_dwfl_callbacks = {
     .debuginfo_path = &stallwatch_debuginfo_path,
 };
 
+/// FNV-1a of the executable mappings of /proc/PID/maps: what changes when the process's images do
+/// (a library loaded or unloaded, or the PID taken by another process), and not when its heap or
+/// its threads' stacks come and go, which a busy service's do all the time. 0 when unreadable.
+static uint64_t stallwatch_maps_hash(pid_t pid) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/maps", (int)pid);
+    FILE *maps = fopen(path, "re");
+    if (maps == NULL) return 0;
+    uint64_t hash = 14695981039346656037u;
+    char line[4096 + 256];
+    while (fgets(line, sizeof line, maps) != NULL) {
+        // "start-end perms offset dev inode path": executable and backed by a file.
+        const char *perms = strchr(line, ' ');
+        if (perms == NULL || strlen(perms) < 4 || perms[3] != 'x' || strchr(line, '/') == NULL) continue;
+        for (const char *c = line; *c; c++) hash = (hash ^ (unsigned char)*c) * 1099511628211u;
+    }
+    fclose(maps);
+    return hash;
+}
+
+static void stallwatch_release(stallwatch_process *process) {
+    if (process->dwfl) dwfl_end(process->dwfl);
+    memset(process, 0, sizeof *process);
+}
+
+void stallwatch_forget_process(pid_t pid) {
+    for (int i = 0; i < STALLWATCH_PROCESSES; i++) {
+        if (stallwatch_processes[i].pid == pid) stallwatch_release(&stallwatch_processes[i]);
+    }
+}
+
+/// Process `pid`'s entry with its images reported and attached: kept from an earlier look while
+/// its maps are the same, else made again (taking the least recently used entry when all are).
+/// NULL when libdwfl cannot read the process.
+static stallwatch_process *stallwatch_process_for(pid_t pid) {
+    uint64_t hash = stallwatch_maps_hash(pid);
+    if (hash == 0) return NULL;
+    stallwatch_process *process = NULL;
+    for (int i = 0; i < STALLWATCH_PROCESSES; i++) {
+        stallwatch_process *candidate = &stallwatch_processes[i];
+        if (candidate->pid == pid) {
+            process = candidate;
+            break;
+        }
+        if (process == NULL || candidate->last_use < process->last_use) process = candidate;
+    }
+    process->last_use = ++stallwatch_uses;
+    if (process->pid == pid && process->maps_hash == hash && process->dwfl) return process;
+    stallwatch_release(process);
+    process->last_use = stallwatch_uses;
+    Dwfl *dwfl = dwfl_begin(&stallwatch_dwfl_callbacks);
+    if (dwfl == NULL) return NULL;
+    dwfl_report_begin(dwfl);
+    int reported = dwfl_linux_proc_report(dwfl, pid);
+    if (dwfl_report_end(dwfl, NULL, NULL) != 0 || reported != 0
+        || !dwfl_attach_state(dwfl, NULL, pid, &stallwatch_thread_callbacks, process)) {
+        dwfl_end(dwfl);
+        return NULL;
+    }
+    process->pid = pid;
+    process->dwfl = dwfl;
+    process->maps_hash = hash;
+    return process;
+}
+
 /// Unwinds `context`'s thread of process `pid`: the count of frames, or -1.
 static int stallwatch_unwind(pid_t pid, stallwatch_unwind_context *context) {
     if (context->capacity <= 0) return 0;
@@ -134,18 +216,15 @@ static int stallwatch_unwind(pid_t pid, stallwatch_unwind_context *context) {
     context->memory = open(path, O_RDONLY | O_CLOEXEC);
     if (context->memory < 0) return -1;
     int count = -1;
-    Dwfl *dwfl = dwfl_begin(&stallwatch_dwfl_callbacks);
-    if (dwfl != NULL) {
-        dwfl_report_begin(dwfl);
-        int reported = dwfl_linux_proc_report(dwfl, pid);
-        if (dwfl_report_end(dwfl, NULL, NULL) == 0 && reported == 0
-            && dwfl_attach_state(dwfl, NULL, pid, &stallwatch_thread_callbacks, context)) {
-            // Ends with an error where the tables end or a register the unwinding needs is unknown
-            // (a blocked thread's: only sp and pc are known): the frames up to there are the stack.
-            dwfl_getthread_frames(dwfl, context->tid, stallwatch_frame, context);
-            count = context->count;
-        }
-        dwfl_end(dwfl);
+    stallwatch_process *process = stallwatch_process_for(pid);
+    if (process != NULL) {
+        process->current = context;
+        // Ends with an error where the tables end or a register the unwinding needs is unknown
+        // (a blocked thread's without the kernel's registers: only sp and pc are known): the frames
+        // up to there are the stack.
+        dwfl_getthread_frames(process->dwfl, context->tid, stallwatch_frame, context);
+        process->current = NULL;
+        count = context->count;
     }
     close(context->memory);
     return count;

@@ -104,6 +104,11 @@ void stallwatch_close(stallwatch *watch);
 /// images cannot be read.
 int stallwatch_unwind_blocked(pid_t pid, pid_t tid, uint64_t sp, uint64_t pc, uint64_t *frames, int capacity);
 
+/// Forgets what the unwinding kept of process `pid` (its images, read once for every look while
+/// its maps stay the same): for a process no longer watched. Like the unwinding, on the thread
+/// that takes stacks.
+void stallwatch_forget_process(pid_t pid);
+
 /// As stallwatch_unwind_blocked, from every register (stallwatch_blocked_registers): the walk goes
 /// on through frame-pointer frames, where sp and pc alone stop at the first.
 int stallwatch_unwind_blocked_registers(pid_t pid, pid_t tid, const struct stallwatch_user_registers *registers,

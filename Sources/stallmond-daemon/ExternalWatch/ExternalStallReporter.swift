@@ -182,7 +182,10 @@ final class ExternalStallReporter: @unchecked Sendable {
             views = views.filter { batch.openStallIDs.contains($0.key) }
             looks = looks.filter { batch.openStallIDs.contains($0.key) }
         }
-        for pid in batch.unwatched { symbolicators[pid] = nil }
+        for pid in batch.unwatched {
+            symbolicators[pid] = nil
+            stallwatch_forget_process(pid)
+        }
         if nextLook == nil { scheduleLook() }
     }
 
