@@ -104,10 +104,8 @@ final class TickWatcher: @unchecked Sendable {
                 lookUpProcesses()
             }
             scan()
-            var pause = timespec(
-                tv_sec: Int(interval.components.seconds), tv_nsec: Int(interval.components.attoseconds / 1_000_000_000))
-            var remaining = timespec()
-            while nanosleep(&pause, &remaining) != 0 && errno == EINTR { pause = remaining }
+            // A signal cutting it short (none is expected) only makes one scan early.
+            usleep(UInt32(clamping: interval.microseconds))
         }
     }
 
