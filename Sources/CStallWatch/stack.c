@@ -237,11 +237,17 @@ int stallwatch_unwind_blocked(pid_t pid, pid_t tid, uint64_t sp, uint64_t pc, ui
 
 int stallwatch_unwind_blocked_registers(pid_t pid, pid_t tid, const struct stallwatch_user_registers *registers,
                                         uint64_t *frames, int capacity) {
+#if defined(__x86_64__)
     stallwatch_unwind_context context = {.tid = tid, .all_registers = 1, .pc = registers->pc,
                                          .frames = frames, .capacity = capacity};
     for (int i = 0; i < STALLWATCH_DWARF_REGISTERS; i++) context.registers[i] = registers->dwarf[i];
     context.sp = context.registers[STALLWATCH_DWARF_SP];
     return stallwatch_unwind(pid, &context);
+#else
+    // The registers are x86-64's, in its DWARF numbering.
+    (void)pid, (void)tid, (void)registers, (void)frames, (void)capacity;
+    return -1;
+#endif
 }
 
 #if defined(__x86_64__)

@@ -205,9 +205,28 @@ int stallwatch_blocked_registers(stallwatch *watch, uint32_t tid, struct stallwa
     if (descriptor < 0) {
         result = -errno;
     } else {
-        // One record for the one thread; none when it is gone.
-        ssize_t got = read(descriptor, registers, sizeof *registers);
-        result = got == (ssize_t)sizeof *registers ? 0 : got < 0 ? -errno : -ENOENT;
+        // One record for the one thread; none when it is gone. Room for two, to tell a kernel that
+        // does not filter by TID: Linux 5.15 to 6.0 ignore `task.tid` and visit every task, and
+        // 6.1 to 6.6 without the fix "bpf: Fix iter/task tid filtering" (6.7, backported to
+        // stable kernels) visit only the main thread of the TID's process, so a loop thread, never
+        // its process's main thread, gets no record though it lives.
+        struct stallwatch_user_registers read_back[2];
+        ssize_t got = read(descriptor, read_back, sizeof read_back);
+        if (got == (ssize_t)sizeof *registers) {
+            *registers = read_back[0];
+            result = 0;
+        } else if (got < 0) {
+            result = -errno;
+        } else {
+            char path[64];
+            snprintf(path, sizeof path, "/proc/%u/syscall", tid);
+            if (got > (ssize_t)sizeof *registers || access(path, F_OK) == 0) {
+                // This kernel cannot aim the iterator at one thread: the walk from sp and pc alone,
+                // without an attach a look for nothing.
+                watch->registers = NULL;
+                result = -EOPNOTSUPP;
+            }
+        }
         close(descriptor);
     }
     bpf_link__destroy(link);

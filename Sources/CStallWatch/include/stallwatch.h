@@ -81,10 +81,14 @@ int stallwatch_tick_of(stallwatch *watch, uint32_t tid, struct stallwatch_tick *
 
 /// The user registers of thread `tid` (in the caller's PID namespace) as the kernel saved them
 /// when it entered the kernel, through the program's task iterator attached to that one thread
-/// (bpf_task_pt_regs; Linux 6.1 or later, x86-64). For a thread blocked in a system call they are
-/// its registers at the call: rbp and the other callee-saved ones that its syscall file lacks. The
-/// thread is not stopped: a caller checks it is still blocked in the same call afterwards. 0, or a
-/// negative errno (-EOPNOTSUPP: the kernel refused the iterator; -ENOENT: no such thread).
+/// (bpf_task_pt_regs, the link's `task.tid`; x86-64). For a thread blocked in a system call they
+/// are its registers at the call: rbp and the other callee-saved ones that its syscall file lacks.
+/// The thread is not stopped: a caller checks they match the syscall file's sp and pc and that the
+/// thread is still blocked in the same call afterwards. Aiming at one thread needs Linux 6.7, or a
+/// 6.1-6.6 stable kernel with the fix "bpf: Fix iter/task tid filtering": a kernel that gives more
+/// than one record, or none for a thread that lives, turns the iterator off for good. 0, or a
+/// negative errno (-EOPNOTSUPP: the kernel refused the iterator or cannot aim it; -ENOENT: no such
+/// thread). Only on the thread that takes stacks.
 int stallwatch_blocked_registers(stallwatch *watch, uint32_t tid, struct stallwatch_user_registers *registers);
 
 /// Copies up to `capacity` loop threads into `threads`; returns how many (at most `capacity`; the
@@ -99,7 +103,9 @@ void stallwatch_close(stallwatch *watch);
 
 /// Unwinds thread `tid` of process `pid`, blocked in a system call with stack pointer `sp` and
 /// program counter `pc` (its /proc/PID/task/TID/syscall), from the process's memory and unwind
-/// tables, without stopping or signalling it (stack.c). Writes at most `capacity` code addresses,
+/// tables, without stopping or signalling it (stack.c). Like every unwinding function here, it
+/// keeps a view of each process's images between calls (stallwatch_forget_process): call them
+/// from one thread only, the one that takes stacks. Writes at most `capacity` code addresses,
 /// `pc` first and return addresses after; returns how many, or -1 when the process's memory or
 /// images cannot be read.
 int stallwatch_unwind_blocked(pid_t pid, pid_t tid, uint64_t sp, uint64_t pc, uint64_t *frames, int capacity);
@@ -110,7 +116,8 @@ int stallwatch_unwind_blocked(pid_t pid, pid_t tid, uint64_t sp, uint64_t pc, ui
 void stallwatch_forget_process(pid_t pid);
 
 /// As stallwatch_unwind_blocked, from every register (stallwatch_blocked_registers): the walk goes
-/// on through frame-pointer frames, where sp and pc alone stop at the first.
+/// on through frame-pointer frames, where sp and pc alone stop at the first. x86-64 only; -1
+/// elsewhere.
 int stallwatch_unwind_blocked_registers(pid_t pid, pid_t tid, const struct stallwatch_user_registers *registers,
                                         uint64_t *frames, int capacity);
 
