@@ -21,14 +21,35 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
     ],
     targets: [
-        // What the three services share: the stalls their handlers make, and JSON lines on standard output.
-        // … and the tracer they bootstrap for EXAMPLE_TRACING (ExampleTracing.swift).
+        // What the services share: the stalls their handlers make, and JSON lines on standard output.
+        // Nothing of stallmon's: the services built without it use it too.
+        .target(name: "ExampleStalls"),
+        // The tracer the fixtures bootstrap for EXAMPLE_TRACING.
         .target(
-            name: "ExampleStalls",
+            name: "ExampleTracing",
             dependencies: [
                 .product(name: "StallMonitorTracing", package: "stallmon"),
                 .product(name: "Tracing", package: "swift-distributed-tracing"),
                 .product(name: "InMemoryTracing", package: "swift-distributed-tracing"),
+            ]
+        ),
+        // The fixtures' routes that stall on request, stallmon-free, for the fixtures and for the
+        // same services built without stallmon.
+        .target(
+            name: "HummingbirdFixtureRoutes",
+            dependencies: [
+                "ExampleStalls",
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                // MultiThreadedEventLoopGroup.singleton: the /loop-* routes stall one of its loops.
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ]
+        ),
+        .target(
+            name: "VaporFixtureRoutes",
+            dependencies: [
+                "ExampleStalls",
+                .product(name: "Vapor", package: "vapor"),
             ]
         ),
         // EXAMPLE_TRACING=otel: swift-otel's OTLP exporters, the tracer wrapped in StallmonTracer, the
@@ -65,6 +86,8 @@ let package = Package(
             name: "HummingbirdFixture",
             dependencies: [
                 "ExampleStalls",
+                "ExampleTracing",
+                "HummingbirdFixtureRoutes",
                 "ExampleOTel",
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "UnixSignals", package: "swift-service-lifecycle"),
@@ -80,11 +103,32 @@ let package = Package(
             name: "VaporFixture",
             dependencies: [
                 "ExampleStalls",
+                "ExampleTracing",
+                "VaporFixtureRoutes",
                 .product(name: "StallMonitorNIO", package: "stallmon"),
                 .product(name: "Vapor", package: "vapor"),
                 // NIOSingletons' takeover of the global executor (EXAMPLE_NIO_TAKEOVER).
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
+            ]
+        ),
+        // The fixtures' routes in services that do not link stallmon at all (no stallmon product
+        // among their dependencies, nothing of it in the binary): what stallmond watches from
+        // outside in ExternalFrameworkWatchTests.
+        .executableTarget(
+            name: "HummingbirdWithoutStallmon",
+            dependencies: [
+                "ExampleStalls",
+                "HummingbirdFixtureRoutes",
+                .product(name: "Hummingbird", package: "hummingbird"),
+            ]
+        ),
+        .executableTarget(
+            name: "VaporWithoutStallmon",
+            dependencies: [
+                "ExampleStalls",
+                "VaporFixtureRoutes",
+                .product(name: "Vapor", package: "vapor"),
             ]
         ),
         .executableTarget(

@@ -9,17 +9,13 @@ import Glibc
 
 extension Serial {
     /// stallmond watching the example services of Examples/ from outside: the real daemon and its
-    /// BPF tick watcher, a real journald, and `HummingbirdFixture` and `VaporFixture` (built by
-    /// `swift build --package-path Examples`) run without stallmon, driven by curl over loopback.
-    ///
-    /// "Without stallmon" is the fixtures' `EXAMPLE_STALLMON=off`, the same binary with its monitor
-    /// never made, rather than a second product built without the library. What the watcher sees of a
-    /// process is its executable's path, its threads' names, and its loops' system calls; with the
-    /// monitor never made, stallmon's code is mapped but never runs: its libraries have no initializer
-    /// (no C constructor; Swift's globals are lazy), so no thread of its own, no signal handler and no
-    /// hook into SwiftNIO are in the process, and its loops wait in `epoll_wait` as unmodified NIO
-    /// does. ``startUnmonitored(_:)`` checks the first two of those on each process. A second build
-    /// of each fixture would cost CI another link of each framework for pages nobody touches.
+    /// BPF tick watcher, a real journald, and `HummingbirdWithoutStallmon` and `VaporWithoutStallmon`
+    /// (built by `swift build --package-path Examples`): the routes of `HummingbirdFixture` and
+    /// `VaporFixture` in services built without stallmon, no stallmon product among their
+    /// dependencies, driven by curl over loopback. ``startWithoutStallmon(_:)`` checks that nothing
+    /// of stallmon's is in the binary (``linksStallmon(_:)``) and that no thread or signal handler of
+    /// a monitor is in the process; the fixtures themselves, monitored, show that a process running
+    /// its own monitor is left to it.
     @Suite
     struct ExternalFrameworkWatchTests {
         /// A stall of an event loop itself, made by one of a fixture's routes.
@@ -40,7 +36,7 @@ extension Serial {
         /// every handler on the cooperative pool, and its fixture's `/loop-*` routes submit the stall
         /// to one of the NIO singleton's loops, as a ChannelHandler or a future's callback would run.
         static func stalls(of kind: FrameworkService.Kind) -> [LoopStall] {
-            let prefix = kind == .vaporFixture ? "/sync" : "/loop"
+            let prefix = kind == .vaporFixture || kind == .vaporWithoutStallmon ? "/sync" : "/loop"
             return [
                 LoopStall(route: prefix + "-cpu", function: "spinOnEventLoop(milliseconds:)", milliseconds: 300),
                 LoopStall(
@@ -76,11 +72,20 @@ extension Serial {
             return (34...64).filter { mask & (1 << UInt64($0 - 1)) != 0 }
         }
 
-        /// The fixture with `EXAMPLE_STALLMON=off`, checked to hold nothing of stallmon's that runs.
-        static func startUnmonitored(_ kind: FrameworkService.Kind) throws -> FrameworkService {
+        /// Whether an executable has stallmon in it: the mangled name of its module, which every
+        /// symbol of `StallMonitor` carries (`$s12StallMonitor…`), is in its symbol table.
+        static func linksStallmon(_ binary: URL) throws -> Bool {
+            let contents = try Data(contentsOf: binary, options: .alwaysMapped)
+            return contents.range(of: Data("12StallMonitor".utf8)) != nil
+        }
+
+        /// A fixture's routes built without stallmon, checked to hold nothing of stallmon's: not in
+        /// its binary, and no monitor's thread or sampling signal in the process.
+        static func startWithoutStallmon(_ kind: FrameworkService.Kind) throws -> FrameworkService {
             let binary = try FrameworkService.requiredBinary(kind)
-            let service = try FrameworkService(kind, binary: binary, environment: ["EXAMPLE_STALLMON": "off"])
-            #expect(monitorThreads(of: service.processID).isEmpty, "\(kind) runs a monitor with stallmon off")
+            #expect(try !linksStallmon(binary), "\(kind) has stallmon in it")
+            let service = try FrameworkService(kind, binary: binary, environment: [:])
+            #expect(monitorThreads(of: service.processID).isEmpty, "\(kind) runs a monitor")
             #expect(caughtRealTimeSignals(of: service.processID).isEmpty, "\(kind) catches a real-time signal")
             return service
         }
@@ -139,17 +144,17 @@ extension Serial {
             daemon.waitForOutput(timeout: timeout) { _, errors in errors.contains("pid=\(pid) ") }
         }
 
-        @Test(.requires(.bpf, .example(.hummingbirdFixture)))
+        @Test(.requires(.bpf, .example(.hummingbirdWithoutStallmon)))
         func eachEventLoopStallOfHummingbirdWithoutStallmonIsReportedOnceFromOutside() throws {
-            try checkLoopStalls(of: .hummingbirdFixture)
+            try checkLoopStalls(of: .hummingbirdWithoutStallmon)
         }
 
-        @Test(.requires(.bpf, .example(.vaporFixture)))
+        @Test(.requires(.bpf, .example(.vaporWithoutStallmon)))
         func eachEventLoopStallOfVaporWithoutStallmonIsReportedOnceFromOutside() throws {
-            try checkLoopStalls(of: .vaporFixture)
+            try checkLoopStalls(of: .vaporWithoutStallmon)
         }
 
-        /// The fixture without stallmon under stallmond watching its executable: 10,000 quick
+        /// The service built without stallmon under stallmond watching its executable: 10,000 quick
         /// requests, no entry; then each kind of stall once, each reported once (a `detected` and an
         /// `ended` entry of one stall ID) on the loop thread it ran on, the kernel's duration within
         /// ``tolerance`` of the handler's, with the stalled function's frame.
@@ -157,7 +162,7 @@ extension Serial {
             let directory = try ExternalWatchTests.prepareWatch()
             let start = Date()
             defer { try? FileManager.default.removeItem(atPath: directory) }
-            let service = try Self.startUnmonitored(kind)
+            let service = try Self.startWithoutStallmon(kind)
             defer { service.stop() }
             let daemon = try ExternalWatchTests.startStallmond(watching: Self.watchPath(kind), directory: directory)
             defer { _ = daemon.terminate() }
@@ -207,8 +212,11 @@ extension Serial {
                 #expect(record.backtrace.contains(stall.function), "\(kind) \(stall): \(record.backtrace)")
                 let seen = detected.first { $0.stallID == record.stallID }
                 if let syscalls = stall.syscalls {
-                    // Blocked: unwound in place from its registers and the process's memory.
+                    // Blocked: unwound in place from its registers and the process's memory,
+                    // through the Swift frames above the handler into SwiftNIO's (Vapor's stack is
+                    // deeper than the 4 KiB of its backtrace).
                     #expect(record.stackSource == "kernel", "\(kind) \(stall)")
+                    #expect(record.backtrace.contains("EventLoop"), "\(kind) \(stall): \(record.backtrace)")
                     let syscall = seen?.threadSyscall ?? "?"
                     #expect(syscalls.contains(syscall), "\(kind) \(stall): blocked in \(syscall) when detected")
                 } else {
@@ -220,18 +228,23 @@ extension Serial {
             }
         }
 
-        /// Both fixtures without stallmon and both with it, under one stallmond watching both
-        /// executables: a minute of idle (Vapor's loops still wake every second for its date header)
+        /// Both services built without stallmon and both fixtures with it, under one stallmond
+        /// whose `watch` names all four executables: a minute of idle (Vapor's loops still wake every second for its date header)
         /// reports nothing; the monitored two are never watched from outside, and an event-loop
         /// stall of each is reported once, by its own monitor.
-        @Test(.requires(.bpf, .example(.hummingbirdFixture), .example(.vaporFixture)))
+        @Test(
+            .requires(
+                .bpf, .example(.hummingbirdWithoutStallmon), .example(.vaporWithoutStallmon),
+                .example(.hummingbirdFixture), .example(.vaporFixture)))
         func anIdleMinuteIsNeverReportedAndAMonitoredServiceOnlyByItsOwnMonitor() throws {
             let directory = try ExternalWatchTests.prepareWatch()
             let start = Date()
             defer { try? FileManager.default.removeItem(atPath: directory) }
-            let kinds: [FrameworkService.Kind] = [.hummingbirdFixture, .vaporFixture]
-            let unmonitored = try kinds.map(Self.startUnmonitored)
+            let unlinked: [FrameworkService.Kind] = [.hummingbirdWithoutStallmon, .vaporWithoutStallmon]
+            let unmonitored = try unlinked.map(Self.startWithoutStallmon)
             defer { for service in unmonitored { service.stop() } }
+            let kinds: [FrameworkService.Kind] = [.hummingbirdFixture, .vaporFixture]
+            for kind in kinds { #expect(try Self.linksStallmon(FrameworkService.requiredBinary(kind))) }
             let monitored = try kinds.map { kind in
                 try FrameworkService(
                     kind, binary: try FrameworkService.requiredBinary(kind),
@@ -243,8 +256,10 @@ extension Serial {
                     Self.monitorThreads(of: service.processID).contains("stallmon-watch"),
                     "\(service.kind): its monitor did not start")
             }
-            let paths = try kinds.map(Self.watchPath)
-            let daemon = try ExternalWatchTests.startStallmond(watching: paths[0], paths[1], directory: directory)
+            // `watch` names all four: the monitored two must be left to their own monitors.
+            let paths = try (unlinked + kinds).map(Self.watchPath)
+            let daemon = try ExternalWatchTests.startStallmond(
+                watching: paths[0], paths[1], paths[2], paths[3], directory: directory)
             defer { _ = daemon.terminate() }
             for service in unmonitored {
                 #expect(Self.watched(service.processID, by: daemon), "\(service.kind): \(daemon.errorsSoFar)")

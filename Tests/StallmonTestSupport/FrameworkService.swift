@@ -6,8 +6,9 @@ import Glibc
 #endif
 
 /// One of the example services (Examples/: Hummingbird, Vapor, gRPC on their defaults, adopting
-/// stallmon as the README shows), or one of their fixtures (the same service with the EXAMPLE_*
-/// switches the tests and the benchmark need), as a child process, built by `swift build
+/// stallmon as the README shows), one of their fixtures (the same service with the EXAMPLE_*
+/// switches the tests and the benchmark need), or a fixture's routes built without stallmon, as a
+/// child process, built by `swift build
 /// --package-path Examples`.
 /// Driven by curl over loopback; its reports read back from the journal under its own identifier.
 package final class FrameworkService: Sendable {
@@ -17,6 +18,9 @@ package final class FrameworkService: Sendable {
         case grpc = "GRPCService"
         case hummingbirdFixture = "HummingbirdFixture"
         case vaporFixture = "VaporFixture"
+        /// The fixtures' routes in services built without stallmon (nothing of it in the binary).
+        case hummingbirdWithoutStallmon = "HummingbirdWithoutStallmon"
+        case vaporWithoutStallmon = "VaporWithoutStallmon"
 
         package var description: String { rawValue }
     }

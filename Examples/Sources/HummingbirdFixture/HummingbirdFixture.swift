@@ -20,7 +20,8 @@ import ExampleOTel
 // For the tests and the benchmark (stallmon-bench), the same binary runs:
 //
 //   EXAMPLE_STALLMON=off       without stallmon: its monitor never made nor started, so no thread, signal
-//                              handler or hook of stallmon's is in the process (stallmond watches it from outside)
+//                              handler or hook of stallmon's is in the process (the benchmark's unmonitored
+//                              service; HummingbirdWithoutStallmon is the same routes built without stallmon)
 //   EXAMPLE_PRINT_REPORTS=1    with the reports on standard output instead of the journal, one line each:
 //                              `report <event> start_ns=N duration_ns=N threshold_ns=N emitted_ns=N tid=N`
 //   EXAMPLE_DENY_IO_URING=1    with io_uring_setup(2) failing (a seccomp filter), as valgrind needs
@@ -35,8 +36,10 @@ import ExampleOTel
 //   EXAMPLE_MAIN_RUN_LOOP=1    (with EXAMPLE_STALLMON=off) with the main thread in RunLoop.main rather
 //                              than dispatch_main(), which valgrind cannot run
 import ExampleStalls
+import ExampleTracing
 import Foundation
 import Hummingbird
+import HummingbirdFixtureRoutes
 import Logging
 import NIOCore
 import NIOPosix
@@ -103,56 +106,8 @@ struct HummingbirdFixture {
             router.add(middleware: TracingMiddleware())
             router.get("spans") { _, _ in ExampleTracing.finishedSpansJSON() }
         }
-        router.get("hello") { _, _ in "hello" }
-        router.get("cpu") { request, _ in
-            spinInHandler(milliseconds: milliseconds(request)).json
-        }
-        router.get("sleep") { request, _ in
-            sleepInHandler(milliseconds: milliseconds(request)).json
-        }
-        router.get("lock") { request, _ in
-            waitForLockInHandler(milliseconds: milliseconds(request)).json
-        }
-        router.get("deep") { request, _ in
-            let depth = request.uri.queryParameters.get("depth", as: Int.self)
-            return spinAtDepth(
-                depth.flatMap { (1...200).contains($0) ? $0 : nil } ?? 100, milliseconds: milliseconds(request)
-            )
-            .json
-        }
-        router.get("child-cpu") { request, _ in
-            // In a task of its own, made by the handler's: it serves the handler's request.
-            await Task { spinInHandler(milliseconds: milliseconds(request)) }.value.json
-        }
-        router.get("main-actor") { request, _ in
-            await spinOnMainActor(milliseconds: milliseconds(request)).json
-        }
-        // Hummingbird runs every handler on the cooperative pool; code that stalls its event loops
-        // runs there in a ChannelHandler or an EventLoopFuture's callback. These routes stand for it:
-        // the stall is a task of one of the singleton's loops, inside one of its ticks.
-        router.get("loop-cpu") { request, _ in
-            let duration = milliseconds(request)
-            return try await onEventLoop { spinOnEventLoop(milliseconds: duration) }.json
-        }
-        router.get("loop-sleep") { request, _ in
-            let duration = milliseconds(request)
-            return try await onEventLoop { sleepOnEventLoop(milliseconds: duration) }.json
-        }
-        router.get("loop-lock") { request, _ in
-            let duration = milliseconds(request)
-            return try await onEventLoop { waitForLockOnEventLoop(milliseconds: duration) }.json
-        }
+        HummingbirdFixtureRoutes.add(to: router)
         return router
-    }
-
-    /// Runs `stall` as a task of one of `MultiThreadedEventLoopGroup.singleton`'s loops (the group
-    /// the application serves on) and waits for its answer.
-    static func onEventLoop(_ stall: @escaping @Sendable () -> StallAnswer) async throws -> StallAnswer {
-        try await MultiThreadedEventLoopGroup.singleton.any().submit(stall).get()
-    }
-
-    static func milliseconds(_ request: Request) -> Int {
-        ServiceEnvironment.milliseconds(request.uri.queryParameters.get("ms", as: Int.self))
     }
 }
 

@@ -16,18 +16,20 @@
 // It listens on 127.0.0.1:$PORT (8080; 0 picks a free port) and prints `{"event":"listening","port":N}`
 // once it does. STALLMON_* variables configure the monitor (config/README.md).
 // EXAMPLE_STALLMON=off runs the same binary without stallmon: the monitor is never made nor started,
-// so no thread, signal handler or hook of stallmon's is in the process (stallmond watches such a
-// process from outside; ExternalFrameworkWatchTests).
+// so no thread, signal handler or hook of stallmon's is in the process. VaporWithoutStallmon is the
+// same routes built without stallmon (stallmond watches it from outside; ExternalFrameworkWatchTests).
 // EXAMPLE_NIO_TAKEOVER=before|after installs NIO's singleton event loops as Swift Concurrency's
 // global executor before or after stallmon starts (as Vapor's template did in 2024), and prints
 // `{"event":"nio-takeover","when":…,"installed":true|false}`. EXAMPLE_TRACING=stallmon|memory adds
 // TracingMiddleware with StallmonTracer (ExampleTracing.swift; `memory` serves the finished spans at
 // GET /spans; the synchronous handler then runs in the middleware's task). SIGTERM shuts it down.
 import ExampleStalls
+import ExampleTracing
 import NIOCore
 import NIOPosix
 import StallMonitorNIO
 import Vapor
+import VaporFixtureRoutes
 
 @main
 enum VaporFixture {
@@ -48,47 +50,13 @@ enum VaporFixture {
             app.middleware.use(TracingMiddleware())
             app.get("spans") { _ in ExampleTracing.finishedSpansJSON() }
         }
-        routes(app)
+        VaporFixtureRoutes.add(to: app)
         // The server `execute()` starts, made here before anything else can make another.
         let server = app.http.server.shared
-        let listening = Task { await announcePort(server) }
+        let listening = Task { await VaporFixtureRoutes.announcePort(server) }
         try await app.execute()
         listening.cancel()
         try await app.asyncShutdown()
-    }
-
-    static func routes(_ app: Application) {
-        app.get("hello") { _ async in "hello" }
-        app.get("cpu") { request async in
-            spinInHandler(milliseconds: milliseconds(request)).json
-        }
-        app.get("sleep") { request async in
-            sleepInHandler(milliseconds: milliseconds(request)).json
-        }
-        app.get("lock") { request async in
-            waitForLockInHandler(milliseconds: milliseconds(request)).json
-        }
-        app.get("child-cpu") { request async in
-            // In a task of its own, made by the handler's: it serves the handler's request.
-            await Task { spinInHandler(milliseconds: milliseconds(request)) }.value.json
-        }
-        app.get("main-actor") { request async in
-            await spinOnMainActor(milliseconds: milliseconds(request)).json
-        }
-        // Synchronous: Vapor runs it on the request's event loop.
-        app.get("sync-cpu") { (request: Request) -> String in
-            spinOnEventLoop(milliseconds: milliseconds(request)).json
-        }
-        app.get("sync-sleep") { (request: Request) -> String in
-            sleepOnEventLoop(milliseconds: milliseconds(request)).json
-        }
-        app.get("sync-lock") { (request: Request) -> String in
-            waitForLockOnEventLoop(milliseconds: milliseconds(request)).json
-        }
-    }
-
-    static func milliseconds(_ request: Request) -> Int {
-        ServiceEnvironment.milliseconds(request.query["ms"])
     }
 
     /// NIO's singleton event loops as the global executor: async jobs then run inside their ticks.
@@ -97,16 +65,5 @@ enum VaporFixture {
         ServiceOutput.line([
             "event": "nio-takeover", "when": ServiceEnvironment.nioTakeover ?? "", "installed": installed,
         ])
-    }
-
-    /// Vapor binds in `execute()`, which returns only at shutdown: print the port once it is bound.
-    static func announcePort(_ server: HTTPServer) async {
-        while !Task.isCancelled {
-            if let port = server.localAddress?.port {
-                ServiceOutput.listening(port: port)
-                return
-            }
-            try? await Task.sleep(for: .milliseconds(20))
-        }
     }
 }
