@@ -157,9 +157,13 @@ extension Serial {
             for _ in 0..<3 { loop.performAndWait { Burn.cpu(milliseconds: 80) } }
             let stalled = waitUntil { loop.monitor.statistics.droppedReports >= 2 }
             sink.release()
+            // The sink fails `started` and then the one report its queue kept; stopped only then,
+            // or `stopped` could push that report out of the queue (dropped, not lost) first.
+            let drained = waitUntil { loop.monitor.statistics.lostReports >= 2 }
             loop.stop()
 
             #expect(stalled)
+            #expect(drained)
             let loopName = try #require(metrics.counters(label: "stallmon_lost_reports_total").first?.dimensions)
             let statistics = loop.monitor.statistics
             let lost = try metrics.expectCounter("stallmon_lost_reports_total", loopName)
