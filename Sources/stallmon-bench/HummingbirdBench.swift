@@ -325,21 +325,8 @@ extension Bench {
             $0.key.hasPrefix("hummingbird_") || $0.key.hasPrefix("callgrind_hummingbird_")
         }
         let elapsed = Int(Double(Kernel.now() - started) / 1e9)
-        var lines = [
-            "stallmon-bench --hummingbird-only: \(rounds.count) round\(rounds.count == 1 ? "" : "s"), "
-                + "\(elapsed / 60)m\(elapsed % 60)s; medians of per-round values",
-            "",
-            Report.row("figure", "median", "min–max", "target", ""),
-        ]
-        for figure in figures {
-            let range =
-                figure.minimum.flatMap { low in figure.maximum.map { "\(Report.format(low))–\(Report.format($0))" } }
-                ?? "n/a"
-            lines.append(
-                Report.row(
-                    figure.key, figure.median.map(Report.format) ?? "n/a", range, figure.target?.description ?? "—",
-                    figure.isMet.map { $0 ? "met" : "MISSED" } ?? ""))
-        }
+        var lines = Report.partTable(
+            flag: "--hummingbird-only", rounds: rounds.count, elapsed: elapsed, figures: figures)
         lines += HummingbirdBench.reportLines(rounds: rounds, instructions: instructions, service: hummingbird.service)
         Report.emit(table: lines.joined(separator: "\n") + "\n", figures: figures, json: options.json)
         return 0

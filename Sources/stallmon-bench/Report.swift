@@ -41,6 +41,28 @@ enum Report {
         return "{\n" + members.joined(separator: ",\n") + "\n}"
     }
 
+    /// The figures' rows under their heading: each figure's median, min–max, target and verdict.
+    static func figureRows(_ figures: [Figure]) -> [String] {
+        var lines = [row("figure", "median", "min–max", "target", "")]
+        for figure in figures {
+            let range = figure.minimum.flatMap { low in figure.maximum.map { "\(format(low))–\(format($0))" } } ?? "n/a"
+            let verdict = figure.isMet.map { $0 ? "met" : "MISSED" } ?? ""
+            lines.append(
+                row(figure.key, figure.median.map(format) ?? "n/a", range, figure.target?.description ?? "—", verdict))
+        }
+        return lines
+    }
+
+    /// The first lines of a part run alone (`--nio-only`, …): its rounds, how long it took, and
+    /// the figures' rows.
+    static func partTable(flag: String, rounds: Int, elapsed: Int, figures: [Figure]) -> [String] {
+        [
+            "stallmon-bench \(flag): \(rounds) round\(rounds == 1 ? "" : "s"), "
+                + "\(elapsed / 60)m\(elapsed % 60)s; medians of per-round values",
+            "",
+        ] + figureRows(figures)
+    }
+
     static func table(
         figures: [Figure], rounds: [RoundResults], memory: [String: Double], instructions: InstructionCounts?,
         plan: Plan, options: Options, elapsed: Double
@@ -54,13 +76,7 @@ enum Report {
                 + "medians of per-round values"
         )
         lines.append("")
-        lines.append(row("figure", "median", "min–max", "target", ""))
-        for figure in figures {
-            let range = figure.minimum.flatMap { low in figure.maximum.map { "\(format(low))–\(format($0))" } } ?? "n/a"
-            let verdict = figure.isMet.map { $0 ? "met" : "MISSED" } ?? ""
-            lines.append(
-                row(figure.key, figure.median.map(format) ?? "n/a", range, figure.target?.description ?? "—", verdict))
-        }
+        lines += figureRows(figures)
 
         lines.append("")
         lines.append(
