@@ -128,6 +128,24 @@ extension Serial {
             return try ScratchDirectory.make()
         }
 
+        /// The epoll fixture (started with `arguments`) under a stallmond whose `watch` names its
+        /// executable, once stallmond says it watches it; `body` gets both and stallmond's scratch
+        /// directory, and everything is stopped and removed after it.
+        static func withWatchedEpollService(
+            arguments: [String] = [], _ body: (EpollService, Executable.Running, String) throws -> Void
+        ) throws {
+            let directory = try prepareWatch()
+            defer { try? FileManager.default.removeItem(atPath: directory) }
+            let service = try EpollService(arguments: arguments)
+            defer { service.stop() }
+            let daemon = try startStallmond(watching: Executable.epollFixture.url.path, directory: directory)
+            defer { _ = daemon.terminate() }
+            #expect(
+                daemon.waitForOutput { _, errors in errors.contains("pid=\(service.pid) ") },
+                "stallmond did not watch the service: \(daemon.errorsSoFar)")
+            try body(service, daemon, directory)
+        }
+
         static func occurrences(of text: String, in log: String) -> Int {
             log.components(separatedBy: text).count - 1
         }
@@ -138,86 +156,79 @@ extension Serial {
 
         @Test(.requires(.bpf))
         func eachStallOfAnUnlinkedEpollLoopIsReportedOnceWithTheKernelsDuration() throws {
-            let directory = try Self.prepareWatch()
-            defer { try? FileManager.default.removeItem(atPath: directory) }
-            let service = try EpollService()
-            defer { service.stop() }
-            let daemon = try Self.startStallmond(
-                watching: Executable.epollFixture.url.path, directory: directory)
-            defer { _ = daemon.terminate() }
-            #expect(
-                daemon.waitForOutput { _, errors in errors.contains("pid=\(service.pid) ") },
-                "stallmond did not watch the service: \(daemon.errorsSoFar)")
+            try Self.withWatchedEpollService { service, _, directory in
+                // Idle: the loop wakes every 20 ms, and nothing is a stall.
+                Thread.sleep(forTimeInterval: 1)
+                #expect(try Self.externalEntries(of: service.pid).isEmpty)
 
-            // Idle: the loop wakes every 20 ms, and nothing is a stall.
-            Thread.sleep(forTimeInterval: 1)
-            #expect(try Self.externalEntries(of: service.pid).isEmpty)
-
-            // Quick ticks are not stalls either: 10,000 of 200 us between waits that return at once,
-            // as a busy server's loop runs, while stallmond scans them every 12.5 ms.
-            for _ in 0..<20 { try service.stall("spin", milliseconds: 5) }
-            try service.stall("ticks", milliseconds: 10_000)
-            #expect(try Self.externalEntries(of: service.pid).isEmpty)
-            var truths: [(command: String, duration: Duration, cpu: Duration)] = []
-            for (command, milliseconds) in [("spin", 300), ("sleep", 250), ("lock", 200)] {
-                let truth = try service.stall(command, milliseconds: milliseconds)
-                truths.append((command, truth.duration, truth.cpu))
-                Thread.sleep(forTimeInterval: 0.3)
+                // Quick ticks are not stalls either: 10,000 of 200 us between waits that return at once,
+                // as a busy server's loop runs, while stallmond scans them every 12.5 ms.
+                for _ in 0..<20 { try service.stall("spin", milliseconds: 5) }
+                try service.stall("ticks", milliseconds: 10_000)
+                #expect(try Self.externalEntries(of: service.pid).isEmpty)
+                var truths: [(command: String, duration: Duration, cpu: Duration)] = []
+                for (command, milliseconds) in [("spin", 300), ("sleep", 250), ("lock", 200)] {
+                    let truth = try service.stall(command, milliseconds: milliseconds)
+                    truths.append((command, truth.duration, truth.cpu))
+                    Thread.sleep(forTimeInterval: 0.3)
+                }
+                let entries = try Journald.host.entries(
+                    ["STALL_SOURCE=external", "OBJECT_PID=\(service.pid)"], atLeast: 6, timeout: 10)
+                Thread.sleep(forTimeInterval: 0.5)
+                let settled = try Self.externalEntries(of: service.pid)
+                #expect(settled.count == entries.count, "no entry after the stalls ended")
+                let records = try settled.map { try StallRecord(journalFields: $0) }
+                #expect(records.allSatisfy { $0.source == .external }, "read back through the schema")
+                let ended = records.filter { $0.event == .ended }
+                let detected = records.filter { $0.event == .detected }
+                try #require(ended.count == 3, "\(settled.map { $0["MESSAGE"] ?? "" })")
+                #expect(detected.count == 3)
+                #expect(Set(ended.map(\.stallID)) == Set(detected.map(\.stallID)), "one stall ID per stall")
+                for (record, truth) in zip(ended, truths) {
+                    let reported = Duration.microseconds(Int64(record.durationMicroseconds))
+                    let error = reported > truth.duration ? reported - truth.duration : truth.duration - reported
+                    #expect(
+                        error <= .milliseconds(10), "\(truth.command): reported \(reported), truth \(truth.duration)")
+                    #expect(record.loop == "epoll-loop")
+                    #expect(record.threadID == service.loopThread)
+                    #expect(record.thresholdMicroseconds == 100_000)
+                    // The scheduler's count, read by the BPF program when the tick ends: late by at most
+                    // one scheduler tick (4 ms at 250 Hz, 10 ms at 100 Hz) against the thread's CPU clock.
+                    let cpu = Duration.microseconds(Int64(record.cpuMicroseconds))
+                    let cpuError = cpu > truth.cpu ? cpu - truth.cpu : truth.cpu - cpu
+                    #expect(cpuError <= .milliseconds(12), "\(truth.command): CPU \(cpu), truth \(truth.cpu)")
+                }
+                // A blocked thread's stack, unwound in place from the process's memory and the registers
+                // the kernel saved at its system call: the stalled function's frame, with its line (the
+                // fixture is built with debug information), and through the fixture's frame-pointer
+                // frames down to the thread's start.
+                for record in records where record.threadSyscall != "" {
+                    #expect(record.stackSource == "kernel")
+                    #expect(record.frame.hasPrefix("run (main.c:"), "\(record.backtrace)")
+                    #expect(record.backtrace.hasPrefix("#0 "), "\(record.backtrace)")
+                    #expect(record.backtrace.contains(" loop + "), "\(record.backtrace)")
+                    #expect(record.backtrace.contains("start_thread"), "\(record.backtrace)")
+                }
+                // A running thread's, from a perf event's copy of its registers and stack: the spin's
+                // own code, down to the thread's start.
+                for record in records where record.threadSyscall == "" {
+                    #expect(record.stackSource == "perf")
+                    #expect(record.frame.contains("(main.c:"), "\(record.backtrace)")
+                    #expect(record.backtrace.contains(" run + "), "\(record.backtrace)")
+                    #expect(record.backtrace.contains("start_thread"), "\(record.backtrace)")
+                }
+                let syscalls = detected.map(\.threadSyscall)
+                #expect(syscalls == ["", "clock_nanosleep", "futex"], "the thread's system call when detected")
+                #expect(settled.allSatisfy { $0["OBJECT_COMM"] == "StallmonEpollFi" }, "journald's trusted fields")
+                // Counted by stallmond's collector like any stall, as the watched process's.
+                let series = #"stallmon_stalls_total{unit="(StallmonEpollFi)"} 3"#
+                #expect(
+                    waitUntil(timeout: 10) {
+                        (try? String(contentsOfFile: directory + "/stallmon.prom", encoding: .utf8))?.contains(series)
+                            == true
+                    },
+                    "\(String(describing: try? String(contentsOfFile: directory + "/stallmon.prom", encoding: .utf8)))")
             }
-            let entries = try Journald.host.entries(
-                ["STALL_SOURCE=external", "OBJECT_PID=\(service.pid)"], atLeast: 6, timeout: 10)
-            Thread.sleep(forTimeInterval: 0.5)
-            let settled = try Self.externalEntries(of: service.pid)
-            #expect(settled.count == entries.count, "no entry after the stalls ended")
-            let records = try settled.map { try StallRecord(journalFields: $0) }
-            #expect(records.allSatisfy { $0.source == .external }, "read back through the schema")
-            let ended = records.filter { $0.event == .ended }
-            let detected = records.filter { $0.event == .detected }
-            try #require(ended.count == 3, "\(settled.map { $0["MESSAGE"] ?? "" })")
-            #expect(detected.count == 3)
-            #expect(Set(ended.map(\.stallID)) == Set(detected.map(\.stallID)), "one stall ID per stall")
-            for (record, truth) in zip(ended, truths) {
-                let reported = Duration.microseconds(Int64(record.durationMicroseconds))
-                let error = reported > truth.duration ? reported - truth.duration : truth.duration - reported
-                #expect(error <= .milliseconds(10), "\(truth.command): reported \(reported), truth \(truth.duration)")
-                #expect(record.loop == "epoll-loop")
-                #expect(record.threadID == service.loopThread)
-                #expect(record.thresholdMicroseconds == 100_000)
-                // The scheduler's count, read by the BPF program when the tick ends: late by at most
-                // one scheduler tick (4 ms at 250 Hz, 10 ms at 100 Hz) against the thread's CPU clock.
-                let cpu = Duration.microseconds(Int64(record.cpuMicroseconds))
-                let cpuError = cpu > truth.cpu ? cpu - truth.cpu : truth.cpu - cpu
-                #expect(cpuError <= .milliseconds(12), "\(truth.command): CPU \(cpu), truth \(truth.cpu)")
-            }
-            // A blocked thread's stack, unwound in place from the process's memory and the registers
-            // the kernel saved at its system call: the stalled function's frame, with its line (the
-            // fixture is built with debug information), and through the fixture's frame-pointer
-            // frames down to the thread's start.
-            for record in records where record.threadSyscall != "" {
-                #expect(record.stackSource == "kernel")
-                #expect(record.frame.hasPrefix("run (main.c:"), "\(record.backtrace)")
-                #expect(record.backtrace.hasPrefix("#0 "), "\(record.backtrace)")
-                #expect(record.backtrace.contains(" loop + "), "\(record.backtrace)")
-                #expect(record.backtrace.contains("start_thread"), "\(record.backtrace)")
-            }
-            // A running thread's, from a perf event's copy of its registers and stack: the spin's
-            // own code, down to the thread's start.
-            for record in records where record.threadSyscall == "" {
-                #expect(record.stackSource == "perf")
-                #expect(record.frame.contains("(main.c:"), "\(record.backtrace)")
-                #expect(record.backtrace.contains(" run + "), "\(record.backtrace)")
-                #expect(record.backtrace.contains("start_thread"), "\(record.backtrace)")
-            }
-            let syscalls = detected.map(\.threadSyscall)
-            #expect(syscalls == ["", "clock_nanosleep", "futex"], "the thread's system call when detected")
-            #expect(settled.allSatisfy { $0["OBJECT_COMM"] == "StallmonEpollFi" }, "journald's trusted fields")
-            // Counted by stallmond's collector like any stall, as the watched process's.
-            let series = #"stallmon_stalls_total{unit="(StallmonEpollFi)"} 3"#
-            #expect(
-                waitUntil(timeout: 10) {
-                    (try? String(contentsOfFile: directory + "/stallmon.prom", encoding: .utf8))?.contains(series)
-                        == true
-                }, "\(String(describing: try? String(contentsOfFile: directory + "/stallmon.prom", encoding: .utf8)))")
         }
 
         @Test(.requires(.bpf))
@@ -251,77 +262,62 @@ extension Serial {
         /// ended entry shows the sleep, where its time went, with every stack seen and its count.
         @Test(.requires(.bpf))
         func aStallThatMovesOnIsReportedWhereItsTimeWent() throws {
-            let directory = try Self.prepareWatch()
-            defer { try? FileManager.default.removeItem(atPath: directory) }
-            let service = try EpollService()
-            defer { service.stop() }
-            let daemon = try Self.startStallmond(watching: Executable.epollFixture.url.path, directory: directory)
-            defer { _ = daemon.terminate() }
-            #expect(daemon.waitForOutput { _, errors in errors.contains("pid=\(service.pid) ") })
-
-            // 200 ms on the CPU, then 600 ms in nanosleep; stallmond looks every 50 ms.
-            _ = try service.stall("spinsleep", milliseconds: 800)
-            let entries = try Journald.host.entries(
-                ["STALL_SOURCE=external", "OBJECT_PID=\(service.pid)"], atLeast: 2, timeout: 10)
-            #expect(daemon.process.isRunning, "\(daemon.errorsSoFar)")
-            let records = try entries.map { try StallRecord(journalFields: $0) }
-            let detected = try #require(records.first { $0.event == .detected }, "\(daemon.errorsSoFar)")
-            let ended = try #require(records.first { $0.event == .ended })
-            #expect(detected.threadSyscall == "", "on the CPU when detected")
-            #expect(detected.stackSource == "perf", "\(detected.backtrace)")
-            #expect(detected.samples == 1)
-            #expect(ended.stackSource == "kernel", "the heaviest stack is the sleep's: \(ended.backtrace)")
-            #expect(ended.backtrace.contains("__nanosleep"), "\(ended.backtrace)")
-            #expect(ended.frame.hasPrefix("run (main.c:"), "\(ended.frame)")
-            #expect(ended.samples >= 6, "looks through 600 ms of sleep: \(ended.samples)")
-            #expect(ended.stackSamples * 2 > ended.samples, "\(ended.stackSamples) of \(ended.samples)")
-            #expect(ended.sampledStacks.stacks.count >= 2, "the spin's stack and the sleep's: \(ended.sampledStacks)")
-            #expect(ended.sampledStacks.totalSamples == ended.samples - ended.samplesUnanswered)
+            try Self.withWatchedEpollService { service, daemon, _ in
+                // 200 ms on the CPU, then 600 ms in nanosleep; stallmond looks every 50 ms.
+                _ = try service.stall("spinsleep", milliseconds: 800)
+                let entries = try Journald.host.entries(
+                    ["STALL_SOURCE=external", "OBJECT_PID=\(service.pid)"], atLeast: 2, timeout: 10)
+                #expect(daemon.process.isRunning, "\(daemon.errorsSoFar)")
+                let records = try entries.map { try StallRecord(journalFields: $0) }
+                let detected = try #require(records.first { $0.event == .detected }, "\(daemon.errorsSoFar)")
+                let ended = try #require(records.first { $0.event == .ended })
+                #expect(detected.threadSyscall == "", "on the CPU when detected")
+                #expect(detected.stackSource == "perf", "\(detected.backtrace)")
+                #expect(detected.samples == 1)
+                #expect(ended.stackSource == "kernel", "the heaviest stack is the sleep's: \(ended.backtrace)")
+                #expect(ended.backtrace.contains("__nanosleep"), "\(ended.backtrace)")
+                #expect(ended.frame.hasPrefix("run (main.c:"), "\(ended.frame)")
+                #expect(ended.samples >= 6, "looks through 600 ms of sleep: \(ended.samples)")
+                #expect(ended.stackSamples * 2 > ended.samples, "\(ended.stackSamples) of \(ended.samples)")
+                #expect(
+                    ended.sampledStacks.stacks.count >= 2, "the spin's stack and the sleep's: \(ended.sampledStacks)")
+                #expect(ended.sampledStacks.totalSamples == ended.samples - ended.samplesUnanswered)
+            }
         }
 
         @Test(.requires(.bpf))
         func aLoopThatWaitsInIOUringEnterIsWatchedToo() throws {
-            let directory = try Self.prepareWatch()
-            defer { try? FileManager.default.removeItem(atPath: directory) }
-            let service = try EpollService(arguments: ["--io-uring"])
-            defer { service.stop() }
-            let daemon = try Self.startStallmond(watching: Executable.epollFixture.url.path, directory: directory)
-            defer { _ = daemon.terminate() }
-            #expect(daemon.waitForOutput { _, errors in errors.contains("pid=\(service.pid) ") })
-            // A loop from its first wait on: one quick command first, then the stall.
-            try service.stall("spin", milliseconds: 1)
-            let truth = try service.stall("sleep", milliseconds: 200)
-            let ended = try Journald.host.entries(
-                ["STALL_SOURCE=external", "OBJECT_PID=\(service.pid)", "STALL_EVENT=ended"], atLeast: 1)
-            try #require(ended.count == 1)
-            let record = try StallRecord(journalFields: ended[0])
-            let reported = Duration.microseconds(Int64(record.durationMicroseconds))
-            let error = reported > truth.duration ? reported - truth.duration : truth.duration - reported
-            #expect(error <= .milliseconds(10), "reported \(reported), truth \(truth.duration)")
-            #expect(record.loop == "uring-loop")
-            #expect(record.frame.hasPrefix("run (main.c:"), "\(record.backtrace)")
+            try Self.withWatchedEpollService(arguments: ["--io-uring"]) { service, _, _ in
+                // A loop from its first wait on: one quick command first, then the stall.
+                try service.stall("spin", milliseconds: 1)
+                let truth = try service.stall("sleep", milliseconds: 200)
+                let ended = try Journald.host.entries(
+                    ["STALL_SOURCE=external", "OBJECT_PID=\(service.pid)", "STALL_EVENT=ended"], atLeast: 1)
+                try #require(ended.count == 1)
+                let record = try StallRecord(journalFields: ended[0])
+                let reported = Duration.microseconds(Int64(record.durationMicroseconds))
+                let error = reported > truth.duration ? reported - truth.duration : truth.duration - reported
+                #expect(error <= .milliseconds(10), "reported \(reported), truth \(truth.duration)")
+                #expect(record.loop == "uring-loop")
+                #expect(record.frame.hasPrefix("run (main.c:"), "\(record.backtrace)")
+            }
         }
 
         @Test(.requires(.bpf))
         func aServiceThatEndsInsideAStallHasThatStallEndedByItsExit() throws {
-            let directory = try Self.prepareWatch()
-            defer { try? FileManager.default.removeItem(atPath: directory) }
-            let service = try EpollService()
-            defer { service.stop() }
-            let daemon = try Self.startStallmond(watching: Executable.epollFixture.url.path, directory: directory)
-            defer { _ = daemon.terminate() }
-            #expect(daemon.waitForOutput { _, errors in errors.contains("pid=\(service.pid) ") })
-            Thread.sleep(forTimeInterval: 0.2)
-            // 300 ms on the CPU, then the process ends inside that tick (a watchdog's kill, a crash).
-            service.input.fileHandleForWriting.write(Data("die 300\n".utf8))
-            #expect(service.running.wait().status == 0)
-            let ended = try Journald.host.entries(
-                ["STALL_SOURCE=external", "OBJECT_PID=\(service.pid)", "STALL_EVENT=ended"], atLeast: 1)
-            try #require(ended.count == 1)
-            let record = try StallRecord(journalFields: ended[0])
-            #expect((295_000...330_000).contains(record.durationMicroseconds), "\(record.message)")
-            #expect(record.message.contains("ended by the thread's exit"), "\(record.message)")
-            #expect(record.loop == "epoll-loop", "named as it was seen at detection")
+            try Self.withWatchedEpollService { service, _, _ in
+                Thread.sleep(forTimeInterval: 0.2)
+                // 300 ms on the CPU, then the process ends inside that tick (a watchdog's kill, a crash).
+                service.input.fileHandleForWriting.write(Data("die 300\n".utf8))
+                #expect(service.running.wait().status == 0)
+                let ended = try Journald.host.entries(
+                    ["STALL_SOURCE=external", "OBJECT_PID=\(service.pid)", "STALL_EVENT=ended"], atLeast: 1)
+                try #require(ended.count == 1)
+                let record = try StallRecord(journalFields: ended[0])
+                #expect((295_000...330_000).contains(record.durationMicroseconds), "\(record.message)")
+                #expect(record.message.contains("ended by the thread's exit"), "\(record.message)")
+                #expect(record.loop == "epoll-loop", "named as it was seen at detection")
+            }
         }
 
         @Test(.requires(.bpf))
