@@ -44,19 +44,11 @@ enum VaporFixture {
         let traced = ExampleTracing.bootstrap()
 
         let app = try await Application.make(env)
-        app.http.server.configuration.hostname = "127.0.0.1"
-        app.http.server.configuration.port = ServiceEnvironment.port
         if traced {
             app.middleware.use(TracingMiddleware())
             app.get("spans") { _ in ExampleTracing.finishedSpansJSON() }
         }
-        VaporFixtureRoutes.add(to: app)
-        // The server `execute()` starts, made here before anything else can make another.
-        let server = app.http.server.shared
-        let listening = Task { await VaporFixtureRoutes.announcePort(server) }
-        try await app.execute()
-        listening.cancel()
-        try await app.asyncShutdown()
+        try await VaporFixtureRoutes.serve(app)
     }
 
     /// NIO's singleton event loops as the global executor: async jobs then run inside their ticks.

@@ -5,7 +5,7 @@ import Vapor
 /// stallmon's: the fixture adds them to its application, and so does VaporWithoutStallmon, the same
 /// service built without stallmon.
 public enum VaporFixtureRoutes {
-    public static func add(to app: Application) {
+    static func add(to app: Application) {
         app.get("hello") { _ async in "hello" }
         app.get("cpu") { request async in
             spinInHandler(milliseconds: milliseconds(request)).json
@@ -39,8 +39,22 @@ public enum VaporFixtureRoutes {
         ServiceEnvironment.milliseconds(request.query["ms"])
     }
 
+    /// Serves `app` with these routes on 127.0.0.1:$PORT until SIGTERM, printing
+    /// `{"event":"listening","port":N}` once bound; the fixture adds its own middleware first.
+    public static func serve(_ app: Application) async throws {
+        app.http.server.configuration.hostname = "127.0.0.1"
+        app.http.server.configuration.port = ServiceEnvironment.port
+        add(to: app)
+        // The server `execute()` starts, made here before anything else can make another.
+        let server = app.http.server.shared
+        let listening = Task { await announcePort(server) }
+        try await app.execute()
+        listening.cancel()
+        try await app.asyncShutdown()
+    }
+
     /// Vapor binds in `execute()`, which returns only at shutdown: prints the port once it is bound.
-    public static func announcePort(_ server: HTTPServer) async {
+    static func announcePort(_ server: HTTPServer) async {
         while !Task.isCancelled {
             if let port = server.localAddress?.port {
                 ServiceOutput.listening(port: port)

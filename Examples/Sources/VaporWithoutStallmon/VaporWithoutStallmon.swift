@@ -3,7 +3,6 @@
 // nobody can rebuild this week looks like to stallmond, which watches its event loops from outside
 // (ExternalFrameworkWatchTests). Vapor 4's defaults, as the fixture: listens on 127.0.0.1:$PORT (0
 // picks a free port), prints `{"event":"listening","port":N}`, and SIGTERM shuts it down.
-import ExampleStalls
 import Vapor
 import VaporFixtureRoutes
 
@@ -12,14 +11,6 @@ enum VaporWithoutStallmon {
     static func main() async throws {
         var env = try Environment.detect()
         try LoggingSystem.bootstrap(from: &env)
-        let app = try await Application.make(env)
-        app.http.server.configuration.hostname = "127.0.0.1"
-        app.http.server.configuration.port = ServiceEnvironment.port
-        VaporFixtureRoutes.add(to: app)
-        let server = app.http.server.shared
-        let listening = Task { await VaporFixtureRoutes.announcePort(server) }
-        try await app.execute()
-        listening.cancel()
-        try await app.asyncShutdown()
+        try await VaporFixtureRoutes.serve(try await Application.make(env))
     }
 }
